@@ -1,0 +1,5 @@
+import sys
+
+from ornith_stack.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""CLI sub-commands: each module here exposes `register(app)`; cli.py discovers them."""

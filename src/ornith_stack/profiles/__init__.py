@@ -1,0 +1,155 @@
+"""Load, list and validate the hardware profiles shipped in this folder.
+
+A profile file may start with `extends: <base>`; bases live in `bases/` and are merged key by key
+(mappings recursively, everything else replaced), so per-hardware files are overlays, not copies.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from ornith_stack.errors import UserError
+from ornith_stack.profiles.model import Profile
+
+DEFAULT_PROFILE = "cpu-demo"
+_PROFILE_DIR = Path(str(resources.files(__package__)))
+_IMAGES = _PROFILE_DIR.parent / "images.yaml"
+
+
+def profile_dir() -> Path:
+    """Where profile files are read from; ORNITH_PROFILE_DIR points elsewhere (tests, operators)."""
+    return Path(os.environ.get("ORNITH_PROFILE_DIR", _PROFILE_DIR))
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in profile_dir().glob("*.yaml"))
+
+
+def profile_path(name: str) -> Path:
+    path = profile_dir() / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(profile_names())
+        raise UserError(f"unknown profile {name!r}; known profiles: {known}")
+    return path
+
+
+def load_profile(name: str, overrides: dict[str, str] | None = None) -> Profile:
+    """Read, merge and validate profile `name`; `overrides` maps dotted keys to values (--set)."""
+    path = profile_path(name)
+    data = _resolve_extends(_read_yaml(path), path)
+    data.setdefault("name", name)
+    _inject_engine_image(data, path)
+    for key, value in (overrides or {}).items():
+        _set_dotted(data, key, yaml.safe_load(value) if isinstance(value, str) else value)
+    return validate(data, path)
+
+
+def load_all() -> list[Profile]:
+    return [load_profile(name) for name in profile_names()]
+
+
+def validate(data: dict[str, Any], path: Path) -> Profile:
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(_describe(exc, path)) from None
+
+
+def images() -> dict[str, Any]:
+    return _cached_yaml(_IMAGES)
+
+
+def require_repo(profile: Profile, which: str = "model") -> str:
+    """The model (or draft) repository, or a clear error naming how to supply it."""
+    ref = getattr(profile, which)
+    if ref is None or ref.repo:
+        return ref.repo if ref else ""
+    hint = ref.missing_hint or "the seed does not name this repository"
+    raise UserError(
+        f"profile {profile.name!r}: {which}.repo is required ({hint}); "
+        f"pass --set {which}.repo=OWNER/NAME"
+    )
+
+
+@cache
+def _cached_yaml(path: Path) -> dict[str, Any]:
+    return _read_yaml(path)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _resolve_extends(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    base_name = data.pop("extends", None)
+    if base_name is None:
+        return data
+    base_path = _PROFILE_DIR / "bases" / f"{base_name}.yaml"
+    if not base_path.is_file():
+        raise UserError(f"{path}: extends {base_name!r}, but {base_path} does not exist")
+    return _merge(_resolve_extends(_read_yaml(base_path), base_path), data)
+
+
+def _merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _inject_engine_image(data: dict[str, Any], path: Path) -> None:
+    """Fill engine.image and engine.python_pins from images.yaml, the one place pins live."""
+    engine = data.get("engine")
+    if not isinstance(engine, dict) or "image" in engine:
+        return
+    pins = images()["engines"].get(engine.get("kind"), {}).get(str(engine.get("version")))
+    if pins is None:
+        raise UserError(
+            f"{path}: engine {engine.get('kind')} {engine.get('version')} has no image pin in {_IMAGES}"
+        )
+    engine["image"] = pins["image"]
+    engine.setdefault("python_pins", pins.get("python_pins", {}))
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    node = data
+    *parents, leaf = key.split(".")
+    for part in parents:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise UserError(f"--set {key}: {part!r} is not a mapping")
+        node = child
+    node[leaf] = value
+
+
+def _describe(exc: ValidationError, path: Path) -> str:
+    lines = [f"{path}: invalid profile"]
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {field}: unknown key (check the spelling; see 'ornith-stack profiles show')")
+        else:
+            lines.append(f"  {field}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)

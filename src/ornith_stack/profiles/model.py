@@ -1,0 +1,127 @@
+"""The profile schema: one validated record per hardware target.
+
+A profile is the single source of truth for a deployment. The seed's engine flags live in
+`serve.args` verbatim; everything generated (compose, Helm values, Ansible variables, the container
+entrypoint) reads them through `ornith_stack.engines.adapter_for(profile).launch_args(profile)`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# An engine flag value: a switch (true), a scalar, or a mapping the adapter serialises as JSON
+# (vLLM's --speculative-config takes one).
+ArgValue = bool | int | float | str | dict[str, bool | int | float | str]
+
+_TAG = re.compile(r"^[\w.\-/:]+:(?P<tag>[\w][\w.\-]{0,127})(@sha256:[0-9a-f]{64})?$")
+
+
+class Strict(BaseModel):
+    """Unknown keys and wrong types are errors: a typo must never silently become a default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Gpu(Strict):
+    model: str = Field(description="Marketing name, e.g. 'NVIDIA A100 80GB'.")
+    count: int = Field(ge=1, description="GPUs per host the profile uses.")
+    memory_gib: float = Field(gt=0, description="Memory per GPU in GiB as NVML reports it.")
+    compute_capability: str = Field(pattern=r"^\d+\.\d+$", description="e.g. '8.0' for A100, '12.1' for GB10.")
+    memory_bandwidth_gbps: float = Field(gt=0, description="Per GPU, GB/s; the decode roofline uses it.")
+    nvml_names: list[str] = Field(
+        min_length=1, description="Substrings of the NVML device name that identify this GPU."
+    )
+
+
+class Hardware(Strict):
+    description: str
+    gpu: Gpu | None = Field(default=None, description="None for profiles that run without a GPU.")
+    cpu_arch: list[Literal["x86_64", "aarch64"]] = Field(min_length=1)
+    min_driver: str | None = Field(default=None, pattern=r"^\d+(\.\d+)*$")
+    host_memory_gib: float | None = Field(default=None, gt=0, description="Unified/host memory, if it matters.")
+
+
+class Engine(Strict):
+    kind: Literal["vllm", "sglang"]
+    version: str = Field(pattern=r"^\d+\.\d+\.\d+")
+    image: str = Field(description="Upstream image reference, pinned to a tag (never 'latest').")
+    python_pins: dict[str, str] = Field(
+        default_factory=dict, description="Python packages the seed pins on top of the image."
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, image: str) -> str:
+        match = _TAG.match(image)
+        if not match:
+            raise ValueError(f"image {image!r} has no tag; pin it, e.g. 'repo/name:v1.2.3'")
+        if match["tag"] == "latest":
+            raise ValueError(f"image {image!r} uses 'latest'; pin a version tag")
+        return image
+
+
+class ModelRef(Strict):
+    repo: str | None = Field(
+        default=None,
+        description="Hugging Face repository, or an absolute path. None when the seed does not name it: "
+        "the operator must then supply it (--set model.repo=...).",
+    )
+    revision: str = Field(default="main", description="Branch, tag or commit to download.")
+    shape: str | None = Field(default=None, description="Name of the shipped config the planner uses.")
+    missing_hint: str | None = Field(default=None, description="Said when repo is missing.")
+
+
+class Sampling(Strict):
+    temperature: float = Field(ge=0)
+    top_p: float = Field(gt=0, le=1)
+    top_k: int = Field(ge=-1)
+
+
+class Serve(Strict):
+    port: int = Field(ge=1, le=65535)
+    served_name: str | None = Field(default=None, description="None: the engine's default (the model path).")
+    args: dict[str, ArgValue] = Field(description="The seed's engine flags, without leading dashes.")
+    env: dict[str, str] = Field(default_factory=dict, description="Engine environment variables.")
+    sampling: Sampling | None = Field(default=None, description="Request defaults the seed evaluated with.")
+
+
+class SweepPoint(Strict):
+    prompt_tokens: int = Field(gt=0)
+    ttft_s: float | None = Field(default=None, gt=0)
+    decode_tok_s: float | None = Field(default=None, gt=0)
+
+
+class Expected(Strict):
+    """The seed's published results, for the benchmark, the planner tests and the alert thresholds."""
+
+    source: str = Field(description="Seed file the numbers come from.")
+    decode_tok_s: float | None = Field(default=None, gt=0)
+    baseline_decode_tok_s: float | None = Field(default=None, gt=0)
+    speedup: float | None = Field(default=None, gt=0)
+    acceptance_length: dict[str, float] = Field(default_factory=dict, description="Per task.")
+    accuracy: dict[str, float] = Field(default_factory=dict, description="Pass rate per task, 0-1.")
+    baseline_accuracy: dict[str, float] = Field(default_factory=dict)
+    sweep: list[SweepPoint] = Field(default_factory=list)
+    kv_cache_tokens: int | None = Field(default=None, gt=0)
+    max_concurrency: float | None = Field(default=None, gt=0)
+    attention_block_size: int | None = Field(default=None, gt=0)
+    weights_gib: float | None = Field(default=None, gt=0)
+
+
+class Profile(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    description: str
+    seed: str | None = Field(default=None, description="The seed file this profile reproduces.")
+    hardware: Hardware
+    engine: Engine
+    model: ModelRef
+    draft: ModelRef | None = None
+    serve: Serve
+    expected: Expected | None = None
+
+    @property
+    def gpu_count(self) -> int:
+        return self.hardware.gpu.count if self.hardware.gpu else 0
