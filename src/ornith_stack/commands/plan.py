@@ -1,0 +1,165 @@
+"""`ornith-stack plan PROFILE` and the general form `plan --engine ... --model-config ...`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ornith_stack.engines.base import ServeSettings
+from ornith_stack.errors import UserError
+from ornith_stack.planner import GIB, Plan, PlanRequest, load_shape, plan_request, request_for_profile
+from ornith_stack.profiles import load_profile
+
+out = Console()
+
+Opt = typer.Option
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_cmd(
+        profile: Annotated[str | None, typer.Argument(help="Profile to plan; flags below override it.")] = None,
+        engine: Annotated[str | None, Opt(help="vllm or sglang (general form).")] = None,
+        engine_version: Annotated[str | None, Opt(help="Engine version (SGLang accounting differs by it).")] = None,
+        model_config: Annotated[str | None, Opt(help="config.json path, checkpoint folder or shipped shape name.")] = None,
+        draft_config: Annotated[str | None, Opt(help="Draft config.json path or shipped shape name.")] = None,
+        tp: Annotated[int | None, Opt(help="Tensor parallelism.")] = None,
+        gpu_memory_gib: Annotated[float | None, Opt(help="Memory per GPU in GiB (as NVML reports it).")] = None,
+        gpu_count: Annotated[int | None, Opt(help="GPUs available (default: the profile's, or --tp).")] = None,
+        dtype: Annotated[str | None, Opt(help="Weight dtype, e.g. bf16 (default: the config's).")] = None,
+        kv_cache_dtype: Annotated[str | None, Opt(help="auto or fp8 (fp8 halves attention KV bytes).")] = None,
+        kv_cache_memory_bytes: Annotated[int | None, Opt(help="vLLM: pin the KV pool to this many bytes.")] = None,
+        gpu_memory_utilization: Annotated[float | None, Opt(help="vLLM: fraction of GPU memory to use.")] = None,
+        max_model_len: Annotated[int | None, Opt(help="Context length per request.")] = None,
+        enable_prefix_caching: Annotated[bool | None, Opt(
+            "--enable-prefix-caching/--no-enable-prefix-caching",
+            help="Prefix caching (vLLM) / radix cache (SGLang); default: the profile's or the engine's.")] = None,
+        num_speculative_tokens: Annotated[int | None, Opt(help="Drafted tokens per step (DFlash: block - 1).")] = None,
+        speculative_method: Annotated[str | None, Opt(help="dflash, ngram, mtp... (default: dflash with "
+                                                      "--draft-config, ngram with tokens and no draft).")] = None,
+        mem_fraction_static: Annotated[float | None, Opt(help="SGLang: static pool fraction.")] = None,
+        max_total_tokens: Annotated[int | None, Opt(help="SGLang: cap on KV tokens.")] = None,
+        max_running_requests: Annotated[int | None, Opt(help="SGLang: cap on running requests.")] = None,
+        reserve_gib: Annotated[float | None, Opt(help="CUDA-graph/activation reserve per GPU (default: "
+                                               "8.47 GiB at hidden 2048, from seed 003; scaled by hidden).")] = None,
+        as_json: Annotated[bool, Opt("--json", help="Machine-readable output with stable keys.")] = False,
+    ) -> None:
+        """Will a profile fit, and how much KV cache will the engine have?
+
+        Per GPU: weights, draft weights, CUDA-graph/activation reserve, KV
+        bytes per token, recurrent-state bytes per sequence. Then the
+        engine's accounting. vLLM: block size, blocks, blocks per request,
+        concurrency and "GPU KV cache size", as vLLM 0.24 logs them.
+        SGLang: pool split, state slots, KV tokens, running-request clamp,
+        DFlash verify buffers. Then a verdict naming what overflows and the
+        flag that fixes it.
+
+        Exit status: 0 fits, 1 does not fit, 2 bad input.
+        """
+        overrides: dict[str, Any] = {
+            "tp": tp, "dtype": dtype, "kv_cache_dtype": kv_cache_dtype,
+            "kv_cache_memory_bytes": kv_cache_memory_bytes, "gpu_memory_utilization": gpu_memory_utilization,
+            "max_model_len": max_model_len, "enable_prefix_caching": enable_prefix_caching,
+            "mem_fraction_static": mem_fraction_static, "max_total_tokens": max_total_tokens,
+            "max_running_requests": max_running_requests, "speculative_method": speculative_method,
+        }
+        if num_speculative_tokens is not None:
+            overrides["num_speculative_tokens"] = num_speculative_tokens
+            overrides["draft_block_size"] = num_speculative_tokens + 1
+        extra = {"reserve_gib": reserve_gib}
+        if profile is not None:
+            if engine is not None:
+                raise UserError("--engine comes from the profile; drop it or drop the profile name")
+            req = request_for_profile(load_profile(profile), gpu_memory_gib=gpu_memory_gib, gpu_count=gpu_count,
+                                      model_config=model_config, draft_config=draft_config,
+                                      setting_overrides=overrides, **extra)
+            if engine_version:
+                req = replace(req, engine_version=engine_version)
+        else:
+            req = _general_request(engine, engine_version, model_config, draft_config, gpu_memory_gib,
+                                   gpu_count, overrides, reserve_gib)
+        result = plan_request(req)
+        if as_json:
+            typer.echo(json.dumps(result.to_json(), indent=2))
+        else:
+            print_plan(result)
+        if not result.fits:
+            raise typer.Exit(1)
+
+
+def _general_request(engine: str | None, version: str | None, model_config: str | None, draft_config: str | None,
+                     gpu_memory_gib: float | None, gpu_count: int | None, overrides: dict[str, Any],
+                     reserve_gib: float | None) -> PlanRequest:
+    if engine is None or model_config is None:
+        raise UserError("give a PROFILE, or --engine vllm|sglang and --model-config PATH_OR_NAME")
+    if gpu_memory_gib is None:
+        raise UserError("--gpu-memory-gib is required without a profile")
+    draft = load_shape(draft_config) if draft_config else None
+    values = {k: v for k, v in overrides.items() if v is not None}
+    if draft is not None:
+        values.setdefault("speculative_method", "dflash")
+        if "num_speculative_tokens" not in values and draft.block_size:
+            values["num_speculative_tokens"] = draft.block_size - 1
+            values["draft_block_size"] = draft.block_size
+    elif values.get("num_speculative_tokens"):
+        values.setdefault("speculative_method", "ngram")
+    settings = ServeSettings(**values)
+    return PlanRequest(engine=engine, engine_version=version, shape=load_shape(model_config), draft=draft,
+                       settings=settings, gpu_memory_gib=gpu_memory_gib,
+                       gpu_count=gpu_count or settings.tp, reserve_gib=reserve_gib)
+
+
+def _g(n: float) -> str:
+    if abs(n) < GIB:
+        return f"{n / (1 << 20):,.1f} MiB"
+    return f"{n / GIB:,.2f} GiB"
+
+
+def print_plan(p: Plan) -> None:
+    title = f"plan: {p.profile or p.model} — {p.engine} {p.engine_version or ''}, tp {p.tp}, " \
+            f"{p.gpu_memory_gib:g} GiB per GPU"
+    per_gpu = Table(title=title, title_justify="left", show_header=True)
+    per_gpu.add_column("per GPU")
+    per_gpu.add_column("value", justify="right")
+    per_gpu.add_row("model", p.model + (f" + draft {p.draft}" if p.draft else ""))
+    per_gpu.add_row("weights", _g(p.weights_bytes))
+    per_gpu.add_row("draft weights", _g(p.draft_weights_bytes))
+    per_gpu.add_row("CUDA-graph + activation reserve", _g(p.reserve_bytes))
+    per_gpu.add_row("KV bytes per token (all layers)", f"{p.kv_bytes_per_token:,} B")
+    per_gpu.add_row("recurrent state per sequence", f"{p.state_bytes_per_sequence / (1 << 20):,.1f} MiB")
+    per_gpu.add_row("KV pool", _g(p.kv_pool_bytes))
+    out.print(per_gpu)
+
+    engine = Table(title=f"{p.engine} accounting", title_justify="left")
+    engine.add_column("figure")
+    engine.add_column("value", justify="right")
+    engine.add_row("block size (tokens)", f"{p.block_size:,}")
+    engine.add_row("page size", f"{p.page_size_bytes:,} B")
+    engine.add_row("blocks", f"{p.num_blocks:,}")
+    engine.add_row("blocks per request", f"{p.blocks_per_request:,}")
+    engine.add_row(f"max concurrency at {p.max_model_len:,} tokens", f"{p.max_concurrency:.2f}x")
+    engine.add_row("GPU KV cache size", f"{p.kv_cache_tokens:,} tokens")
+    for key, value in p.engine_details.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items())
+        elif isinstance(value, int) and key.endswith("bytes"):
+            value = _g(value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            value = f"{value:,}"
+        engine.add_row(key.replace("_", " "), str(value))
+    out.print(engine)
+    for note in p.notes:
+        out.print(f"note: {note}", highlight=False)
+    if p.fits:
+        out.print("[bold green]verdict: fits[/]")
+        return
+    out.print("[bold red]verdict: does not fit[/]")
+    for problem in p.problems:
+        out.print(f"  - {problem.line()}", highlight=False)
+    if p.suggestion:
+        out.print(f"  smallest change that fits: {p.suggestion}", highlight=False)

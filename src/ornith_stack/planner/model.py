@@ -1,0 +1,163 @@
+"""What the planner takes and what it returns; the engine accounting lives in vllm.py and sglang.py."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from ornith_stack.engines.base import ServeSettings
+from ornith_stack.errors import UserError
+from ornith_stack.planner.shapes import ModelShape, dtype_bytes
+
+GIB = 1 << 30
+
+# CUDA-graph and activation reserve for the 35B family: seed 003 reports a working set of ~82 GiB
+# with 65.53 GiB of weights and an 8 GiB KV pin (vLLM 0.24, 8,192 batched tokens), which leaves
+# 82 - 65.53 - 8 = 8.47 GiB for activations, CUDA graphs and the non-torch allocations. The planner
+# scales it with the hidden size (activations are tokens x hidden); `--reserve-gib` overrides it.
+RESERVE_GIB_AT_HIDDEN_2048 = 82 - 65.53 - 8
+RESERVE_REFERENCE_HIDDEN = 2048
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    engine: str  # "vllm" or "sglang"
+    engine_version: str | None
+    shape: ModelShape
+    settings: ServeSettings
+    gpu_memory_gib: float  # per GPU
+    gpu_count: int
+    draft: ModelShape | None = None
+    weights_bytes: int | None = None  # loaded weights of the whole model, e.g. from a checkpoint
+    draft_weights_bytes: int | None = None
+    reserve_gib: float | None = None
+    dtype: str | None = None  # weight dtype; None: settings.dtype (--dtype), else the config's
+    profile: str | None = None
+    notes: tuple[str, ...] = ()  # said in the plan, e.g. a profile's draft shape that is not shipped
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        if self.gpu_memory_gib <= 0:
+            raise UserError(f"GPU memory must be positive, got {self.gpu_memory_gib} GiB")
+        if s.tp < 1:
+            raise UserError(f"--tp must be at least 1, got {s.tp}")
+        if self.gpu_count < s.tp:
+            raise UserError(f"--tp {s.tp} needs {s.tp} GPUs, the plan has {self.gpu_count}")
+        for name, value in (("--mem-fraction-static", s.mem_fraction_static),
+                            ("--gpu-memory-utilization", s.gpu_memory_utilization)):
+            if value is not None and not 0 < value <= 1:
+                raise UserError(f"{name} must be in (0, 1], got {value}")
+        for name, value in (("--kv-cache-memory-bytes", s.kv_cache_memory_bytes),
+                            ("--max-model-len", s.max_model_len),
+                            ("--max-total-tokens", s.max_total_tokens),
+                            ("--max-running-requests", s.max_running_requests)):
+            if value is not None and value <= 0:
+                raise UserError(f"{name} must be positive, got {value}")
+        if s.num_speculative_tokens < 0:
+            raise UserError(f"--num-speculative-tokens must be >= 0, got {s.num_speculative_tokens}")
+        if self.reserve_gib is not None and self.reserve_gib < 0:
+            raise UserError(f"--reserve-gib must be >= 0, got {self.reserve_gib}")
+        if self.weights_bytes is not None and self.weights_bytes <= 0:
+            raise UserError(f"weights must be positive, got {self.weights_bytes} bytes")
+
+    @property
+    def model_dtype(self) -> str:
+        return self.dtype or self.settings.dtype or self.shape.dtype
+
+    @property
+    def model_dtype_bytes(self) -> int:
+        dtype = self.model_dtype
+        return dtype_bytes(self.shape.dtype if dtype == "auto" else dtype, "--dtype")
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        kv = self.settings.kv_cache_dtype
+        return self.model_dtype_bytes if kv in ("auto", None) else dtype_bytes(kv, "--kv-cache-dtype")
+
+    @property
+    def max_model_len(self) -> int:
+        return self.settings.max_model_len or self.shape.max_position_embeddings
+
+    @property
+    def reserve_bytes(self) -> int:
+        if self.reserve_gib is not None:
+            return int(self.reserve_gib * GIB)
+        scale = self.shape.hidden_size / RESERVE_REFERENCE_HIDDEN
+        return int(RESERVE_GIB_AT_HIDDEN_2048 * scale * GIB)
+
+    def weights_per_gpu(self) -> int:
+        loaded_params = self.shape.text_params + self.shape.vision_params
+        total = self.weights_bytes or int(loaded_params * self._weight_bytes_per_param())
+        return total // self.settings.tp
+
+    def draft_weights_per_gpu(self) -> int:
+        if self.draft_weights_bytes is not None:
+            return self.draft_weights_bytes // self.settings.tp
+        return self.draft.loaded_weight_bytes() // self.settings.tp if self.draft else 0
+
+    def _weight_bytes_per_param(self) -> float:
+        if (self.dtype or self.settings.dtype) in (None, "auto"):
+            return self.shape.weight_bytes_per_param
+        return float(self.model_dtype_bytes)
+
+    def with_settings(self, **changes: Any) -> PlanRequest:
+        return replace(self, settings=replace(self.settings, **changes))
+
+
+@dataclass(frozen=True)
+class Problem:
+    component: str  # what overflows: "KV cache", "weights", "mamba state cache", ...
+    message: str
+    fix: str
+
+    def line(self) -> str:
+        return f"{self.component}: {self.message}; fix: {self.fix}"
+
+
+@dataclass
+class Plan:
+    """Per-GPU figures and the engine's own accounting. `to_json` keys are stable."""
+
+    engine: str
+    engine_version: str | None
+    profile: str | None
+    model: str
+    draft: str | None
+    tp: int
+    gpu_memory_gib: float
+    max_model_len: int
+    weights_bytes: int
+    draft_weights_bytes: int
+    reserve_bytes: int
+    kv_bytes_per_token: int
+    state_bytes_per_sequence: int
+    kv_pool_bytes: int
+    block_size: int
+    page_size_bytes: int
+    num_blocks: int
+    blocks_per_request: int
+    max_concurrency: float
+    kv_cache_tokens: int
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    engine_details: dict[str, Any] = field(default_factory=dict)
+    suggestion: str | None = None
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["fits"] = self.fits
+        data["max_concurrency"] = round(self.max_concurrency, 2)
+        data["problems"] = [asdict(p) | {"line": p.line()} for p in self.problems]
+        return data
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
