@@ -1,0 +1,279 @@
+"""Outputs of a bench run: JSON with every raw sample, a Markdown report shaped like the seeds'
+tables, and PNG plots (TTFT and decode against prompt length; speedup per task)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+TASK_LABELS = {"gsm8k": "GSM8K", "humaneval": "HumanEval"}
+
+
+def write_outputs(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "bench.json", "markdown": out_dir / "bench.md"}
+    markdown = render_markdown(result)
+    paths["json"].write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
+    paths["markdown"].write_text(markdown)
+    paths.update(write_plots(result, out_dir))
+    return paths
+
+
+# -- Markdown --------------------------------------------------------------------------------------
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    lines = [f"# ornith-stack bench: {result.get('model')} at {result.get('url')}", ""]
+    lines.append(_header(result))
+    if result.get("interrupted"):
+        lines += ["", "**Interrupted**: the tables hold the samples gathered before Ctrl-C."]
+    lines += ["", *main_table(result)]
+    lines += _decode_notes(result)
+    for section in (_task_table, _sweep_table, _concurrency_table):
+        lines += section(result)
+    return "\n".join(lines) + "\n"
+
+
+def main_table(result: dict[str, Any]) -> list[str]:
+    """| configuration | decode tok/s | speedup | accepted tokens (GSM8K / HumanEval) | GSM8K | HumanEval |"""
+    comparison = result.get("comparison", {})
+    ours = comparison.get("this_run", {})
+    tasks = _task_names(result, comparison)
+    head = ["configuration", "decode tok/s", "speedup",
+            f"accepted tokens ({' / '.join(TASK_LABELS.get(t, t) for t in tasks)})",
+            *(TASK_LABELS.get(t, t) for t in tasks)]
+    rows = []
+    seed = comparison.get("seed")
+    if seed:
+        name = f"seed {seed.get('source', '')[:3]}"
+        if seed.get("baseline_decode_tok_s"):
+            rows.append([f"{name}: base model", _num(seed["baseline_decode_tok_s"]), "1.00x", "—",
+                         *(_pct(seed.get("baseline_accuracy", {}).get(t)) for t in tasks)])
+        rows.append([f"{name}: {result.get('profile') or 'profile'}", _num(seed.get("decode_tok_s")),
+                     _x(seed.get("speedup")), _acceptance(seed.get("acceptance_length", {}), tasks),
+                     *(_pct(seed.get("accuracy", {}).get(t)) for t in tasks)])
+    base = comparison.get("baseline")
+    if base:
+        rows.append([f"baseline ({Path(base.get('file') or 'baseline').name})", _num(base.get("decode_tok_s")),
+                     "1.00x", _acceptance(base.get("acceptance_length", {}), tasks),
+                     *(_pct(base.get("accuracy", {}).get(t)) for t in tasks)])
+    rows.append(["this run", _num(ours.get("decode_tok_s")), _run_speedup(comparison),
+                 _acceptance(ours.get("acceptance_length", {}), tasks),
+                 *(_accuracy(result, t) for t in tasks)])
+    return _table(head, rows)
+
+
+def _header(result: dict[str, Any]) -> str:
+    parts = [f"suites: {', '.join(result.get('suites_requested', []))}"]
+    if result.get("profile"):
+        parts.append(f"profile: {result['profile']}")
+    if result.get("engine"):
+        parts.append(f"engine metrics: {result['engine']}")
+    parts.append(f"max model length: {result.get('max_model_len') or 'unknown'}")
+    parts.append(f"started {result.get('started_at_iso', '')}")
+    return "; ".join(parts) + "."
+
+
+def _decode_notes(result: dict[str, Any]) -> list[str]:
+    decode = result.get("suites", {}).get("decode")
+    comparison = result.get("comparison", {})
+    notes = []
+    if decode:
+        rate, ttft = decode.get("decode_tok_s", {}), decode.get("ttft_s", {})
+        if rate.get("n"):
+            notes.append(
+                f"Decode: single stream, {decode.get('max_tokens')} generated tokens, median of {rate['n']} "
+                f"(min {_num(rate['min'])}, max {_num(rate['max'])}, stdev {_num(rate['stdev'])}) tok/s; "
+                f"TTFT median {_num(ttft.get('median'), 3)} s."
+            )
+        engine = (decode.get("engine_decode_tok_s") or {}).get("median")
+        if engine and rate.get("median") and abs(engine / rate["median"] - 1) > 0.05:
+            notes.append(
+                f"**Warning**: the engine counted {_num(engine)} tok/s over the same intervals: other clients "
+                "were probably using it during the measurement."
+            )
+        if decode.get("acceptance_length"):
+            notes.append(f"Accepted tokens per verification step while decoding: {_num(decode['acceptance_length'], 2)}.")
+    if comparison.get("percent_of_seed_decode") is not None:
+        notes.append(f"{_num(comparison['percent_of_seed_decode'])}% of the seed's "
+                     f"{_num(comparison['seed']['decode_tok_s'])} tok/s.")
+    roof = comparison.get("roofline")
+    if roof:
+        notes.append(
+            f"Roofline: {_num(roof['active_params'] / 1e9, 2)}B active parameters = "
+            f"{_num(roof['bytes_per_token'] / 1e9, 2)} GB per token over {_num(roof['bandwidth_gbps'])} GB/s "
+            f"= {_num(roof['tok_s'])} tok/s; this run decodes at {_num(roof.get('percent'))}% of it."
+        )
+    elif comparison.get("roofline_note"):
+        notes.append(f"No roofline: {comparison['roofline_note']}.")
+    return ["", *notes] if notes else []
+
+
+def _task_table(result: dict[str, Any]) -> list[str]:
+    tasks = result.get("suites", {}).get("tasks", {}).get("tasks", {})
+    if not tasks:
+        return []
+    comparison = result.get("comparison", {})
+    speedups = comparison.get("speedup_per_task_vs_baseline") or comparison.get("speedup_per_task_vs_seed_baseline") or {}
+    against = "baseline" if comparison.get("speedup_per_task_vs_baseline") else "seed base model"
+    rows = [[TASK_LABELS.get(name, name), str(t.get("n", 0)), _accuracy(result, name),
+             _num(t.get("acceptance_length"), 2), _num((t.get("decode_tok_s") or {}).get("median")),
+             _x(speedups.get(name)), f"`{t.get('source')}`"] for name, t in tasks.items()]
+    head = ["task", "problems", "pass rate", "accepted tokens/step", "decode tok/s",
+            f"speedup vs {against}" if speedups else "speedup", "problems from"]
+    return ["", "## Tasks", "", *_table(head, rows)]
+
+
+def _sweep_table(result: dict[str, Any]) -> list[str]:
+    sweep = result.get("suites", {}).get("ttft_sweep")
+    if not sweep:
+        return []
+    seed = (result.get("comparison", {}).get("seed") or {}).get("sweep") or []
+    rows = []
+    for point in sweep.get("points", []):
+        ref = _nearest(seed, point.get("prompt_tokens"))
+        rows.append([_int(point.get("prompt_tokens")), _num(point.get("ttft_s"), 3), _num(point.get("decode_tok_s")),
+                     _int(ref.get("prompt_tokens")) if ref else "—", _num(ref.get("ttft_s"), 2) if ref else "—",
+                     _num(ref.get("decode_tok_s")) if ref else "—", point.get("error") or ""])
+    head = ["prompt tokens", "TTFT s", "decode tok/s", "seed prompt tokens", "seed TTFT s", "seed decode tok/s", "error"]
+    lines = ["", "## TTFT and decode against prompt length", "", *_table(head, rows)]
+    if sweep.get("dropped_lengths"):
+        dropped = ", ".join(str(n) for n in sweep["dropped_lengths"])
+        window = sweep.get("max_model_len")
+        lines += ["", f"Capped by the server's max model length ({window}): {dropped} ran at the largest prompt that fits."]
+    return lines
+
+
+def _concurrency_table(result: dict[str, Any]) -> list[str]:
+    levels = result.get("suites", {}).get("concurrency", {}).get("levels", [])
+    if not levels:
+        return []
+    speedups = result.get("comparison", {}).get("concurrency_speedup_vs_baseline") or {}
+    rows = [[str(level["concurrency"]), _num(level.get("output_tok_s")),
+             _num((level.get("decode_tok_s") or {}).get("median")), _x(speedups.get(str(level["concurrency"]))),
+             str(level.get("errors", 0))] for level in levels]
+    head = ["streams", "output tok/s", "decode tok/s per stream (median)", "vs baseline", "errors"]
+    return ["", "## Concurrency", "", *_table(head, rows)]
+
+
+def _task_names(result: dict[str, Any], comparison: dict[str, Any]) -> list[str]:
+    names = list(result.get("suites", {}).get("tasks", {}).get("tasks", {}))
+    seed = comparison.get("seed") or {}
+    for source in (seed.get("accuracy", {}), seed.get("acceptance_length", {})):
+        names += [n for n in source if n not in names]
+    return names or ["gsm8k", "humaneval"]
+
+
+def _run_speedup(comparison: dict[str, Any]) -> str:
+    if comparison.get("speedup_vs_baseline") is not None:
+        return _x(comparison["speedup_vs_baseline"])
+    if comparison.get("speedup_vs_seed_baseline") is not None:
+        return f"{_x(comparison['speedup_vs_seed_baseline'])} (vs seed base model)"
+    return "—"
+
+
+def _accuracy(result: dict[str, Any], task: str) -> str:
+    entry = result.get("suites", {}).get("tasks", {}).get("tasks", {}).get(task)
+    if not entry or not entry.get("n"):
+        return "—"
+    return f"{_pct(entry.get('accuracy'))} ({entry['passed']}/{entry['n']})"
+
+
+def _acceptance(values: dict[str, Any], tasks: list[str]) -> str:
+    shown = [_num(values.get(t), 1) for t in tasks]
+    return "—" if all(s == "—" for s in shown) else " / ".join(shown)
+
+
+def _nearest(points: list[dict[str, Any]], tokens: int | None) -> dict[str, Any] | None:
+    """The seed's sweep point closest to `tokens` (within a factor 1.5), for side-by-side reading."""
+    if not tokens or not points:
+        return None
+    best = min(points, key=lambda p: abs(p["prompt_tokens"] / tokens - 1))
+    return best if 1 / 1.5 <= best["prompt_tokens"] / tokens <= 1.5 else None
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def _int(value: Any) -> str:
+    return "—" if value is None else f"{int(value):,}"
+
+
+def _pct(value: Any) -> str:
+    return "—" if value is None else f"{100 * value:.1f}%"
+
+
+def _x(value: Any) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+# -- plots -----------------------------------------------------------------------------------------
+
+
+def write_plots(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    paths = {}
+    sweep = result.get("suites", {}).get("ttft_sweep")
+    if sweep and any(p.get("ttft_s") for p in sweep.get("points", [])):
+        paths["sweep_plot"] = _plot_sweep(result, sweep, out_dir / "ttft-sweep.png")
+    if result.get("suites", {}).get("tasks", {}).get("tasks"):
+        paths["tasks_plot"] = _plot_tasks(result, out_dir / "tasks.png")
+    return paths
+
+
+def _plot_sweep(result: dict[str, Any], sweep: dict[str, Any], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    points = [p for p in sweep["points"] if p.get("ttft_s")]
+    seed = (result.get("comparison", {}).get("seed") or {}).get("sweep") or []
+    fig, (ax_ttft, ax_decode) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, label in ((ax_ttft, "ttft_s", "TTFT (s)"), (ax_decode, "decode_tok_s", "decode tok/s")):
+        ax.plot([p["prompt_tokens"] for p in points], [p.get(key) for p in points], "o-", label="this run")
+        ref = [s for s in seed if s.get(key)]
+        if ref:
+            ax.plot([s["prompt_tokens"] for s in ref], [s[key] for s in ref], "s--", label=f"seed {result.get('profile')}")
+        ax.set_xscale("log")
+        ax.set_xlabel("prompt tokens")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    ax_ttft.set_yscale("log")
+    fig.suptitle(f"TTFT and decode against prompt length: {result.get('model')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_tasks(result: dict[str, Any], path: Path) -> Path:
+    """Speedup per task against the baseline run (or the seed's base model); decode tok/s when neither."""
+    import matplotlib.pyplot as plt
+
+    comparison = result.get("comparison", {})
+    speedups = comparison.get("speedup_per_task_vs_baseline") or comparison.get("speedup_per_task_vs_seed_baseline")
+    if speedups and any(v for v in speedups.values()):
+        values, ylabel = speedups, "speedup (x)"
+        title = "speedup per task vs " + ("baseline" if comparison.get("speedup_per_task_vs_baseline") else "seed base model")
+    else:
+        values, ylabel = comparison.get("this_run", {}).get("task_decode_tok_s", {}), "decode tok/s"
+        title = "decode tok/s per task (no baseline given for a speedup)"
+    names = list(values)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bars = ax.bar([TASK_LABELS.get(n, n) for n in names], [values[n] or 0 for n in names], color="#4c72b0")
+    ax.bar_label(bars, labels=[_num(values[n], 2) for n in names])
+    if ylabel.startswith("speedup"):
+        ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

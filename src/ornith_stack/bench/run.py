@@ -1,0 +1,81 @@
+"""One bench run: connect, run the suites, compare; Ctrl-C keeps what was gathered."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ornith_stack.bench.client import EngineClient, ServerInfo
+from ornith_stack.bench.compare import compare
+from ornith_stack.bench.sandbox import network_namespace_available
+from ornith_stack.bench.suites import BenchConfig, Progress, Runner
+from ornith_stack.engines import adapter_for
+from ornith_stack.profiles.model import Profile
+
+
+def run_bench(config: BenchConfig, profile: Profile | None = None, baseline: dict[str, Any] | None = None,
+              baseline_path: Path | None = None, progress: Progress | None = None,
+              transport: httpx.BaseTransport | None = None) -> dict[str, Any]:
+    """Run the configured suites and return the result (raw samples, summaries, comparison).
+
+    Engine down or not OpenAI-compatible: UserError before any suite starts. Ctrl-C: the suites stop,
+    `interrupted` is set, and the result holds every request that finished."""
+    stop = threading.Event()
+    client = EngineClient(config.url, timeout_s=config.timeout_s, stop=stop, transport=transport)
+    try:
+        info = client.server_info(config.model)
+        if info.max_model_len is None and profile is not None:
+            # Not every engine lists max_model_len in /v1/models; the profile's flag is the next best.
+            info = ServerInfo(info.model, adapter_for(profile).settings(profile).max_model_len)
+        runner = Runner(config, client, info, progress)
+        result = _header(config, profile, info.model, info.max_model_len, runner)
+        result["suites"] = runner.result
+        started = time.perf_counter()
+        try:
+            if config.suites:
+                runner.warm_up()
+            for suite in config.suites:
+                getattr(runner, suite.replace("-", "_"))()
+        except KeyboardInterrupt:
+            stop.set()
+            result["interrupted"] = True
+        result["duration_s"] = time.perf_counter() - started
+        result["comparison"] = compare(result, profile, baseline, str(baseline_path or ""))
+        return result
+    finally:
+        client.close()
+
+
+def _header(config: BenchConfig, profile: Profile | None, model: str, max_model_len: int | None,
+            runner: Runner) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    return {
+        "format": "ornith-stack-bench/1",
+        "url": config.url,
+        "model": model,
+        "max_model_len": max_model_len,
+        "profile": profile.name if profile else None,
+        "engine": runner.adapter.kind if runner.adapter else None,
+        "suites_requested": list(config.suites),
+        "started_at": now.timestamp(),
+        "started_at_iso": now.isoformat(timespec="seconds"),
+        "interrupted": False,
+        "settings": {
+            "max_tokens": config.max_tokens,
+            "samples": config.samples,
+            "warmup": config.warmup,
+            "prompt_lengths": list(config.prompt_lengths),
+            "concurrency": list(config.concurrency),
+            "task_limit": config.task_limit,
+            "task_max_tokens": config.task_max_tokens,
+            "tasks_dir": str(config.tasks_dir) if config.tasks_dir else None,
+            "ignore_eos": config.ignore_eos,
+            "sandbox": {"wall_s": config.sandbox.wall_s, "memory_mb": config.sandbox.memory_mb,
+                        "network_namespace": network_namespace_available()},
+        },
+    }

@@ -1,0 +1,111 @@
+"""`ornith-stack bench --url URL [--profile NAME] [--suite ...] [--baseline RESULT.json] [--out DIR]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ornith_stack.bench import SUITES, BenchConfig, run_bench
+from ornith_stack.bench.compare import load_result
+from ornith_stack.bench.report import write_outputs
+from ornith_stack.bench.sandbox import Limits
+from ornith_stack.bench.suites import DEFAULT_CONCURRENCY, DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_LENGTHS
+from ornith_stack.errors import UserError
+from ornith_stack.profiles import load_profile
+
+out = Console()
+err = Console(stderr=True)
+
+
+class RichProgress:
+    """The library's progress protocol drawn as one rich bar per suite."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task: int | None = None
+
+    def start(self, suite: str, total: int) -> None:
+        # Drawn from the first suite on, so a connection error prints only its error line.
+        if self.task is None:
+            self.progress.start()
+        else:
+            self.progress.update(self.task, description=f"[green]{self.suite}[/] done")
+        self.suite = suite
+        self.task = self.progress.add_task(suite, total=total)
+
+    def advance(self, note: str = "") -> None:
+        if self.task is not None:
+            self.progress.update(self.task, advance=1, description=f"{self.suite}: {note}"[:70])
+
+
+def parse_suites(value: str) -> tuple[str, ...]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if names == ["all"]:
+        return SUITES
+    unknown = [n for n in names if n not in SUITES]
+    if unknown or not names:
+        raise UserError(f"--suite {value!r}: choose from {', '.join(SUITES)} or all (comma-separated)")
+    return tuple(n for n in SUITES if n in names)
+
+
+def parse_ints(flag: str, value: str) -> tuple[int, ...]:
+    try:
+        numbers = tuple(int(v.replace("_", "")) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"{flag} {value!r}: expected comma-separated whole numbers, e.g. 512,2048") from None
+    if not numbers or min(numbers) < 1:
+        raise UserError(f"{flag} {value!r}: expected positive numbers")
+    return numbers
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench(
+        url: Annotated[str, typer.Option(help="The engine's OpenAI-compatible address, e.g. http://127.0.0.1:8000.")],
+        profile: Annotated[str | None, typer.Option(help="Compare with this profile's seed figures and roofline.")] = None,
+        suite: Annotated[str, typer.Option(help=f"{', '.join(SUITES)} or all; comma-separated.")] = "all",
+        baseline: Annotated[Path | None, typer.Option(help="A previous bench.json to compute speedups against.")] = None,
+        out_dir: Annotated[Path, typer.Option("--out", help="Directory for bench.json, bench.md and the plots.")] = Path("bench-results"),
+        model: Annotated[str | None, typer.Option(help="Served model name (default: the first in /v1/models).")] = None,
+        max_tokens: Annotated[int, typer.Option(min=2, help="Tokens generated per speed request.")] = DEFAULT_MAX_TOKENS,
+        samples: Annotated[int, typer.Option(min=1, help="Decode requests (median and spread).")] = 5,
+        warmup: Annotated[int, typer.Option(min=0, help="Unrecorded warm-up requests first.")] = 1,
+        prompt_lengths: Annotated[str, typer.Option(help="ttft-sweep prompt tokens, comma-separated.")] = ",".join(map(str, DEFAULT_PROMPT_LENGTHS)),
+        concurrency: Annotated[str, typer.Option(help="Concurrent streams per level, comma-separated.")] = ",".join(map(str, DEFAULT_CONCURRENCY)),
+        task_limit: Annotated[int | None, typer.Option(min=1, help="At most this many problems per task.")] = None,
+        task_max_tokens: Annotated[int, typer.Option(min=16, help="Token budget of a task answer.")] = 1024,
+        tasks_dir: Annotated[Path | None, typer.Option(help="Folder with gsm8k.jsonl / humaneval.jsonl[.gz].")] = None,
+        ignore_eos: Annotated[bool, typer.Option(help="Send ignore_eos so speed requests generate max-tokens.")] = True,
+        timeout: Annotated[float, typer.Option(min=1, help="Seconds one request may take.")] = 900.0,
+        code_timeout: Annotated[float, typer.Option(min=0.5, help="Seconds one HumanEval program may run.")] = 10.0,
+    ) -> None:
+        """Measure decode, TTFT, task accuracy and acceptance, and throughput; write JSON, Markdown and plots."""
+        chosen = load_profile(profile) if profile else None
+        config = BenchConfig(
+            url=url, suites=parse_suites(suite), model=model, max_tokens=max_tokens, samples=samples,
+            warmup=warmup, prompt_lengths=parse_ints("--prompt-lengths", prompt_lengths),
+            concurrency=parse_ints("--concurrency", concurrency), task_limit=task_limit,
+            task_max_tokens=task_max_tokens, tasks_dir=tasks_dir,
+            sampling=chosen.serve.sampling if chosen else None, ignore_eos=ignore_eos, timeout_s=timeout,
+            sandbox=Limits(wall_s=code_timeout),
+        )
+        base = load_result(baseline) if baseline else None
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        bar = Progress(*columns, console=err, transient=False)
+        try:
+            result = run_bench(config, chosen, base, baseline, RichProgress(bar))
+        finally:
+            bar.stop()
+        paths = write_outputs(result, out_dir)
+        # Plain Markdown, so the tables paste into an issue or a README as they are.
+        out.print(paths["markdown"].read_text(), markup=False, highlight=False, soft_wrap=True)
+        for kind, path in paths.items():
+            out.print(f"{kind:>11}: {path}", highlight=False)
+        if result.get("interrupted"):
+            err.print("[yellow]interrupted:[/] wrote the samples gathered so far")
+            raise typer.Exit(130)
+

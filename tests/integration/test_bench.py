@@ -1,0 +1,113 @@
+"""`ornith-stack bench` against a real vLLM on CPU (tiny model, ngram speculation), scaled down by flags.
+
+Set ORNITH_BENCH_URL to point these tests at an engine that is already running instead of the
+session's `vllm_ngram` engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ornith_stack.cli import main
+from ornith_stack.engines import ADAPTERS
+from ornith_stack.engines.exposition import parse
+
+pytestmark = pytest.mark.integration
+
+# Small enough for two CPU cores, large enough that the decode interval is not a few milliseconds.
+SCALED = ["--max-tokens", "96", "--samples", "2", "--concurrency", "1,4", "--task-limit", "2",
+          "--task-max-tokens", "96", "--code-timeout", "5"]
+
+
+def _url(request: pytest.FixtureRequest, fixture: str, env: str) -> str:
+    if os.environ.get(env):
+        return os.environ[env].rstrip("/")
+    engine = request.getfixturevalue(fixture)
+    return str(engine.base_url).rstrip("/")
+
+
+@pytest.fixture(scope="module")
+def engine_url(request: pytest.FixtureRequest) -> str:
+    return _url(request, "vllm_ngram", "ORNITH_BENCH_URL")
+
+
+def _bench(url: str, out: Path, *args: str) -> dict:
+    rc = main(["bench", "--url", url, "--out", str(out), *args])
+    assert rc == 0
+    return json.loads((out / "bench.json").read_text())
+
+
+def test_all_suites_write_the_three_outputs(engine_url: str, tmp_path: Path) -> None:
+    baseline = _bench(engine_url, tmp_path / "base", "--suite", "decode", *SCALED)
+    # The window is 4096 tokens: 100000 is capped to the largest prompt that fits.
+    result = _bench(engine_url, tmp_path / "run", "--suite", "all", "--profile", "cpu-demo",
+                    "--baseline", str(tmp_path / "base" / "bench.json"),
+                    "--prompt-lengths", "256,1024,100000", *SCALED)
+    out = tmp_path / "run"
+
+    suites = result["suites"]
+    assert set(suites) == {"decode", "tasks", "ttft_sweep", "concurrency"}
+    assert not result["interrupted"]
+    decode = suites["decode"]
+    assert len(decode["samples"]) == 2 and decode["errors"] == 0
+    assert all(s["completion_tokens"] == 96 for s in decode["samples"])  # ignore_eos held
+    assert decode["decode_tok_s"]["median"] > 0
+    # ngram speculation ran: accepted tokens per step are read from the engine's counters.
+    assert decode["acceptance_length"] is not None and decode["acceptance_length"] >= 1.0
+    assert {t: len(v["samples"]) for t, v in suites["tasks"]["tasks"].items()} == {"gsm8k": 2, "humaneval": 2}
+    sweep = suites["ttft_sweep"]
+    assert sweep["max_model_len"] == 4096 and sweep["dropped_lengths"] == [100000]
+    assert all(p["ttft_s"] and p["prompt_tokens"] < 4096 for p in sweep["points"])
+    assert [p["prompt_tokens"] > 3000 for p in sweep["points"]] == [False, False, True]
+    assert [len(level["samples"]) for level in suites["concurrency"]["levels"]] == [1, 4]
+    assert result["comparison"]["speedup_vs_baseline"] == pytest.approx(
+        decode["decode_tok_s"]["median"] / baseline["suites"]["decode"]["decode_tok_s"]["median"])
+
+    table = (out / "bench.md").read_text()
+    assert "| configuration | decode tok/s | speedup | accepted tokens (GSM8K / HumanEval) | GSM8K | HumanEval |" in table
+    assert "| this run |" in table and "| baseline (bench.json) |" in table
+    for png in ("ttft-sweep.png", "tasks.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_decode_rate_agrees_with_the_engines_generation_counter(engine_url: str, tmp_path: Path) -> None:
+    """Fair comparison: one stream, no warm-up, nothing else on the engine, so the engine's
+    generation-token counter moves only for the measured request; its delta over the bench's own
+    decode interval (first to last token, the first token belonging to prefill) is the engine's rate."""
+    name = ADAPTERS["vllm"].metrics.generation_tokens
+
+    def generated() -> float:
+        return parse(httpx.get(f"{engine_url}/metrics", timeout=30).text).total(name) or 0.0
+
+    before = generated()
+    result = _bench(engine_url, tmp_path, "--suite", "decode", "--samples", "1", "--warmup", "0",
+                    "--max-tokens", "512")
+    after = generated()
+
+    sample = result["suites"]["decode"]["samples"][0]
+    bench_rate = result["suites"]["decode"]["decode_tok_s"]["median"]
+    engine_tokens = after - before
+    assert engine_tokens == sample["extra"]["engine_generation_tokens"]
+    engine_rate = (engine_tokens - 1) / sample["decode_s"]
+    assert bench_rate == pytest.approx(engine_rate, rel=0.05)
+    # The rate is a real decode interval, not a burst of buffered chunks.
+    assert sample["chunks"] > 10 and sample["decode_s"] > 0.05
+
+
+def test_the_hybrid_without_speculation_reports_no_acceptance(request: pytest.FixtureRequest,
+                                                              tmp_path: Path) -> None:
+    """The tiny Qwen3.5 hybrid (gated-delta + full attention) serves without a draft: the bench still
+    measures it, and leaves the acceptance column empty instead of inventing a figure."""
+    url = _url(request, "vllm_hybrid", "ORNITH_BENCH_HYBRID_URL")
+    result = _bench(url, tmp_path, "--suite", "decode,ttft-sweep", "--max-tokens", "64", "--samples", "2",
+                    "--prompt-lengths", "256,1024")
+    decode = result["suites"]["decode"]
+    assert decode["errors"] == 0 and decode["decode_tok_s"]["median"] > 0
+    assert decode["acceptance_length"] is None
+    assert [p["error"] for p in result["suites"]["ttft_sweep"]["points"]] == [None, None]
+    assert "| this run |" in (tmp_path / "bench.md").read_text()

@@ -1,0 +1,117 @@
+"""Answer checkers: GSM8K numbers and HumanEval programs, and the offline task sample they grade."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ornith_stack.bench.checkers import (
+    build_program,
+    check_gsm8k,
+    check_humaneval,
+    extract_code,
+    extract_gsm8k_answer,
+)
+from ornith_stack.bench.datasets import load_tasks
+from ornith_stack.bench.sandbox import Limits
+from ornith_stack.errors import UserError
+
+DATA = Path(__file__).parents[2] / "src/ornith_stack/bench/data"
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("She has 3 + 4 = 7 apples.\n#### 7", "7"),
+        ("Total is $1,234.50.\n#### $1,234.50", "1234.50"),
+        ("First 12, then 30.\nThe answer is 42.", "42"),
+        ("**Final answer:** 18", "18"),
+        ("So the result is \\boxed{256}.", "256"),
+        ("We get -5 degrees", "-5"),
+        # A marker wins over numbers written after it (units, checks).
+        ("#### 26\n(26 muffins; check: 96 - 70)", "26"),
+        ("no digits at all", None),
+    ],
+)
+def test_gsm8k_extracts_the_final_number(response: str, expected: str | None) -> None:
+    assert extract_gsm8k_answer(response) == expected
+
+
+def test_gsm8k_compares_numerically_not_textually() -> None:
+    assert check_gsm8k("#### 2,520", "2520").passed
+    assert check_gsm8k("#### 33.00", "33").passed
+    # GSM8K's own reference format ends with '#### N'.
+    assert check_gsm8k("the answer is 72", "48 + 24 = 72\n#### 72").passed
+    wrong = check_gsm8k("#### 71", "72")
+    assert not wrong.passed and wrong.extracted == "71"
+    assert not check_gsm8k("I cannot tell", "72").passed
+
+
+def test_code_is_taken_from_the_fenced_block() -> None:
+    answer = "Here you go:\n```python\ndef f(x):\n    return x + 1\n```\nIt adds one."
+    assert extract_code(answer) == "def f(x):\n    return x + 1\n"
+    assert extract_code("def f(x):\n    return x") == "def f(x):\n    return x"
+
+
+PROMPT = 'def add(a: int, b: int) -> int:\n    """Add two numbers."""\n'
+TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
+
+
+def test_a_whole_function_answer_passes_and_a_wrong_one_fails() -> None:
+    good = "```python\ndef add(a, b):\n    return a + b\n```"
+    bad = "```python\ndef add(a, b):\n    return a - b\n```"
+    assert check_humaneval(PROMPT, good, TEST, "add").passed
+    verdict = check_humaneval(PROMPT, bad, TEST, "add")
+    assert not verdict.passed and "AssertionError" in verdict.detail
+
+
+def test_a_body_only_answer_is_appended_to_the_prompt() -> None:
+    program = build_program(PROMPT, "return a + b", TEST, "add")
+    assert "    return a + b" in program and program.rstrip().endswith("check(add)")
+    assert check_humaneval(PROMPT, "    return a + b\n", TEST, "add").passed
+
+
+def test_an_answer_that_exits_early_does_not_pass() -> None:
+    # sys.exit(0) before the tests run must not count as success.
+    answer = "```python\nimport sys\nsys.exit(0)\ndef add(a, b):\n    return a - b\n```"
+    assert not check_humaneval(PROMPT, answer, TEST, "add").passed
+
+
+def test_every_bundled_humaneval_solution_passes_its_tests() -> None:
+    rows = [json.loads(line) for line in (DATA / "humaneval.jsonl").read_text().splitlines()]
+    assert len(rows) >= 8
+    for row in rows:
+        verdict = check_humaneval(row["prompt"], row["canonical_solution"], row["test"], row["entry_point"],
+                                  Limits(wall_s=10))
+        assert verdict.passed, (row["task_id"], verdict.detail)
+        # ... and the tests are not vacuous: an answer returning None fails them.
+        assert not check_humaneval(row["prompt"], "    return None\n", row["test"], row["entry_point"]).passed
+
+
+def test_bundled_gsm8k_answers_check_against_themselves() -> None:
+    rows = [json.loads(line) for line in (DATA / "gsm8k.jsonl").read_text().splitlines()]
+    assert len(rows) >= 10
+    for row in rows:
+        assert check_gsm8k(f"#### {row['answer']}", row["answer"]).passed
+
+
+def test_tasks_dir_overrides_the_bundled_sample(tmp_path: Path) -> None:
+    (tmp_path / "gsm8k.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
+    sets = {s.task: s for s in load_tasks(tmp_path)}
+    assert sets["gsm8k"].source == str(tmp_path / "gsm8k.jsonl")
+    assert sets["gsm8k"].problems[0].answer.endswith("#### 2")
+    # humaneval.jsonl is absent there: it falls through to the package or the bundled sample.
+    assert sets["humaneval"].problems
+
+
+def test_a_malformed_tasks_file_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "gsm8k.jsonl").write_text('{"question": "x"}\n')
+    with pytest.raises(UserError, match="lacks answer"):
+        load_tasks(tmp_path)
+    (tmp_path / "gsm8k.jsonl").write_text("not json\n")
+    with pytest.raises(UserError, match="not JSON"):
+        load_tasks(tmp_path)
+    with pytest.raises(UserError, match="not a directory"):
+        load_tasks(tmp_path / "missing")

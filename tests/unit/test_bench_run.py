@@ -1,0 +1,171 @@
+"""A whole bench run against a scripted engine: the three outputs, the seed-shaped table, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ornith_stack.bench import BenchConfig, run_bench
+from ornith_stack.bench.report import write_outputs
+from ornith_stack.bench.sandbox import Limits
+from ornith_stack.profiles import load_profile
+
+DATA = Path(__file__).parents[2] / "src/ornith_stack/bench/data"
+ANSWERS = {json.loads(line)["question"]: json.loads(line)["answer"] for line in (DATA / "gsm8k.jsonl").read_text().splitlines()}
+TOKENS_PER_CHUNK = 4  # the fake drafts 3 tokens per step and all are accepted: 4 tokens a step
+
+
+class FakeEngine:
+    """vLLM-shaped: /v1/models, /metrics with generation and speculative counters, streaming chat.
+
+    GSM8K questions get the right answer, code questions a wrong one; `interrupt_at` raises
+    KeyboardInterrupt in the Nth chat request, as Ctrl-C would in the middle of a stream."""
+
+    def __init__(self, interrupt_at: int | None = None, other_traffic: int = 0) -> None:
+        self.lock = threading.Lock()
+        self.generated = self.steps = self.accepted = self.requests = 0
+        self.interrupt_at = interrupt_at
+        self.other_traffic = other_traffic  # tokens another client generates alongside each request
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "fake", "max_model_len": 4096}]})
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=self.exposition())
+        return self.chat(json.loads(request.content))
+
+    def exposition(self) -> str:
+        with self.lock:
+            counters = {"vllm:generation_tokens": self.generated, "vllm:spec_decode_num_drafts": self.steps,
+                        "vllm:spec_decode_num_accepted_tokens": self.accepted}
+        return "".join(f"# TYPE {name} counter\n{name}_total{{model_name=\"fake\"}} {value}\n"
+                       for name, value in counters.items())
+
+    def chat(self, body: dict) -> httpx.Response:
+        with self.lock:
+            self.requests += 1
+            if self.requests == self.interrupt_at:
+                raise KeyboardInterrupt
+        content = body["messages"][0]["content"]
+        answer = next((f"Adding up.\n#### {a}" for q, a in ANSWERS.items() if q in content), None)
+        answer = answer or "```python\ndef wrong():\n    return None\n```"
+        tokens = body["max_tokens"] if body.get("ignore_eos") else min(body["max_tokens"], 40)
+        words = answer.split(" ")
+        chunks = [" ".join(words[i::max(tokens // TOKENS_PER_CHUNK, 1)]) for i in range(tokens // TOKENS_PER_CHUNK)]
+        with self.lock:
+            self.generated += tokens + self.other_traffic
+            self.steps += tokens // TOKENS_PER_CHUNK
+            self.accepted += tokens - tokens // TOKENS_PER_CHUNK
+        prompt_tokens = int(len(content.split()) * 1.25) + 12
+        lines = [f"data: {json.dumps({'choices': [{'delta': {'role': 'assistant', 'content': ''}}]})}\n\n"]
+        text_chunks = [answer] + [""] * (len(chunks) - 1) if not body.get("ignore_eos") else chunks
+        lines += [f"data: {json.dumps({'choices': [{'delta': {'content': c}, 'finish_reason': None}]})}\n\n"
+                  for c in text_chunks]
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": tokens}
+        lines += [f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n", "data: [DONE]\n\n"]
+        return httpx.Response(200, stream=_Paced(lines))
+
+
+class _Paced(httpx.SyncByteStream):
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def __iter__(self):
+        for line in self.lines:
+            time.sleep(0.002)
+            yield line.encode()
+
+
+def _config(**changes) -> BenchConfig:
+    base = {"url": "http://fake.test", "max_tokens": 16, "samples": 3, "warmup": 1,
+            "prompt_lengths": (256, 1024, 8192), "concurrency": (1, 3), "task_limit": 2, "task_max_tokens": 40,
+            "sandbox": Limits(wall_s=5)}
+    return BenchConfig(**(base | changes))
+
+
+def test_all_suites_write_json_markdown_and_plots_shaped_like_the_seed(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    result = run_bench(_config(), load_profile("a100x2"), transport=httpx.MockTransport(engine))
+    paths = write_outputs(result, tmp_path)
+
+    data = json.loads(paths["json"].read_text())
+    suites = data["suites"]
+    assert len(suites["decode"]["samples"]) == 3
+    assert all(s["completion_tokens"] == 16 and s["extra"]["engine_generation_tokens"] == 16
+               for s in suites["decode"]["samples"])
+    assert [len(t["samples"]) for t in suites["tasks"]["tasks"].values()] == [2, 2]
+    assert [len(level["samples"]) for level in suites["concurrency"]["levels"]] == [1, 3]
+    # 8192 does not fit a 4096-token window: it runs at the largest prompt that does.
+    assert suites["ttft_sweep"]["dropped_lengths"] == [8192]
+    assert [p["target_prompt_tokens"] for p in suites["ttft_sweep"]["points"]] == [256, 1024, 4096 - 16 - 40]
+
+    table = paths["markdown"].read_text()
+    assert "| configuration | decode tok/s | speedup | accepted tokens (GSM8K / HumanEval) | GSM8K | HumanEval |" in table
+    # The seed's own rows (seed 000's table) ...
+    assert "| seed 000: base model | 202.5 | 1.00x | — | 93.3% | 87.5% |" in table
+    assert "| seed 000: a100x2 | 470.2 | 2.32x | 6.1 / 7.7 | 90.0% | 90.0% |" in table
+    # ... and this run's: 4 tokens per verification step, the right GSM8K answers, wrong code.
+    assert re.search(r"\| this run \| [\d,.]+ \| [\d.]+x \(vs seed base model\) \| 4\.0 / 4\.0 \| "
+                     r"100\.0% \(2/2\) \| 0\.0% \(0/2\) \|", table), table
+    assert "Roofline: 2.95B active parameters" in table
+
+    for key in ("sweep_plot", "tasks_plot"):
+        assert paths[key].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ctrl_c_keeps_the_samples_gathered_so_far(tmp_path: Path) -> None:
+    # Request 1 is the warm-up, 2 and 3 are decode samples, Ctrl-C lands in the 4th.
+    engine = FakeEngine(interrupt_at=4)
+    result = run_bench(_config(samples=10), None, transport=httpx.MockTransport(engine))
+    assert result["interrupted"] is True
+    assert len(result["suites"]["decode"]["samples"]) == 2
+    assert "tasks" not in result["suites"]
+    paths = write_outputs(result, tmp_path)
+    assert "**Interrupted**" in paths["markdown"].read_text()
+    assert len(json.loads(paths["json"].read_text())["suites"]["decode"]["samples"]) == 2
+
+
+def test_an_endpoint_that_streams_errors_fails_with_one_line(tmp_path: Path) -> None:
+    from ornith_stack.errors import UserError
+
+    def broken(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "x"}]})
+        if request.url.path == "/metrics":
+            return httpx.Response(404)
+        return httpx.Response(500, text="Internal Server Error")
+
+    with pytest.raises(UserError, match="warm-up request failed: HTTP 500"):
+        run_bench(_config(), None, transport=httpx.MockTransport(broken))
+
+
+def test_a_busy_engine_is_called_out_in_the_report(tmp_path: Path) -> None:
+    # Another client generating alongside each measured request: the engine's counter over the same
+    # interval no longer matches the stream, and the report says so instead of hiding it.
+    quiet = run_bench(_config(suites=("decode",)), None, transport=httpx.MockTransport(FakeEngine()))
+    assert "Warning" not in write_outputs(quiet, tmp_path / "quiet")["markdown"].read_text()
+    busy = run_bench(_config(suites=("decode",)), None, transport=httpx.MockTransport(FakeEngine(other_traffic=16)))
+    decode = busy["suites"]["decode"]
+    assert decode["engine_decode_tok_s"]["median"] > 1.5 * decode["decode_tok_s"]["median"]
+    assert "**Warning**: the engine counted" in write_outputs(busy, tmp_path / "busy")["markdown"].read_text()
+
+
+def test_the_command_turns_an_engine_that_is_down_into_one_error_line(tmp_path: Path, capsys) -> None:
+    import socket
+
+    from ornith_stack.cli import main
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    rc = main(["bench", "--url", f"http://127.0.0.1:{port}", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err.startswith("error: cannot reach") and "Traceback" not in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
