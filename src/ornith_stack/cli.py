@@ -42,10 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     except (typer.Abort, KeyboardInterrupt):
         err.print("aborted")
         return 130
-    except Exception as exc:  # click usage errors carry their own message and exit code
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+    except Exception as exc:
+        # Usage errors (unknown option, missing argument) carry their own message and exit code.
+        # Typer vendors click, so match the behaviour rather than one module's class.
+        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
             return exc.exit_code
         raise

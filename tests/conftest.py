@@ -1,0 +1,24 @@
+"""Shared test helpers: where the repository and the shared seeds are."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# The seeds live beside the checkout (../shared); CI lays a copy of shared/ there too.
+SHARED = Path(os.environ.get("ORNITH_SHARED_DIR", REPO.parent / "shared"))
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def shared() -> Path:
+    if not (SHARED / "seeds").is_dir():
+        pytest.skip(f"shared/ with the seeds is not at {SHARED} (set ORNITH_SHARED_DIR)")
+    return SHARED
