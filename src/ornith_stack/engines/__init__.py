@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from ornith_stack.engines.base import (
     EngineAdapter,
+    EngineInfo,
     MetricNames,
+    ReportedAcceptance,
     ServeSettings,
     SpecCounters,
     acceptance_length,
     render_flag,
     shell_join,
 )
+from ornith_stack.engines.exposition import Samples
 from ornith_stack.engines.sglang import SglangAdapter
 from ornith_stack.engines.vllm import VllmAdapter
 from ornith_stack.profiles.model import Profile
@@ -23,6 +26,11 @@ def adapter_for(profile_or_kind: Profile | str) -> EngineAdapter:
     return ADAPTERS[kind]
 
 
+def detect_adapter(samples: Samples) -> EngineAdapter | None:
+    """The adapter of the engine that produced a scrape, recognised by its metric names."""
+    return next((a for a in ADAPTERS.values() if a.owns(samples)), None)
+
+
 def launch_args(profile: Profile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
     return adapter_for(profile).launch_args(profile, host=host, port=port)
 
@@ -30,11 +38,14 @@ def launch_args(profile: Profile, host: str = "0.0.0.0", port: int | None = None
 __all__ = [
     "ADAPTERS",
     "EngineAdapter",
+    "EngineInfo",
     "MetricNames",
+    "ReportedAcceptance",
     "ServeSettings",
     "SpecCounters",
     "acceptance_length",
     "adapter_for",
+    "detect_adapter",
     "launch_args",
     "render_flag",
     "shell_join",

@@ -28,6 +28,14 @@ class ServeSettings:
     speculative_method: str | None = None  # "dflash", "ngram", ...
     num_speculative_tokens: int = 0  # tokens drafted per verification step
     draft_block_size: int | None = None  # DFlash: num_speculative_tokens + 1
+    # Read by the planner (additive; engine-neutral names, None = the engine's default).
+    dtype: str | None = None  # --dtype
+    block_size: int | None = None  # vLLM --block-size (tokens per KV block), SGLang --page-size
+    mamba_ssm_cache_dtype: str | None = None  # vLLM --mamba-ssm-cache-dtype, SGLang --mamba-ssm-dtype
+    mamba_full_memory_ratio: float | None = None  # SGLang
+    max_mamba_cache_size: int | None = None  # SGLang
+    mamba_extra_buffer: bool = False  # SGLang: mamba scheduler/radix strategy "extra_buffer"
+    overlap_schedule: bool = True  # SGLang: --disable-overlap-schedule turns it off
     extra: dict[str, ArgValue] = field(default_factory=dict)
 
 
@@ -45,6 +53,10 @@ class MetricNames:
     e2e: str
 
 
+# MetricNames fields that name histogram families (their samples are _bucket, _sum and _count).
+HISTOGRAMS = ("ttft", "itl", "e2e")
+
+
 @dataclass(frozen=True)
 class SpecCounters:
     """Cumulative speculative-decoding counters read from one scrape.
@@ -58,6 +70,23 @@ class SpecCounters:
     accepted: float
     drafted: float | None = None  # draft tokens proposed (vLLM only)
     accepted_per_position: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine says about itself on its info endpoint (version, served model, draft)."""
+
+    version: str | None = None
+    model: str | None = None
+    draft: str | None = None
+
+
+@dataclass(frozen=True)
+class ReportedAcceptance:
+    """Acceptance figures an engine computes itself (SGLang's gauges), for when counters are absent."""
+
+    length: float | None = None
+    ratio: float | None = None
 
 
 def acceptance_length(before: SpecCounters | None, after: SpecCounters) -> float | None:
@@ -79,6 +108,15 @@ class EngineAdapter:
     models_path: ClassVar[str] = "/v1/models"
     metrics_path: ClassVar[str] = "/metrics"
     metrics: ClassVar[MetricNames]
+    # Every metric the engine exports starts with this; it is how a scraped target is recognised.
+    metric_prefix: ClassVar[str]
+    # The label that carries the served model name on the engine's metrics.
+    model_label: ClassVar[str] = "model_name"
+    # Endpoints that describe the server (version, model), tried in order until one answers JSON.
+    info_paths: ClassVar[tuple[str, ...]] = ()
+    chat_path: ClassVar[str] = "/v1/chat/completions"
+    # Sample names spec_counters and reported_acceptance read (beyond `metrics`).
+    spec_samples: ClassVar[tuple[str, ...]] = ()
     # Flags added for serving in a container, beyond the seed's: listen address and metrics.
     serving_flags: ClassVar[tuple[str, ...]] = ("host", "port")
 
@@ -101,12 +139,57 @@ class EngineAdapter:
     def listen_args(self, host: str, port: int) -> list[str]:
         return ["--host", host, "--port", str(port)]
 
+    def multinode_args(self, nodes: int | str, rank: str, leader: str, port: int | str) -> list[str]:
+        """Flags that split one engine over `nodes` hosts (tensor parallelism across nodes). `rank` and
+        `leader` may be Kubernetes $(VAR) references: a LeaderWorkerSet sets LWS_WORKER_INDEX and
+        LWS_LEADER_ADDRESS in every pod of a group."""
+        raise NotImplementedError(f"{self.kind}: multi-node launch is not described")
+
+    def worker_launch_args(self, leader_argv: list[str]) -> list[str]:
+        """The argv of a non-leader node, given the leader's argv (with multinode_args appended)."""
+        return list(leader_argv)
+
     def settings(self, profile: Profile) -> ServeSettings:
         raise NotImplementedError
 
     def spec_counters(self, samples: Samples) -> SpecCounters | None:
         """Speculative counters from a scrape, or None when the engine runs without speculation."""
         raise NotImplementedError
+
+    def owns(self, samples: Samples) -> bool:
+        """Whether a scrape came from this engine (its metric names carry the engine's prefix)."""
+        return any(name.startswith(self.metric_prefix) for name in samples)
+
+    def parse_info(self, payload: Any) -> EngineInfo:
+        """The engine's info endpoint answer (JSON) as an EngineInfo; unknown shapes give empty fields."""
+        return EngineInfo()
+
+    def reported_acceptance(self, samples: Samples) -> ReportedAcceptance | None:
+        """Acceptance as the engine itself reports it, where it does (None: derive it from counters)."""
+        return None
+
+    def sample_names(self) -> set[str]:
+        """Every sample name this adapter reads from /metrics (lets a scraper skip the rest)."""
+        names = set(self.spec_samples)
+        for field_name, value in vars(self.metrics).items():
+            if field_name in HISTOGRAMS:
+                names.update(f"{value}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
+            else:
+                names.add(value)
+        return names
+
+    def read(self, samples: Samples, name: str) -> float | None:
+        """One figure of the engine: the sum over the label sets the engine splits it into (vLLM's
+        data-parallel engine cores each count their own share)."""
+        return samples.total(name)
+
+    def served_model(self, samples: Samples) -> str | None:
+        """The served model name as the engine labels its metrics."""
+        for name in (self.metrics.generation_tokens, self.metrics.requests_running, self.metrics.kv_cache_usage):
+            value = samples.first_label(name, self.model_label)
+            if value:
+                return value
+        return None
 
 
 def render_flag(flag: str, value: ArgValue) -> list[str]:

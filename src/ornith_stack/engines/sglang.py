@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from ornith_stack.engines.base import EngineAdapter, MetricNames, ServeSettings, SpecCounters, first
+from ornith_stack.engines.base import (
+    EngineAdapter,
+    EngineInfo,
+    MetricNames,
+    ReportedAcceptance,
+    ServeSettings,
+    SpecCounters,
+    first,
+)
 from ornith_stack.engines.exposition import Samples
-from ornith_stack.engines.vllm import _float_or_none, _int_or_none
+from ornith_stack.engines.vllm import _float_or_none, _int_or_none, _str_or_none
 from ornith_stack.profiles.model import ArgValue, Profile
 
 
@@ -14,6 +22,11 @@ class SglangAdapter(EngineAdapter):
     kind = "sglang"
     module = "sglang.launch_server"
     model_flag = "model-path"
+    metric_prefix = "sglang:"
+    # /get_server_info (0.5.17) was renamed /server_info later; both answer the server args plus
+    # "version" and "internal_states".
+    info_paths = ("/get_server_info", "/server_info")
+    spec_samples = ("sglang:spec_verify_calls_total", "sglang:spec_accept_length", "sglang:spec_accept_rate")
     # SGLang exports /metrics only when asked to.
     serving_flags = ("host", "port", "enable-metrics")
     metrics: ClassVar[MetricNames] = MetricNames(
@@ -41,6 +54,10 @@ class SglangAdapter(EngineAdapter):
     def listen_args(self, host: str, port: int) -> list[str]:
         return [*super().listen_args(host, port), "--enable-metrics"]
 
+    def multinode_args(self, nodes: int | str, rank: str, leader: str, port: int | str) -> list[str]:
+        # Every node runs the same launch_server; rank 0 serves HTTP, the others only schedule.
+        return ["--nnodes", str(nodes), "--node-rank", rank, "--dist-init-addr", f"{leader}:{port}"]
+
     def settings(self, profile: Profile) -> ServeSettings:
         args = profile.serve.args
         method = first(args, "speculative-algorithm")
@@ -58,14 +75,49 @@ class SglangAdapter(EngineAdapter):
             num_speculative_tokens=block - 1 if block else 0,
             draft_block_size=block,
             extra={k: v for k, v in args.items() if k.startswith("mamba-")},
+            dtype=_str_or_none(first(args, "dtype")),
+            block_size=_int_or_none(first(args, "page-size")),
+            mamba_ssm_cache_dtype=_str_or_none(first(args, "mamba-ssm-dtype")),
+            mamba_full_memory_ratio=_float_or_none(first(args, "mamba-full-memory-ratio")),
+            max_mamba_cache_size=_int_or_none(first(args, "max-mamba-cache-size")),
+            # 0.5.17 spells it --mamba-scheduler-strategy, 0.5.21 --mamba-radix-cache-strategy.
+            mamba_extra_buffer=first(args, "mamba-radix-cache-strategy", "mamba-scheduler-strategy")
+            == "extra_buffer",
+            overlap_schedule=not args.get("disable-overlap-schedule", False),
         )
 
     def spec_counters(self, samples: Samples) -> SpecCounters | None:
         # SGLang counts verification steps; every generated token is either a bonus token (one per
         # step) or an accepted draft token, so accepted = generated - steps. This is the seed's own
         # definition: completion tokens divided by verification steps.
-        steps = samples.total("sglang:spec_verify_calls_total")
+        steps = self.read(samples, "sglang:spec_verify_calls_total")
         if steps is None:
             return None
-        generated = samples.total(self.metrics.generation_tokens) or 0.0
+        generated = self.read(samples, self.metrics.generation_tokens) or 0.0
         return SpecCounters(steps=steps, accepted=max(generated - steps, 0.0))
+
+    def read(self, samples: Samples, name: str) -> float | None:
+        # Scheduler metrics carry tp_rank; by default only rank 0 reports, but with
+        # --enable-metrics-for-all-schedulers every rank of a tensor-parallel group reports the same
+        # batch, and summing them would count it tp times. Data-parallel ranks still add up.
+        rank0 = samples.total(name, tp_rank="0")
+        return rank0 if rank0 is not None else samples.total(name)
+
+    def parse_info(self, payload: Any) -> EngineInfo:
+        if not isinstance(payload, dict):
+            return EngineInfo()
+
+        def text(key: str) -> str | None:
+            value = payload.get(key)
+            return str(value) if value not in (None, "") else None
+
+        return EngineInfo(version=text("version"), model=text("served_model_name") or text("model_path"),
+                          draft=text("speculative_draft_model_path"))
+
+    def reported_acceptance(self, samples: Samples) -> ReportedAcceptance | None:
+        # Gauges averaged by SGLang over its log interval; per tp rank they are equal, so take the mean.
+        length = samples.mean("sglang:spec_accept_length")
+        ratio = samples.mean("sglang:spec_accept_rate")
+        if length is None and ratio is None:
+            return None
+        return ReportedAcceptance(length=length, ratio=ratio)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from ornith_stack.engines.base import EngineAdapter, MetricNames, ServeSettings, SpecCounters, first
+from ornith_stack.engines.base import (
+    EngineAdapter,
+    EngineInfo,
+    MetricNames,
+    ServeSettings,
+    SpecCounters,
+    first,
+)
 from ornith_stack.engines.exposition import Samples
 from ornith_stack.profiles.model import ArgValue, Profile
 
@@ -13,6 +20,15 @@ class VllmAdapter(EngineAdapter):
     kind = "vllm"
     module = "vllm.entrypoints.openai.api_server"
     model_flag = "model"
+    metric_prefix = "vllm:"
+    # vLLM's /version answers {"version": "0.24.0"}; the model comes from the metrics' model_name label.
+    info_paths = ("/version",)
+    spec_samples = (
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    )
     metrics: ClassVar[MetricNames] = MetricNames(
         generation_tokens="vllm:generation_tokens_total",
         prompt_tokens="vllm:prompt_tokens_total",
@@ -32,6 +48,16 @@ class VllmAdapter(EngineAdapter):
             args["speculative-config"] = {**spec, "model": profile.draft.repo}
         return args
 
+    def multinode_args(self, nodes: int | str, rank: str, leader: str, port: int | str) -> list[str]:
+        # vLLM >= 0.11 spans nodes with its multiprocessing executor, without Ray.
+        return ["--nnodes", str(nodes), "--node-rank", rank, "--master-addr", leader,
+                "--master-port", str(port)]
+
+    def worker_launch_args(self, leader_argv: list[str]) -> list[str]:
+        # Non-leader nodes run engine cores only: `--headless` exists in the `vllm serve` entry point
+        # (vllm/entrypoints/cli/serve.py), not in the api_server module that the leader runs.
+        return ["python3", "-m", "vllm.entrypoints.cli.main", "serve", *leader_argv[3:], "--headless"]
+
     def settings(self, profile: Profile) -> ServeSettings:
         args = profile.serve.args
         spec = args.get("speculative-config")
@@ -50,8 +76,14 @@ class VllmAdapter(EngineAdapter):
             speculative_method=str(method) if method else None,
             num_speculative_tokens=k,
             draft_block_size=k + 1 if method == "dflash" else None,
+            dtype=_str_or_none(first(args, "dtype")),
+            block_size=_int_or_none(first(args, "block-size")),
+            mamba_ssm_cache_dtype=_str_or_none(first(args, "mamba-ssm-cache-dtype")),
         )
 
+    def parse_info(self, payload: Any) -> EngineInfo:
+        version = payload.get("version") if isinstance(payload, dict) else None
+        return EngineInfo(version=str(version) if version else None)
 
     def spec_counters(self, samples: Samples) -> SpecCounters | None:
         drafts = samples.total("vllm:spec_decode_num_drafts_total")
@@ -72,3 +104,7 @@ def _int_or_none(value: ArgValue | None) -> int | None:
 
 def _float_or_none(value: ArgValue | None) -> float | None:
     return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _str_or_none(value: ArgValue | None) -> str | None:
+    return None if value is None else str(value)

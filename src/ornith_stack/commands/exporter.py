@@ -1,0 +1,44 @@
+"""`ornith-stack exporter --target URL [--target URL ...] [--listen [HOST]:PORT] [--canary] [--profile NAME]`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from ornith_stack.errors import UserError
+from ornith_stack.exporter.scrape import Target
+from ornith_stack.exporter.server import Settings, normalise_target, parse_listen, serve
+from ornith_stack.profiles import load_profile
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("exporter")
+    def exporter_cmd(
+        # Optional for typer so that a missing --target is our one-line error, not a usage traceback.
+        target: Annotated[list[str] | None, typer.Option("--target", help="Engine base URL; repeat for several.")] = None,
+        listen: Annotated[str, typer.Option(help="[HOST]:PORT to serve /metrics on.")] = ":9400",
+        profile: Annotated[str | None, typer.Option(help="Profile the targets run (labels, draft).")] = None,
+        canary: Annotated[bool, typer.Option("--canary", help="Send a known-answer request periodically.")] = False,
+        canary_interval: Annotated[float, typer.Option(help="Seconds between canary requests.")] = 30.0,
+        timeout: Annotated[float, typer.Option(help="Seconds allowed for one target's scrape.")] = 3.0,
+    ) -> None:
+        """Serve unified ornith_* metrics (acceptance, throughput, latency) scraped from vLLM/SGLang engines."""
+        if not target:
+            raise UserError("--target URL is required, e.g. --target http://127.0.0.1:8000 (repeat for several)")
+        if timeout <= 0 or canary_interval <= 0:
+            raise UserError("--timeout and --canary-interval must be positive numbers of seconds")
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        draft = ""
+        if profile:
+            loaded = load_profile(profile)
+            draft = loaded.draft.repo or "" if loaded.draft else ""
+        targets = [Target(normalise_target(url), profile or "", draft) for url in dict.fromkeys(target)]
+        host, port = parse_listen(listen)
+        typer.echo(f"ornith-stack exporter on {host or '*'}:{port}/metrics, "
+                   f"{len(targets)} target(s): {', '.join(t.url for t in targets)}", err=True)
+        try:
+            serve(Settings(targets, host, port, timeout=timeout, canary=canary, canary_interval=canary_interval))
+        except KeyboardInterrupt:
+            pass

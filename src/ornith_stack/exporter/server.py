@@ -1,0 +1,111 @@
+"""The exporter's HTTP side: /metrics for Prometheus and a landing page at /."""
+
+from __future__ import annotations
+
+import html
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from ornith_stack.errors import UserError
+from ornith_stack.exporter.canary import Canary
+from ornith_stack.exporter.collectors import ExporterCollector
+from ornith_stack.exporter.scrape import Scraper, Target
+
+DEFAULT_PORT = 9400
+
+
+@dataclass(frozen=True)
+class Settings:
+    targets: list[Target]
+    host: str = ""
+    port: int = DEFAULT_PORT
+    timeout: float = 3.0
+    canary: bool = False
+    canary_interval: float = 30.0
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """'[HOST]:PORT' as (host, port); ':9400' listens on every address."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"--listen {listen!r}: expected [HOST]:PORT, e.g. :9400 or 127.0.0.1:9400")
+    return host.strip("[]"), int(port)
+
+
+def normalise_target(url: str) -> str:
+    """A target as a base URL: scheme added if missing, trailing slash and /metrics dropped."""
+    url = url.strip()
+    if not url:
+        raise UserError("--target: empty URL; pass the engine's base URL, e.g. http://127.0.0.1:8000")
+    if "://" not in url:
+        url = "http://" + url
+    if not url.startswith(("http://", "https://")):
+        raise UserError(f"--target {url!r}: only http:// and https:// targets are supported")
+    url = url.rstrip("/")
+    return url.removesuffix("/metrics")
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def build_app(settings: Settings) -> tuple[Callable, Scraper, Canary | None]:
+    scraper = Scraper(settings.targets, timeout=settings.timeout)
+    canary = Canary(settings.targets, interval=settings.canary_interval) if settings.canary else None
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector(scraper, canary))
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path in ("/", "/index.html"):
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [landing_page(settings).encode()]
+        if path == "/metrics":
+            return metrics_app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found: the metrics are at /metrics\n"]
+
+    return app, scraper, canary
+
+
+def landing_page(settings: Settings) -> str:
+    rows = "".join(f"<li><code>{html.escape(t.url)}</code> profile <code>{html.escape(t.profile or '-')}</code></li>"
+                   for t in settings.targets)
+    return (
+        "<!doctype html><html><head><title>ornith-stack exporter</title></head><body>"
+        "<h1>ornith-stack exporter</h1>"
+        '<p>Unified speculative-decoding, throughput and latency metrics: <a href="/metrics">/metrics</a></p>'
+        f"<p>Targets:</p><ul>{rows}</ul>"
+        f"<p>Canary: {'on' if settings.canary else 'off'}</p></body></html>"
+    )
+
+
+def serve(settings: Settings, ready: threading.Event | None = None) -> None:
+    """Serve until interrupted."""
+    app, scraper, canary = build_app(settings)
+    try:
+        httpd = make_server(settings.host, settings.port, app, server_class=_Server, handler_class=_QuietHandler)
+    except OSError as exc:
+        raise UserError(f"cannot listen on {settings.host or '*'}:{settings.port}: {exc.strerror}") from None
+    if canary is not None:
+        canary.start()
+    if ready is not None:
+        ready.set()
+    try:
+        httpd.serve_forever()
+    finally:
+        httpd.server_close()
+        scraper.close()
+        if canary is not None:
+            canary.stop()

