@@ -128,7 +128,24 @@ def _templated(name: str, template: str, style: str) -> Callable[[], str]:
 
 # Producers of generated files; each takes the repository root and yields Products. Modules that
 # generate files (dashboards, alert rules) add their producer here.
-PRODUCERS: list[Callable[[Path], Iterable[Product]]] = [profile_products]
+def monitoring_products(root: Path) -> Iterable[Product]:
+    # Imported here: the monitoring producers import this module for Product and header.
+    from ornith_stack.exporter.products import products as monitoring
+
+    return monitoring(root)
+
+
+PRODUCERS: list[Callable[[Path], Iterable[Product]]] = [profile_products, monitoring_products]
+
+
+def _helm_chart_products(root: Path) -> Iterable[Product]:
+    # Imported here: helm_chart imports this module. It copies the monitoring products into the chart.
+    from ornith_stack.helm_chart import chart_products
+
+    return chart_products(root)
+
+
+PRODUCERS.append(_helm_chart_products)
 
 
 def products(root: Path) -> list[Product]:

@@ -1,0 +1,167 @@
+{{/*
+The engine pod, shared by the Deployment (role "single") and the LeaderWorkerSet (roles "leader" and
+"worker"). Called with (dict "root" $ "role" ROLE).
+*/}}
+
+{{- define "ornith.engineEnv" -}}
+{{- $v := .root.Values }}
+{{- $env := dict "HF_HOME" $v.modelCache.mountPath "HOME" "/home/ornith" "USER" "ornith" "XDG_CACHE_HOME" "/home/ornith/.cache" "ORNITH_PROFILE" $v.profile }}
+{{- if include "ornith.downloads" .root }}
+{{- /* Everything was fetched by the download Job: never reach the Hub from the engine. */}}
+{{- $_ := set $env "HF_HUB_OFFLINE" "1" }}
+{{- end }}
+{{- if gt (int $v.engine.nodes) 1 }}
+{{- $_ := set $env "ORNITH_DIST_PORT" (toString $v.engine.multiNode.port) }}
+{{- end }}
+{{- $env = merge (deepCopy ($v.engine.env | default dict)) $env }}
+{{- range $name := keys $env | sortAlpha }}
+- name: {{ $name }}
+  value: {{ get $env $name | toString | quote }}
+{{- end }}
+- name: ORNITH_MODEL_REPO
+  value: {{ include "ornith.modelRepo" .root | quote }}
+{{- if $v.draft.repo }}
+- name: ORNITH_DRAFT_REPO
+  value: {{ $v.draft.repo | quote }}
+{{- end }}
+{{- if and $v.hfToken.secretName (not (include "ornith.downloads" .root)) }}
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.hfToken.secretName }}
+      key: {{ $v.hfToken.secretKey }}
+{{- end }}
+{{- with $v.engine.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "ornith.engineResources" -}}
+{{- $v := .Values.engine }}
+{{- $resources := deepCopy ($v.resources | default dict) }}
+{{- if gt (int $v.gpusPerNode) 0 }}
+{{- /* Extended resources: requests equal limits; the profile's count wins over a hand-set one. */}}
+{{- $gpu := dict "nvidia.com/gpu" (int $v.gpusPerNode) }}
+{{- $_ := set $resources "limits" (merge (deepCopy $gpu) ($resources.limits | default dict)) }}
+{{- $_ := set $resources "requests" (merge (deepCopy $gpu) ($resources.requests | default dict)) }}
+{{- end }}
+{{- toYaml $resources }}
+{{- end }}
+
+{{- define "ornith.enginePodSpec" -}}
+{{- $root := .root }}
+{{- $v := $root.Values }}
+{{- $leader := ne .role "worker" }}
+serviceAccountName: {{ include "ornith.serviceAccountName" $root }}
+automountServiceAccountToken: false
+terminationGracePeriodSeconds: {{ $v.engine.terminationGracePeriodSeconds }}
+{{- with $v.imagePullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+securityContext: {{- toYaml $v.engine.podSecurityContext | nindent 2 }}
+{{- with $v.engine.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.engine.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.engine.affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if include "ornith.downloads" $root }}
+initContainers:
+  - name: wait-for-model
+    image: {{ include "ornith.engineImage" $root | quote }}
+    imagePullPolicy: {{ $v.engine.image.pullPolicy }}
+    command: ["sh", "-c", "until [ -f \"$MARKER\" ]; do echo \"waiting for the download Job to write $MARKER\"; sleep 15; done"]
+    env:
+      - name: MARKER
+        value: {{ include "ornith.downloadMarker" $root | quote }}
+    resources:
+      requests:
+        cpu: 10m
+        memory: 16Mi
+      limits:
+        memory: 64Mi
+    securityContext: {{- toYaml $v.engine.securityContext | nindent 6 }}
+    volumeMounts:
+      - name: model-cache
+        mountPath: {{ $v.modelCache.mountPath }}
+        readOnly: true
+{{- end }}
+containers:
+  - name: engine
+    image: {{ include "ornith.engineImage" $root | quote }}
+    imagePullPolicy: {{ $v.engine.image.pullPolicy }}
+{{- $multi := gt (int $v.engine.nodes) 1 }}
+{{- $args := concat $v.engine.args (ternary $v.engine.multiNode.args list $multi) $v.engine.extraArgs }}
+{{- if $leader }}
+    command: {{ required "engine.command is required (generated values-<profile>.yaml sets it)" $v.engine.command | toJson }}
+    args: {{ $args | toJson }}
+{{- else }}
+    command: {{ $v.engine.multiNode.workerCommand | toJson }}
+    args: {{ concat $args $v.engine.multiNode.workerExtraArgs | toJson }}
+{{- end }}
+    env: {{- include "ornith.engineEnv" . | trim | nindent 6 }}
+    ports:
+{{- if $leader }}
+      - name: http
+        containerPort: {{ $v.engine.port }}
+        protocol: TCP
+{{- end }}
+{{- if $multi }}
+      - name: dist
+        containerPort: {{ $v.engine.multiNode.port }}
+        protocol: TCP
+{{- end }}
+{{- if $leader }}
+    startupProbe:
+      httpGet:
+        path: {{ $v.engine.modelsPath }}
+        port: http
+      {{- toYaml $v.engine.probes.startup | nindent 6 }}
+    readinessProbe:
+      httpGet:
+        path: {{ $v.engine.modelsPath }}
+        port: http
+      {{- toYaml $v.engine.probes.readiness | nindent 6 }}
+    livenessProbe:
+      httpGet:
+        path: {{ $v.engine.healthPath }}
+        port: http
+      {{- toYaml $v.engine.probes.liveness | nindent 6 }}
+{{- end }}
+    resources: {{- include "ornith.engineResources" $root | nindent 6 }}
+    securityContext: {{- toYaml $v.engine.securityContext | nindent 6 }}
+    volumeMounts:
+      - name: shm
+        mountPath: /dev/shm
+      - name: model-cache
+        mountPath: {{ $v.modelCache.mountPath }}
+      - name: home
+        mountPath: /home/ornith
+      - name: tmp
+        mountPath: /tmp
+{{- if and $leader $v.exporter.enabled (eq (include "ornith.exporterMode" $root) "sidecar") }}
+{{ include "ornith.exporterContainer" (dict "root" $root "targets" (list (printf "http://127.0.0.1:%d" (int $v.engine.port)))) | indent 2 }}
+{{- end }}
+volumes:
+  - name: shm
+    emptyDir:
+      medium: Memory
+      sizeLimit: {{ $v.engine.shm.sizeLimit }}
+  - name: model-cache
+{{- if $v.modelCache.enabled }}
+    persistentVolumeClaim:
+      claimName: {{ include "ornith.cacheClaim" $root }}
+{{- else }}
+    emptyDir: {}
+{{- end }}
+  - name: home
+    emptyDir: {}
+  - name: tmp
+    emptyDir: {}
+{{- end }}

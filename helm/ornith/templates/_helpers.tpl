@@ -1,0 +1,139 @@
+{{/* Names and labels. */}}
+{{- define "ornith.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "ornith.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the engine workload and of its Service (kept short: LeaderWorkerSet pod names add suffixes). */}}
+{{- define "ornith.engineName" -}}
+{{- printf "%s-engine" (include "ornith.fullname" .) | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "ornith.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ornith.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "ornith.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "ornith.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: ornith-stack
+ornith.ai/profile: {{ .Values.profile | quote }}
+{{- end }}
+
+{{- define "ornith.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "ornith.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* An image reference from {repository, tag, digest}; tags are required and never "latest". */}}
+{{- define "ornith.image" -}}
+{{- $repository := required (printf "%s.repository is required (generated values-<profile>.yaml sets it)" .key) .image.repository }}
+{{- $tag := required (printf "%s.tag is required: pin a version" .key) .image.tag }}
+{{- if eq $tag "latest" }}
+{{- fail (printf "%s.tag is \"latest\": pin a version tag" .key) }}
+{{- end }}
+{{- if .image.digest }}
+{{- printf "%s:%s@%s" $repository $tag .image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository $tag }}
+{{- end }}
+{{- end }}
+
+{{- define "ornith.engineImage" -}}
+{{- include "ornith.image" (dict "image" .Values.engine.image "key" "engine.image") }}
+{{- end }}
+
+{{- define "ornith.downloadImage" -}}
+{{- if .Values.modelCache.download.image.repository }}
+{{- include "ornith.image" (dict "image" .Values.modelCache.download.image "key" "modelCache.download.image") }}
+{{- else }}
+{{- include "ornith.engineImage" . }}
+{{- end }}
+{{- end }}
+
+{{/* Whether engine pods wait for (and the chart runs) the download Job. */}}
+{{- define "ornith.downloads" -}}
+{{- if and .Values.modelCache.enabled .Values.modelCache.download.enabled }}true{{ end }}
+{{- end }}
+
+{{- define "ornith.modelRepo" -}}
+{{- required (printf "model.repo is required for profile %q: its seed does not name the model repository; pass --set model.repo=OWNER/NAME" .Values.profile) .Values.model.repo }}
+{{- end }}
+
+{{/* The download's identity: a new repository or revision makes a new Job and a new marker file. */}}
+{{- define "ornith.downloadKey" -}}
+{{- printf "%s@%s %s@%s" (include "ornith.modelRepo" .) .Values.model.revision .Values.draft.repo .Values.draft.revision | sha256sum | trunc 12 }}
+{{- end }}
+
+{{- define "ornith.downloadMarker" -}}
+{{- printf "%s/.ornith/%s.done" .Values.modelCache.mountPath (include "ornith.downloadKey" .) }}
+{{- end }}
+
+{{- define "ornith.cacheClaim" -}}
+{{- default (printf "%s-model-cache" (include "ornith.fullname" .)) .Values.modelCache.existingClaim }}
+{{- end }}
+
+{{/* Exporter placement: "deployment" or "sidecar" (see exporter.mode). */}}
+{{- define "ornith.exporterMode" -}}
+{{- if eq .Values.exporter.mode "auto" }}
+{{- if and (eq (int .Values.engine.nodes) 1) (gt (int .Values.engine.replicas) 1) }}sidecar{{ else }}deployment{{ end }}
+{{- else }}
+{{- .Values.exporter.mode }}
+{{- end }}
+{{- end }}
+
+{{/* The exporter's flags; `targets` is a list of engine base URLs. */}}
+{{- define "ornith.exporterArgs" -}}
+{{- $args := list }}
+{{- range .targets }}
+{{- $args = append (append $args "--target") . }}
+{{- end }}
+{{- $args = concat $args (list "--profile" .root.Values.profile "--listen" (printf ":%d" (int .root.Values.exporter.port))) }}
+{{- if .root.Values.exporter.canary }}
+{{- $args = append $args "--canary" }}
+{{- end }}
+{{- toJson (concat $args .root.Values.exporter.extraArgs) }}
+{{- end }}
+
+{{- define "ornith.exporterContainer" -}}
+- name: exporter
+  image: {{ include "ornith.image" (dict "image" .root.Values.exporter.image "key" "exporter.image") | quote }}
+  imagePullPolicy: {{ .root.Values.exporter.image.pullPolicy }}
+  args: {{ include "ornith.exporterArgs" . }}
+  ports:
+    - name: metrics
+      containerPort: {{ .root.Values.exporter.port }}
+      protocol: TCP
+  readinessProbe:
+    httpGet:
+      path: /metrics
+      port: metrics
+    periodSeconds: 15
+    timeoutSeconds: 5
+  livenessProbe:
+    httpGet:
+      path: /metrics
+      port: metrics
+    periodSeconds: 30
+    timeoutSeconds: 10
+  resources: {{- toYaml .root.Values.exporter.resources | nindent 4 }}
+  securityContext: {{- toYaml .root.Values.exporter.securityContext | nindent 4 }}
+{{- end }}

@@ -1,0 +1,494 @@
+"""The Helm chart (helm/ornith): rendered for every profile and scenario with the pinned Helm SDK
+(helm-python-sdk 0.2.2, Helm 4 as a library, offline), linted strictly, every object validated against
+the Kubernetes schemas (kubernetes-validate) or, for custom resources, the schemas in
+helm/ornith/crds-schemas/, and checked for what a reviewer would look at."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from referencing import Registry, Resource
+
+from ornith_stack.engines import adapter_for
+from ornith_stack.profiles import profile_names
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "ornith"
+KUBE_VERSION = "1.33"
+RELEASE, NAMESPACE = "ornith", "llm"
+# Custom resources are checked against the schemas made from their upstream CRDs.
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring-v1.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring-v1.json",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkerset-leaderworkerset-v1.json",
+}
+# Every profile, and every scenario in ci/ (complete generated values files).
+PROFILE_CASES = [f"values-{name}.yaml" for name in profile_names()]
+SCENARIO_CASES = sorted(f"ci/{p.name}" for p in (CHART / "ci").glob("*.yaml"))
+# spark's seed names no model repository: alone it must fail (tested below); rendered with its scenario.
+RENDERABLE = [c for c in PROFILE_CASES if c != "values-spark.yaml"] + SCENARIO_CASES
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """Helm's layering of -f files: mappings merge key by key, everything else is replaced."""
+    out = copy.deepcopy(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def read_yaml(rel: str) -> dict[str, Any]:
+    return yaml.safe_load((CHART / rel).read_text()) or {}
+
+
+def case_values(case: str) -> dict[str, Any]:
+    """The values a case installs with: values.yaml defaults under one generated values file."""
+    return read_yaml(case)
+
+
+@cache
+def chart() -> helm.Chart:
+    return helm.Chart.load(CHART)
+
+
+def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+    manifests = chart().render(values=values, name=RELEASE, namespace=NAMESPACE)
+    objects = []
+    for name, text in sorted(manifests.items()):
+        if name.endswith(".txt"):
+            continue
+        objects += [doc for doc in yaml.safe_load_all(text) if doc]
+    return objects
+
+
+@cache
+def rendered(case: str) -> tuple[dict[str, Any], ...]:
+    return tuple(render(case_values(case)))
+
+
+def find(objects: tuple[dict[str, Any], ...], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def engine_pod_specs(objects: tuple[dict[str, Any], ...]) -> dict[str, dict[str, Any]]:
+    """role -> pod spec of the engine: "single" (Deployment) or "leader"/"worker" (LeaderWorkerSet)."""
+    specs = {}
+    for d in find(objects, "Deployment"):
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine":
+            specs["single"] = d["spec"]["template"]["spec"]
+    for lws in find(objects, "LeaderWorkerSet"):
+        template = lws["spec"]["leaderWorkerTemplate"]
+        specs["leader"] = template["leaderTemplate"]["spec"]
+        specs["worker"] = template["workerTemplate"]["spec"]
+    return specs
+
+
+def container(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in spec["containers"] if c["name"] == name)
+
+
+def expand(words: list[str], env: dict[str, str]) -> list[str]:
+    """Kubernetes' $(VAR) expansion of command and args from the container's environment."""
+    return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), w) for w in words]
+
+
+def literal_env(c: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
+
+
+def cli_launch_args(profile: str, *sets: str) -> list[str]:
+    """`ornith-stack launch-args PROFILE --json` exactly as a user runs it."""
+    argv = [sys.executable, "-m", "ornith_stack", "launch-args", profile, "--json"]
+    for s in sets:
+        argv += ["--set", s]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(done.stdout)
+
+
+@cache
+def crd_registry() -> Registry:
+    """kubernetes-validate's strict core definitions, which the CRD schemas refer to."""
+    defs = kubernetes_validate.utils.schema_contents(
+        f"kubernetes-json-schema/v{KUBE_VERSION}.0-local-strict/_definitions.json", KUBE_VERSION)
+    return Resource.from_contents(defs) @ Registry()
+
+
+def validate_object(obj: dict[str, Any]) -> None:
+    key = (obj["apiVersion"], obj["kind"])
+    if key in CRD_SCHEMAS:
+        schema = json.loads((CHART / "crds-schemas" / CRD_SCHEMAS[key]).read_text())
+        jsonschema.Draft202012Validator(schema, registry=crd_registry()).validate(obj)
+    else:
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+def render_error(values: dict[str, Any]) -> str:
+    with pytest.raises(helm.HelmError) as caught:
+        render(values)
+    return str(caught.value)
+
+
+# ------------------------------------------------------------------------------- every profile/scenario
+def test_cases_cover_the_five_profiles_and_a_two_node_leaderworkerset() -> None:
+    assert len(PROFILE_CASES) == 5
+    two_node = [c for c in RENDERABLE if int(case_values(c)["engine"].get("nodes", 1)) == 2]
+    assert two_node and all(find(rendered(c), "LeaderWorkerSet") for c in two_node)
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_helm_lint_strict_passes(case: str) -> None:
+    report = helm.lint(CHART, case_values(case), strict=True, namespace=NAMESPACE, kube_version="v1.33.0")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, report
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_every_object_is_valid_kubernetes(case: str) -> None:
+    objects = rendered(case)
+    assert objects
+    for obj in objects:
+        try:
+            validate_object(obj)
+        except jsonschema.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.absolute_path)
+            pytest.fail(f"{case}: {obj['kind']}/{obj['metadata']['name']} at {where}: {exc.message}")
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_gpus_per_pod_follow_tensor_parallelism(case: str) -> None:
+    values = case_values(case)
+    engine = values["engine"]
+    tp = int(re.search(r"--(?:tp|tensor-parallel-size) (\d+)", " ".join(engine["args"]))[1]) if any(
+        a in ("--tp", "--tensor-parallel-size") for a in engine["args"]) else 1
+    nodes = int(engine.get("nodes", 1))
+    for role, spec in engine_pod_specs(rendered(case)).items():
+        limits = container(spec, "engine")["resources"].get("limits", {})
+        gpus = int(limits.get("nvidia.com/gpu", 0))
+        if engine["gpusPerNode"] == 0:
+            assert gpus == 0, f"{case}: a CPU profile asks for GPUs"
+        else:
+            # One pod per node: the group of `nodes` pods holds exactly the tensor-parallel ranks.
+            assert gpus * nodes == tp, f"{case} {role}: {gpus} GPUs x {nodes} nodes != tp {tp}"
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_images_are_pinned(case: str) -> None:
+    for obj in rendered(case):
+        for spec in _pod_specs(obj):
+            for c in spec.get("containers", []) + spec.get("initContainers", []):
+                name, _, tag = c["image"].split("@")[0].rpartition(":")
+                assert name and tag and "/" not in tag, f"{case}: {c['image']} has no tag"
+                assert tag != "latest", f"{case}: {c['image']} uses latest"
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_engine_probes_allow_a_cold_load(case: str) -> None:
+    values = case_values(case)
+    for role, spec in engine_pod_specs(rendered(case)).items():
+        engine = container(spec, "engine")
+        if role == "worker":  # non-leader nodes serve no HTTP
+            assert "startupProbe" not in engine
+            continue
+        startup, ready, live = engine["startupProbe"], engine["readinessProbe"], engine["livenessProbe"]
+        assert startup["httpGet"]["path"] == ready["httpGet"]["path"] == values["engine"]["modelsPath"] == "/v1/models"
+        assert live["httpGet"]["path"] == values["engine"]["healthPath"]
+        # The issue asks for at least 15 minutes before a slow first load counts as a failure.
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 15 * 60
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_no_secret_values_in_the_output(case: str) -> None:
+    objects = rendered(case)
+    assert not find(objects, "Secret"), "the chart must never create a Secret"
+    for obj in objects:
+        for spec in _pod_specs(obj):
+            for c in spec.get("containers", []) + spec.get("initContainers", []):
+                for env in c.get("env", []):
+                    if re.search(r"TOKEN|PASSWORD|SECRET|KEY$", env["name"]):
+                        assert "value" not in env, f"{case}: {env['name']} has a literal value"
+                        assert set(env["valueFrom"]) == {"secretKeyRef"}
+    text = yaml.safe_dump_all(objects)
+    assert not re.search(r"\bhf_[A-Za-z0-9]{20,}", text), "something like a Hugging Face token"
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_engine_args_equal_launch_args(case: str) -> None:
+    values = case_values(case)
+    sets = re.findall(r"--set (\S+)", (CHART / case).read_text().split("\nprofile:")[0])
+    specs = engine_pod_specs(rendered(case))
+    leader = container(specs.get("single") or specs["leader"], "engine")
+    env = literal_env(leader)
+    if "$(ORNITH_MODEL_REPO)" in leader["args"]:
+        sets.append(f"model.repo={env['ORNITH_MODEL_REPO']}")
+    expected = cli_launch_args(values["profile"], *sets)
+    nodes = int(values["engine"].get("nodes", 1))
+    extra = values["engine"].get("extraArgs", [])
+    multi = values["engine"]["multiNode"]["args"] if nodes > 1 else []
+    argv = expand(leader["command"] + leader["args"], env)
+    assert argv == expected + expand(multi, env) + extra
+    if nodes > 1:
+        # What the LeaderWorkerSet controller puts in every pod of group 0.
+        lws = {"LWS_GROUP_SIZE": str(nodes), "LWS_LEADER_ADDRESS": "ornith-engine-0.ornith-engine.llm",
+               **env}
+        worker = container(specs["worker"], "engine")
+        worker_env = {**lws, "LWS_WORKER_INDEX": "1", **literal_env(worker)}
+        worker_argv = expand(worker["command"] + worker["args"], worker_env)
+        leader_of_worker = expected + expand(multi, worker_env) + extra
+        assert worker_argv == adapter_for(values["engine"]["kind"]).worker_launch_args(leader_of_worker)
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_service_spreads_requests_over_engine_copies(case: str) -> None:
+    objects = rendered(case)
+    values = case_values(case)
+    service = next(s for s in find(objects, "Service") if s["metadata"]["name"] == RELEASE)
+    assert service["spec"]["ports"][0]["port"] == values["engine"]["port"]
+    assert service["spec"]["selector"]["ornith.ai/role"] == "leader"
+    replicas = int(values["engine"].get("replicas", 1))
+    workload = (find(objects, "LeaderWorkerSet") or [d for d in find(objects, "Deployment")
+                                                      if d["metadata"]["name"] == "ornith-engine"])[0]
+    assert workload["spec"]["replicas"] == replicas
+    # The selector matches the serving pods (the Deployment's, or each group's leader).
+    for role in engine_pod_specs(objects):
+        labels = (workload["spec"].get("template") or workload["spec"]["leaderWorkerTemplate"][
+            "workerTemplate" if role == "worker" else "leaderTemplate"])["metadata"]["labels"]
+        matches = all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
+        assert matches == (role != "worker"), role
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_exporter_measures_every_engine_copy(case: str) -> None:
+    objects = rendered(case)
+    values = case_values(case)
+    if not values.get("exporter", {}).get("enabled", True):
+        return
+    replicas = int(values["engine"].get("replicas", 1))
+    exporters = [d for d in find(objects, "Deployment") if d["metadata"]["name"] == "ornith-exporter"]
+    if exporters:
+        args = container(exporters[0]["spec"]["template"]["spec"], "exporter")["args"]
+        assert args.count("--target") == replicas
+        assert args[args.index("--profile") + 1] == values["profile"]
+    else:  # sidecar: one exporter in each serving pod, scraping it on localhost
+        spec = engine_pod_specs(objects)["single"]
+        assert container(spec, "exporter")["args"][:2] == ["--target", f"http://127.0.0.1:{values['engine']['port']}"]
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_model_cache_is_filled_once_at_the_pinned_revision(case: str) -> None:
+    objects = rendered(case)
+    values = case_values(case)
+    jobs = find(objects, "Job")
+    if values.get("modelCache", {}).get("enabled", True) is False:
+        assert not jobs
+        return
+    (job,) = jobs
+    download = container(job["spec"]["template"]["spec"], "download")
+    env = literal_env(download)
+    assert "hf download \"$MODEL_REPO\" --revision \"$MODEL_REVISION\"" in download["command"][-1]
+    assert (env["MODEL_REPO"], env["MODEL_REVISION"]) == (values["model"]["repo"], values["model"]["revision"])
+    assert env["DRAFT_REPO"] == values.get("draft", {}).get("repo", "")
+    token = [e for e in download["env"] if e["name"] == "HF_TOKEN"]
+    secret = values.get("hfToken", {}).get("secretName")
+    assert bool(token) == bool(secret)
+    if token:
+        assert token[0]["valueFrom"]["secretKeyRef"]["name"] == secret
+    # Engine pods wait for the Job's marker and then load offline.
+    for spec in engine_pod_specs(objects).values():
+        (wait,) = spec["initContainers"]
+        assert literal_env(wait)["MARKER"] == env["MARKER"]
+        assert literal_env(container(spec, "engine"))["HF_HUB_OFFLINE"] == "1"
+    # A ReadWriteOnce claim attaches to one node: a lone engine pod and the Job must share it.
+    pods = int(values["engine"].get("nodes", 1)) * int(values["engine"].get("replicas", 1))
+    affinity = job["spec"]["template"]["spec"].get("affinity", {}).get("podAffinity")
+    assert bool(affinity) == (pods == 1)
+    claims = find(objects, "PersistentVolumeClaim")
+    claim = values.get("modelCache", {}).get("existingClaim") or claims[0]["metadata"]["name"]
+    assert job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_engine_runs_unprivileged_with_shared_memory(case: str) -> None:
+    for spec in engine_pod_specs(rendered(case)).values():
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        engine = container(spec, "engine")
+        assert engine["securityContext"]["allowPrivilegeEscalation"] is False
+        shm = next(v for v in spec["volumes"] if v["name"] == "shm")
+        assert shm["emptyDir"]["medium"] == "Memory"
+        assert {"name": "shm", "mountPath": "/dev/shm"} in engine["volumeMounts"]
+
+
+def _pod_specs(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = obj.get("spec", {})
+    if obj["kind"] == "LeaderWorkerSet":
+        t = spec["leaderWorkerTemplate"]
+        return [t["leaderTemplate"]["spec"], t["workerTemplate"]["spec"]]
+    template = spec.get("template", {})
+    return [template["spec"]] if "spec" in template else []
+
+
+# ------------------------------------------------------------------------------------- monitoring: one source
+def test_prometheus_rule_carries_the_rules_of_monitoring() -> None:
+    groups = []
+    for path in sorted((ROOT / "monitoring" / "prometheus").rglob("*.y*ml")):
+        data = yaml.safe_load(path.read_text())
+        if isinstance(data, dict) and isinstance(data.get("groups"), list):
+            groups += data["groups"]
+    if not groups:
+        pytest.skip("monitoring/prometheus/ has no rule files yet")
+    (rule,) = find(rendered("values-cpu-demo.yaml"), "PrometheusRule")
+    assert rule["spec"]["groups"] == groups
+
+
+def test_grafana_dashboards_are_the_files_of_monitoring() -> None:
+    files = {p.name: p.read_text() for p in (ROOT / "monitoring" / "grafana" / "dashboards").glob("*.json")}
+    if not files:
+        pytest.skip("monitoring/grafana/dashboards/ has no dashboards yet")
+    maps = [m for m in find(rendered("values-cpu-demo.yaml"), "ConfigMap")
+            if m["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert {k: v for m in maps for k, v in m["data"].items()} == files
+
+
+def test_chart_copies_and_generated_files_are_current() -> None:
+    from ornith_stack.helm_chart import chart_products
+
+    stale = [p.path for p in chart_products(ROOT) if (ROOT / p.path).read_text() != p.build()]
+    assert not stale, f"run `ornith-stack render`: {stale}"
+
+
+# ------------------------------------------------------------------------------------- values and mistakes
+@cache
+def values_schema() -> dict[str, Any]:
+    return json.loads((CHART / "values.schema.json").read_text())
+
+
+def schema_errors(values: dict[str, Any]) -> list[str]:
+    merged = merge(read_yaml("values.yaml"), values)
+    validator = jsonschema.Draft7Validator(values_schema())
+    return [f"{'.'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message}"
+            for e in validator.iter_errors(merged)]
+
+
+@pytest.mark.parametrize("case", PROFILE_CASES + SCENARIO_CASES)
+def test_values_files_match_the_schema(case: str) -> None:
+    assert schema_errors(case_values(case)) == []
+
+
+def test_schema_lists_exactly_the_profiles() -> None:
+    assert values_schema()["properties"]["profile"]["enum"] == profile_names()
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"profile": "h100x9"}, "profile: 'h100x9' is not one of ['a100x2', 'cpu-demo'"),
+        ({"engine": {"replicas": "two"}}, "engine.replicas: 'two' is not of type 'integer'"),
+        ({"engine": {"replica": 2}}, "engine: Additional properties are not allowed ('replica' was unexpected)"),
+        ({"engine": {"image": {"tag": "latest"}}}, "engine.image.tag: 'latest' should not be valid under {'const': 'latest'}"),
+        ({"modelCache": {"accessModes": ["ReadWriteSometimes"]}}, "modelCache.accessModes.0: 'ReadWriteSometimes' is not one of"),
+    ],
+)
+def test_bad_values_fail_the_schema_readably(change: dict[str, Any], expected: str) -> None:
+    values = merge(read_yaml("values-gpu96.yaml"), change)
+    errors = schema_errors(values)
+    assert any(e.startswith(expected) for e in errors), errors
+    # Helm checks the same schema before rendering, and names the key.
+    with pytest.raises(helm.HelmError) as caught:
+        chart().validate_schema(merge(chart().values, values))
+    assert expected.split(":")[0].split(".")[-1] in str(caught.value)
+
+
+def test_missing_model_repo_is_a_readable_error() -> None:
+    message = render_error(read_yaml("values-spark.yaml"))
+    assert 'model.repo is required for profile "spark"' in message
+    assert "--set model.repo=OWNER/NAME" in message
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"engine": {"nodes": 2}}, "engine.nodes (2) x engine.gpusPerNode (2) must equal the profile's tensor parallelism (2)"),
+        ({"engine": {"probes": {"startup": {"failureThreshold": 30}}}}, "allows 300 s"),
+        ({"engine": {"replicas": 2}}, "2 engine pods share the model cache"),
+        ({"engine": {"image": {"tag": ""}}}, "engine.image.tag is required"),
+    ],
+)
+def test_impossible_deployments_fail_with_the_fix(change: dict[str, Any], expected: str) -> None:
+    assert expected in render_error(merge(read_yaml("values-a100x2.yaml"), change))
+
+
+def test_no_profile_is_refused() -> None:
+    """The chart alone (no values-<profile>.yaml) is refused by the schema, which lists the profiles."""
+    message = render_error({})
+    assert "at '/profile': value must be one of 'a100x2', 'cpu-demo', 'gb300x2', 'gpu96', 'spark'" in message
+
+
+def test_crd_schemas_reject_unknown_fields() -> None:
+    """The CRD schemas can fail: a misspelt field in a LeaderWorkerSet and in its pod template."""
+    (lws,) = find(rendered("ci/gb300x2-two-nodes-lws.yaml"), "LeaderWorkerSet")
+    for path in (("spec", "leaderWorkerTemplate"), ("spec", "leaderWorkerTemplate", "leaderTemplate", "spec")):
+        bad = copy.deepcopy(lws)
+        node = bad
+        for key in path:
+            node = node[key]
+        node["sizee"] = 2
+        with pytest.raises(jsonschema.ValidationError, match="sizee"):
+            validate_object(bad)
+
+
+def test_every_value_is_documented_where_declared() -> None:
+    from ornith_stack.helm_chart import values_docs
+
+    docs = values_docs((CHART / "values.yaml").read_text())
+    assert len(docs) > 50
+    assert [d.key for d in docs if not d.description] == []
+
+
+def test_service_monitor_jobs_are_those_the_rules_select() -> None:
+    """The alert rules select on job names (e.g. up{job="ornith-exporter"}); a ServiceMonitor would
+    name jobs after the Services (release-dependent) unless it relabels them to the compose names."""
+    config = yaml.safe_load((ROOT / "monitoring" / "prometheus" / "prometheus.yml").read_text())
+    jobs = {job["job_name"] for job in config["scrape_configs"]}
+    (monitor,) = find(rendered("values-gb300x2.yaml"), "ServiceMonitor")
+    relabelled = {r["replacement"] for e in monitor["spec"]["endpoints"] for r in e["relabelings"]
+                  if r["targetLabel"] == "job"}
+    assert relabelled == jobs
+
+
+def test_a_bad_values_file_is_refused_before_anything_renders(tmp_path: Path) -> None:
+    """What `helm install -f bad.yaml` says: every wrong key, by its path, and nothing rendered."""
+    bad = tmp_path / "bad.yaml"  # helm install -f values-gpu96.yaml -f bad.yaml
+    bad.write_text("profile: h100x9\nexporter:\n  port: nine-thousand\n")
+    values = merge(read_yaml("values-gpu96.yaml"), helm.values_from_yaml(bad.read_text()))
+    message = render_error(values)
+    assert "- at '/profile': value must be one of 'a100x2', 'cpu-demo', 'gb300x2', 'gpu96', 'spark'" in message
+    assert "- at '/exporter/port': got string, want integer" in message
+
+
+def test_packaged_chart_carries_its_files_and_renders(tmp_path: Path) -> None:
+    """`helm package` keeps files/ (rules, dashboards) and ci/, leaves out the development schemas."""
+    import tarfile
+
+    archive = helm.package(CHART, destination=tmp_path)
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert "ornith/files/prometheus-rules.yaml" in names and "ornith/values.schema.json" in names
+    assert not [n for n in names if "crds-schemas" in n]
+    with helm.Chart.load(archive) as packaged:
+        manifests = packaged.render(values=read_yaml("values-gpu96.yaml"), name=RELEASE, namespace=NAMESPACE)
+    assert "kind: PrometheusRule" in manifests["ornith/templates/prometheusrule.yaml"]
