@@ -17,7 +17,7 @@ from typing import Any, Literal
 from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.planner import GIB, Plan, load_shape, plan_request, request_for_profile
-from ornith_stack.planner.shapes import VisionShape, shape_from_config
+from ornith_stack.planner.shapes import VisionShape, read_json_object, shape_from_config
 from ornith_stack.profiles import load_profile, profile_names
 from ornith_stack.profiles.model import Profile
 
@@ -201,28 +201,14 @@ def _tensors_of(path: Path) -> dict[str, Tensor]:
     return tensors
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path} is missing") from None
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object at the top level")
-    return data
-
-
 def read_checkpoint(path: Path) -> Checkpoint:
     """config.json + index (or a single model.safetensors) + every shard's header."""
     if not path.is_dir():
         raise UserError(f"--weights {path}: not a directory")
-    config = read_json(path / CONFIG)
+    config = read_json_object(path / CONFIG)
     index_path = path / INDEX
     if index_path.is_file():
-        index = read_json(index_path)
+        index = read_json_object(index_path)
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise UserError(f"{index_path}: key 'weight_map' is missing or empty")
@@ -467,7 +453,7 @@ def _check_draft(report: Report, profile: Profile | None, opts: Options, ckpt: C
     has_mask_file = None
     if opts.draft_weights is not None:
         try:
-            draft_config = read_json(opts.draft_weights / CONFIG)
+            draft_config = read_json_object(opts.draft_weights / CONFIG)
         except UserError as exc:
             report.add("problem", "draft", str(exc))
         has_mask_file = (opts.draft_weights / MASK_EMBEDDING).is_file()

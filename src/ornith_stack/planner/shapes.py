@@ -220,9 +220,12 @@ def resolve_config_path(path_or_name: str | Path) -> Path:
     )
 
 
-def read_config(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file whose top level is an object (config.json, an index); errors name the file."""
     try:
         data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing") from None
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
@@ -234,7 +237,7 @@ def read_config(path: Path) -> dict[str, Any]:
 
 def load_shape(path_or_name: str | Path) -> ModelShape:
     path = resolve_config_path(path_or_name)
-    return shape_from_config(read_config(path), source=str(path), name=Path(path).stem)
+    return shape_from_config(read_json_object(path), source=str(path), name=Path(path).stem)
 
 
 def shape_from_config(data: dict[str, Any], source: str = "config.json", name: str = "model") -> ModelShape:
