@@ -1,0 +1,68 @@
+"""Static checks of ansible/: ansible-lint (production profile, offline) and --syntax-check of every playbook.
+
+Both tools come with the dev extras (ansible, ansible-lint); the collections the roles use
+(community.docker, ansible.posix) ship with the `ansible` package, so nothing is fetched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSIBLE_DIR = ROOT / "ansible"
+BIN = Path(sys.executable).parent
+PLAYBOOKS = sorted(p.name for p in ANSIBLE_DIR.glob("provision-*.yml"))
+ROLES = sorted(p.name for p in (ANSIBLE_DIR / "roles").iterdir() if p.is_dir())
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE_DIR / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                NO_COLOR="1", PATH=f"{BIN}:{os.environ['PATH']}")
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        pytest.skip(f"{name} is not installed (pip install -e '.[dev]')")
+    return str(path)
+
+
+def test_the_issue_s_playbooks_and_roles_exist() -> None:
+    assert PLAYBOOKS == ["provision-gpu-host.yml", "provision-spark.yml"]
+    assert ROLES == ["container_toolkit", "model_weights", "monitoring", "nvidia_driver", "ornith_service"]
+
+
+def test_ansible_lint_passes_the_production_profile_offline() -> None:
+    result = subprocess.run([_tool("ansible-lint"), "-c", ".ansible-lint", "--nocolor"], cwd=ANSIBLE_DIR,
+                            env=_env(), capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert "Profile 'production' was required, and it passed" in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("playbook", PLAYBOOKS)
+def test_playbook_passes_syntax_check(playbook: str) -> None:
+    result = subprocess.run(
+        [_tool("ansible-playbook"), "--syntax-check", "-i", "inventory/gpu-hosts.example.yml", playbook,
+         "-e", "ornith_profile=gpu96"],
+        cwd=ANSIBLE_DIR, env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_default_is_prefixed_typed_and_documented(role: str) -> None:
+    """defaults/main.yml, meta/argument_specs.yml and the README name the same variables."""
+    role_dir = ANSIBLE_DIR / "roles" / role
+    defaults = yaml.safe_load((role_dir / "defaults/main.yml").read_text())
+    specs = yaml.safe_load((role_dir / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    readme = (role_dir / "README.md").read_text()
+    assert all(name.startswith(f"{role}_") for name in defaults), sorted(defaults)
+    assert set(specs) == set(defaults)
+    assert all("type" in spec and spec.get("description") for spec in specs.values())
+    undocumented = [name for name in defaults if f"`{name}`" not in readme]
+    assert not undocumented, f"{role}/README.md does not document {undocumented}"
