@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Container entrypoint of the ornith-stack engine images: check, then exec the engine.
+#
+#   1. $ORNITH_PROFILE must name a shipped profile (else: refuse, exit 2, with the known names).
+#   2. `ornith-stack doctor --profile $ORNITH_PROFILE [--weights $ORNITH_WEIGHTS]` must say ready
+#      (else: refuse, exit 1, after the doctor's FAIL lines). Operator overrides:
+#        ORNITH_DOCTOR_WARN_ONLY=1   run the doctor, print its problems, start anyway
+#        ORNITH_SKIP_DOCTOR=1        do not run the doctor
+#   3. exec the command (compose's `command:` is `ornith-stack launch-args $ORNITH_PROFILE`; with no
+#      command the entrypoint asks launch-args itself) with the words of $ORNITH_EXTRA_ARGS appended
+#      (shell-quoted, e.g. ORNITH_EXTRA_ARGS='--max-num-seqs 8 --served-model-name "my model"').
+#      ORNITH_DRY_RUN=1 prints that argv as one JSON list instead of executing it.
+set -euo pipefail
+
+say() { printf 'ornith-entrypoint: %s\n' "$*" >&2; }
+is_on() { case "${1:-}" in 1|true|yes|on) return 0 ;; *) return 1 ;; esac; }
+
+profile="${ORNITH_PROFILE:-}"
+if [[ -z $profile ]]; then
+  say "refusing to start: ORNITH_PROFILE is not set (\`ornith-stack profiles\` lists the profiles)"
+  exit 2
+fi
+# An unknown profile is refused whatever the overrides say: nothing sensible could start.
+if ! check=$(ornith-stack profiles show "$profile" 2>&1 >/dev/null); then
+  say "refusing to start: ${check#error: }"
+  exit 2
+fi
+
+if is_on "${ORNITH_SKIP_DOCTOR:-}"; then
+  say "ORNITH_SKIP_DOCTOR is set: not running the doctor"
+else
+  doctor=(ornith-stack doctor --profile "$profile")
+  [[ -n ${ORNITH_WEIGHTS:-} ]] && doctor+=(--weights "$ORNITH_WEIGHTS")
+  is_on "${ORNITH_DOCTOR_WARN_ONLY:-}" && doctor+=(--warn-only)
+  status=0
+  "${doctor[@]}" >&2 || status=$?
+  if ((status != 0)); then
+    say "refusing to start: 'ornith-stack doctor --profile $profile' found the problems above (exit $status)." \
+        "Fix them, or set ORNITH_DOCTOR_WARN_ONLY=1 to start anyway (ORNITH_SKIP_DOCTOR=1 skips the check)."
+    exit "$status"
+  fi
+fi
+
+if (($# == 0)); then
+  # No command: the profile's own engine command line.
+  mapfile -t cmd < <(ornith-stack launch-args "$profile" --json \
+    | python3 -c 'import json, sys; print(*json.load(sys.stdin), sep="\n")')
+  set -- "${cmd[@]}"
+fi
+if [[ -n ${ORNITH_EXTRA_ARGS:-} ]]; then
+  # Split like a shell would (quotes respected), without evaluating anything.
+  if ! python3 -c 'import shlex, sys; shlex.split(sys.argv[1])' "$ORNITH_EXTRA_ARGS" 2>/dev/null; then
+    say "refusing to start: ORNITH_EXTRA_ARGS has unbalanced quotes: $ORNITH_EXTRA_ARGS"
+    exit 2
+  fi
+  mapfile -d '' -t extra < <(python3 -c \
+    'import shlex, sys; sys.stdout.write("".join(w + "\0" for w in shlex.split(sys.argv[1])))' "$ORNITH_EXTRA_ARGS")
+  set -- "$@" "${extra[@]}"
+fi
+
+if is_on "${ORNITH_DRY_RUN:-}"; then
+  python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
+  exit 0
+fi
+say "profile $profile: exec $*"
+exec "$@"

@@ -1,0 +1,327 @@
+"""The images and compose/cpu-demo.yml for real, on a machine with Docker and no registry.
+
+Run: pytest -m integration tests/integration/test_compose.py   (needs Docker, docker-compose v1, PyPI)
+
+- The exporter and cpu-demo images are built by `docker-compose build` from compose/cpu-demo.yml with
+  their BASE_IMAGE swapped (ORNITH_PYTHON_BASE_IMAGE) to the locally made Debian + Python base
+  (scripts/make-base-images.sh), then the stack is started with docker-compose v1 and Prometheus swapped
+  (ORNITH_PROMETHEUS_IMAGE) to the local Debian-packaged Prometheus.
+- Grafana is left out: its image (grafana/grafana) cannot be pulled here and Debian has no Grafana
+  package to make a stand-in from. Its compose settings are checked statically (tests/unit/test_docker.py).
+- Inside the running containers (testinfra, docker:// backend): every process runs as a non-root user and
+  the ports listen; from outside: the engine answers a chat completion, published ports are on loopback,
+  and Prometheus has the exporter's target up with acceptance-length and throughput series.
+- The GPU engine Dockerfiles are built against the same local Python base as a stand-in (Debian with
+  Python, no engine, no GPU): inside them the entrypoint's argv (ORNITH_DRY_RUN=1) must be the compose
+  command plus $ORNITH_EXTRA_ARGS, and without a GPU the doctor must refuse with its reason.
+
+The cpu-demo build installs torch and vLLM (about 1 GB of wheels): docker/wheelhouse.sh keeps those wheels
+in $ORNITH_CACHE_DIR/wheels/cpu-demo so that a rebuild without Docker's layer cache downloads nothing big.
+Measured on the 2-core machine: the whole module takes about 9-10 minutes when the cpu-demo image has to be
+rebuilt from its cached build stage (build 280-300 s, engine healthy 85-100 s after `up`, GPU stand-ins
+75 s + 40 s); build times for the other cases are in docker/README.md (cold cpu-demo build: 585 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import testinfra
+import yaml
+from images import ensure_base_images
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "compose" / "cpu-demo.yml"
+WHEELHOUSE = REPO / "docker" / "wheelhouse.sh"
+COMPOSE = shutil.which("docker-compose")
+PROJECT = f"ornith-it-{os.getpid()}"
+BUILD_TIMEOUT_S = 2400
+# Engine start in the container: about 1-3 minutes on two cores (first start compiles); the compose
+# healthcheck allows 300 s.
+START_TIMEOUT_S = 420
+# Repetition gives the ngram proposer matches, so drafts are made and some accepted.
+PROMPT = "one two three four five one two three four five one two three four five one two three"
+# Grafana is the only service not started: see the module docstring.
+SERVICES = ("engine", "exporter", "prometheus")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 600,
+        check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, timeout=timeout,
+                            cwd=REPO)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(argv[:6])}... exited {result.returncode}:\n{result.stderr[-3000:]}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def bases() -> dict[str, str]:
+    if COMPOSE is None:
+        pytest.skip("docker-compose (v1) is not installed")
+    return ensure_base_images("python", "prometheus")
+
+
+@pytest.fixture(scope="module")
+def demo_env(bases: dict[str, str]) -> dict[str, str]:
+    """The environment docker-compose runs in: local bases, free loopback ports, nothing else set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORNITH_", "GRAFANA_", "HF_TOKEN"))}
+    env.update(
+        ORNITH_PYTHON_BASE_IMAGE=bases["python"],
+        ORNITH_PROMETHEUS_IMAGE=bases["prometheus"],
+        ORNITH_ENGINE_PORT=str(free_port()),
+        ORNITH_EXPORTER_PORT=str(free_port()),
+        ORNITH_PROMETHEUS_PORT=str(free_port()),
+        COMPOSE_PROJECT_NAME=PROJECT,
+    )
+    return env
+
+
+def compose(env: dict[str, str], *args: str, timeout: float = 600, check: bool = True
+            ) -> subprocess.CompletedProcess[str]:
+    return run([COMPOSE, "-f", str(DEMO), *args], env=env, timeout=timeout, check=check)
+
+
+@pytest.fixture(scope="module")
+def demo_images(demo_env: dict[str, str]) -> dict[str, float]:
+    """Build the engine and exporter images of compose/cpu-demo.yml; returns the build seconds."""
+    run(["bash", str(WHEELHOUSE), "fill"], env=demo_env)
+    try:
+        start = time.monotonic()
+        compose(demo_env, "build", "engine", "exporter", timeout=BUILD_TIMEOUT_S)
+        seconds = time.monotonic() - start
+    finally:
+        run(["bash", str(WHEELHOUSE), "clear"], env=demo_env)
+    # Keep the image's wheels for the next build (only what the cache lacks is downloaded).
+    engine_image = yaml.safe_load(DEMO.read_text())["services"]["engine"]["image"]
+    saved = run(["bash", str(WHEELHOUSE), "save", engine_image], env=demo_env, timeout=BUILD_TIMEOUT_S,
+                check=False)
+    if saved.returncode != 0:  # a cache, not a result: the next build is only slower
+        warnings.warn(f"wheelhouse.sh save failed: {saved.stderr[-500:]}", stacklevel=1)
+    print(f"cpu-demo + exporter images built in {seconds:.0f} s")
+    return {"build_seconds": seconds}
+
+
+def container_id(env: dict[str, str], service: str) -> str:
+    cid = compose(env, "ps", "-q", service).stdout.strip()
+    assert cid, f"no container for service {service}"
+    return cid
+
+
+def wait_for(what: str, probe, timeout_s: float, env: dict[str, str]):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            value = probe()
+        except (httpx.HTTPError, KeyError, IndexError, ValueError):
+            value = None
+        if value:
+            return value
+        time.sleep(2)
+    logs = compose(env, "logs", "--tail", "40", check=False).stdout
+    raise AssertionError(f"{what} within {timeout_s:.0f} s; last logs:\n{logs[-6000:]}")
+
+
+@pytest.fixture(scope="class")
+def stack(demo_images: dict[str, float], demo_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    env = demo_env
+    compose(env, "up", "-d", "--no-build", *SERVICES)
+    urls = {
+        "engine": f"http://127.0.0.1:{env['ORNITH_ENGINE_PORT']}",
+        "exporter": f"http://127.0.0.1:{env['ORNITH_EXPORTER_PORT']}",
+        "prometheus": f"http://127.0.0.1:{env['ORNITH_PROMETHEUS_PORT']}",
+    }
+    try:
+        started = time.monotonic()
+        wait_for("the engine answered /health", lambda: httpx.get(urls["engine"] + "/health", timeout=5)
+                 .status_code == 200, START_TIMEOUT_S, env)
+        print(f"engine healthy {time.monotonic() - started:.0f} s after `up`")
+        # Traffic the ngram proposer can draft from, so the acceptance series move.
+        for _ in range(3):
+            chat(urls["engine"], PROMPT, 48)
+        yield urls
+    finally:
+        compose(env, "down", "-v", "--remove-orphans", timeout=300, check=False)
+
+
+def chat(base_url: str, prompt: str, max_tokens: int) -> dict:
+    response = httpx.post(base_url + "/v1/chat/completions", timeout=120, json={
+        "model": "ornith", "max_tokens": max_tokens, "temperature": 0,
+        "messages": [{"role": "user", "content": prompt}],
+    })
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def prom_query(base_url: str, expr: str) -> list[dict]:
+    body = httpx.get(base_url + "/api/v1/query", params={"query": expr}, timeout=10).json()
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def _listening_ports(host) -> set[int]:
+    """TCP ports in LISTEN state (0A) from /proc/net/tcp{,6}: the images have no ss or netstat."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in host.run(f"cat {table}").stdout.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == "0A":
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+# -- the cpu-demo stack ---------------------------------------------------------------------------------
+
+
+class TestCpuDemoStack:
+    """compose/cpu-demo.yml up (engine, exporter, Prometheus). The stack is removed after this class, so it
+    does not hold the CPU while the engine images below build."""
+
+    def test_engine_answers_a_chat_completion(self, stack: dict[str, str]) -> None:
+        answer = chat(stack["engine"], "Say hello.", 16)
+        assert answer["model"] == "ornith"
+        assert answer["usage"]["completion_tokens"] > 0
+        assert isinstance(answer["choices"][0]["message"]["content"], str)
+
+    @pytest.mark.parametrize("service", SERVICES)
+    def test_every_process_in_the_container_runs_as_non_root(
+        self, stack: dict[str, str], demo_env: dict[str, str], service: str
+    ) -> None:
+        host = testinfra.get_host(f"docker://{container_id(demo_env, service)}")
+        # /proc, not `ps`: the slim images have no procps. Fields: name, real uid, effective uid.
+        table = host.check_output("for s in /proc/[0-9]*/status; do "
+                                  "awk '/^Name:/{n=$2} /^Uid:/{print n, $2, $3}' \"$s\" 2>/dev/null; done")
+        processes = [line.split() for line in table.splitlines() if line.strip()]
+        assert processes, "no process found"
+        root = [p for p in processes if p[1] == "0" or p[2] == "0"]
+        assert root == [], f"{service}: processes running as root: {root}"
+        assert host.user().uid != 0
+
+    @pytest.mark.parametrize(("service", "port"),
+                             [("engine", 8000), ("exporter", 9400), ("prometheus", 9090)])
+    def test_ports_listen_inside_and_publish_on_loopback(
+        self, stack: dict[str, str], demo_env: dict[str, str], service: str, port: int
+    ) -> None:
+        cid = container_id(demo_env, service)
+        assert port in _listening_ports(testinfra.get_host(f"docker://{cid}"))
+        published = run(["docker", "port", cid, f"{port}/tcp"]).stdout.split()
+        assert published and all(p.startswith("127.0.0.1:") for p in published), published
+
+    def test_prometheus_has_the_exporter_target_up(
+        self, stack: dict[str, str], demo_env: dict[str, str]
+    ) -> None:
+        def exporter_up() -> list[dict]:
+            answer = httpx.get(stack["prometheus"] + "/api/v1/targets", timeout=10).json()
+            targets = answer["data"]["activeTargets"]
+            return [t for t in targets if t["labels"]["job"] == "ornith-exporter" and t["health"] == "up"]
+
+        up = wait_for("Prometheus saw the exporter's target up", exporter_up, 90, demo_env)
+        assert up[0]["labels"]["instance"] == "exporter:9400"
+
+    def test_prometheus_has_acceptance_and_throughput_series(
+        self, stack: dict[str, str], demo_env: dict[str, str]
+    ) -> None:
+        # Prometheus scrapes every 15 s (monitoring/prometheus/prometheus.yml); the throughput gauge needs
+        # two exporter scrapes, so allow several intervals.
+        query = 'ornith_spec_acceptance_length{profile="cpu-demo"}'
+        acceptance = wait_for("an ornith_spec_acceptance_length series",
+                              lambda: prom_query(stack["prometheus"], query), 120, demo_env)
+        # 1 + accepted/steps: at least 1 (the bonus token), at most 1 + num_speculative_tokens (4, cpu-demo).
+        value = float(acceptance[0]["value"][1])
+        assert 1.0 <= value <= 5.0, acceptance
+        assert acceptance[0]["metric"]["engine"] == "vllm"
+        throughput = wait_for("an ornith_generation_tokens_per_second series",
+                              lambda: prom_query(stack["prometheus"], "ornith_generation_tokens_per_second"),
+                              120, demo_env)
+        assert float(throughput[0]["value"][1]) >= 0.0
+
+
+# -- the GPU engine images, built on a stand-in base --------------------------------------------------------
+
+
+def _compose_engine(profile: str, env: dict[str, str]) -> dict:
+    """The engine service of compose/<profile>.yml as docker-compose v1 resolves it (variables filled)."""
+    out = run([COMPOSE, "-f", str(REPO / "compose" / f"{profile}.yml"), "config"], env=env).stdout
+    return yaml.safe_load(out)["services"]["engine"]
+
+
+# Profile per GPU Dockerfile: the build args and command come from its compose file.
+STANDINS = {"sglang": "a100x2", "vllm": "spark"}
+
+
+@pytest.fixture(scope="module")
+def standins(bases: dict[str, str]) -> Iterator[dict[str, dict]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORNITH_")}
+    env["ORNITH_MODEL_REPO"] = "example-org/Ornith-1.0-35B"  # spark's required value
+    built = {}
+    for kind, profile in STANDINS.items():
+        engine = _compose_engine(profile, env)
+        args = {**engine["build"]["args"], "BASE_IMAGE": bases["python"]}
+        tag = f"ornith-it/{kind}-standin:{os.getpid()}"
+        start = time.monotonic()
+        run(["docker", "build", "-q", "-f", engine["build"]["dockerfile"], "-t", tag,
+             *[f"--build-arg={k}={v}" for k, v in args.items()], "."], timeout=BUILD_TIMEOUT_S)
+        print(f"{kind} stand-in built in {time.monotonic() - start:.0f} s")
+        built[kind] = {"tag": tag, "profile": profile, "engine": engine}
+    yield built
+    for item in built.values():
+        run(["docker", "image", "rm", "-f", item["tag"]], check=False)
+
+
+def docker_run(image: str, env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:
+    flags = [f"--env={k}={v}" for k, v in env.items()]
+    return run(["docker", "run", "--rm", *flags, image, *command], timeout=300, check=False)
+
+
+@pytest.mark.parametrize("kind", STANDINS)
+def test_entrypoint_execs_the_compose_command_with_extra_args_appended(standins: dict, kind: str) -> None:
+    item = standins[kind]
+    command = item["engine"]["command"]
+    env = {"ORNITH_PROFILE": item["profile"], "ORNITH_DOCTOR_WARN_ONLY": "1", "ORNITH_DRY_RUN": "1",
+           "ORNITH_EXTRA_ARGS": "--log-level debug"}
+    result = docker_run(item["tag"], env, *command)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [*command, "--log-level", "debug"]
+
+
+@pytest.mark.parametrize("kind", STANDINS)
+def test_entrypoint_refuses_without_a_gpu_and_says_why(standins: dict, kind: str) -> None:
+    item = standins[kind]
+    result = docker_run(item["tag"], {"ORNITH_PROFILE": item["profile"]}, *item["engine"]["command"])
+    assert result.returncode == 1
+    assert re.search(r"FAIL\s+gpu: no GPU detected", result.stderr), result.stderr
+    assert f"refusing to start: 'ornith-stack doctor --profile {item['profile']}'" in result.stderr
+    # It refused before exec: the engine module (absent from the stand-in) was never started.
+    assert "No module named" not in result.stderr
+
+
+def test_entrypoint_refuses_an_unknown_profile(standins: dict) -> None:
+    result = docker_run(standins["sglang"]["tag"], {"ORNITH_PROFILE": "a100x3", "ORNITH_SKIP_DOCTOR": "1"},
+                        "true")
+    assert result.returncode == 2
+    assert "refusing to start: unknown profile 'a100x3'" in result.stderr
+
+
+def test_sglang_image_pins_the_seeds_transformers(standins: dict) -> None:
+    # Seed 000: "Keep transformers at 5.12.1 with SGLang 0.5.17." (a100x2 passes TRANSFORMERS_VERSION).
+    result = run(["docker", "run", "--rm", "--entrypoint", "python3", standins["sglang"]["tag"], "-c",
+                  "import transformers; print(transformers.__version__)"])
+    assert result.stdout.strip() == "5.12.1"

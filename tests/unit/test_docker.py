@@ -1,0 +1,203 @@
+"""The Dockerfiles, the entrypoint and the compose files agree with the profiles and pins.
+
+Image builds and running stacks are in tests/integration/test_compose.py; here: lint, pins, variables,
+and the entrypoint's decisions (run on this machine with the real `ornith-stack`, no container).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ornith_stack.engines import launch_args
+from ornith_stack.profiles import images, load_profile, profile_names
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKER = REPO / "docker"
+ENTRYPOINT = DOCKER / "entrypoint.sh"
+DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
+BIN = Path(sys.executable).parent
+COMPOSE_V1 = shutil.which("docker-compose")
+
+
+def _compose(name: str) -> dict:
+    return yaml.safe_load((REPO / "compose" / f"{name}.yml").read_text())
+
+
+def _default(value: str) -> str:
+    """The default of a `${VAR:-default}` reference (the value itself when it is not one)."""
+    match = re.fullmatch(r"\$\{\w+:-(.*)\}", value)
+    return match[1] if match else value
+
+
+def _arg_defaults(dockerfile: Path) -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=(.*)$", dockerfile.read_text(), flags=re.MULTILINE))
+
+
+def test_the_four_images_have_dockerfiles() -> None:
+    assert {p.name for p in DOCKERFILES} == {
+        "sglang.Dockerfile", "vllm.Dockerfile", "exporter.Dockerfile", "cpu-demo.Dockerfile"}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_is_hadolint_clean(dockerfile: Path) -> None:
+    result = subprocess.run([BIN / "hadolint", str(dockerfile)], check=False, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _build_args_by_dockerfile() -> dict[str, list[dict[str, str]]]:
+    """For each Dockerfile, the build args (their defaults) that the compose files pass to it."""
+    found: dict[str, list[dict[str, str]]] = {}
+    for name in profile_names():
+        for service in _compose(name)["services"].values():
+            build = service.get("build")
+            if build:
+                args = {k: _default(str(v)) for k, v in build.get("args", {}).items()}
+                found.setdefault(Path(build["dockerfile"]).name, []).append(args)
+    return found
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_defaults_are_the_pins_compose_passes(dockerfile: Path) -> None:
+    # A plain `docker build` without --build-arg must give what compose builds for one of its profiles,
+    # so the Dockerfile defaults cannot drift from src/ornith_stack/images.yaml.
+    defaults = _arg_defaults(dockerfile)
+    passed = _build_args_by_dockerfile()[dockerfile.name]
+    assert {k: defaults.get(k) for k in passed[0]} in passed
+
+
+@pytest.mark.parametrize("name", profile_names())
+def test_compose_builds_each_engine_from_its_profile_pins(name: str) -> None:
+    profile = load_profile(name)
+    build = _compose(name)["services"]["engine"]["build"]
+    args = {k: _default(str(v)) for k, v in build["args"].items()}
+    pin = images()["engines"][profile.engine.kind][profile.engine.version]
+    if "dockerfile" in pin:  # an image this project builds, FROM the Debian + Python base
+        assert (build["dockerfile"], args) == (pin["dockerfile"], {"BASE_IMAGE": images()["bases"]["python"]})
+    else:
+        assert args == {"BASE_IMAGE": profile.engine.image,
+                        "TRANSFORMERS_VERSION": profile.engine.python_pins.get("transformers", "")}
+
+
+def test_sglang_0_5_17_keeps_the_seeds_transformers() -> None:
+    # Seed 000: "Keep transformers at 5.12.1 with SGLang 0.5.17."
+    args = _compose("a100x2")["services"]["engine"]["build"]["args"]
+    assert args["TRANSFORMERS_VERSION"] == "5.12.1"
+    assert _arg_defaults(DOCKER / "sglang.Dockerfile")["TRANSFORMERS_VERSION"] == "5.12.1"
+
+
+@pytest.mark.parametrize("dockerfile", ["exporter.Dockerfile", "cpu-demo.Dockerfile"])
+def test_project_images_run_as_a_non_root_user_with_a_healthcheck(dockerfile: str) -> None:
+    text = (DOCKER / dockerfile).read_text()
+    final_stage = text.rsplit("\nFROM ", 1)[1]
+    users = re.findall(r"^USER (\S+)", final_stage, flags=re.MULTILINE)
+    assert users and users[-1].split(":")[0] not in ("root", "0"), users
+    assert re.search(r"^HEALTHCHECK ", final_stage, flags=re.MULTILINE)
+
+
+def test_env_example_documents_every_compose_variable() -> None:
+    used = set()
+    for path in (REPO / "compose").glob("*.yml"):
+        used |= set(re.findall(r"\$\{(\w+)", path.read_text()))
+    example = (REPO / "compose" / ".env.example").read_text()
+    documented = set(re.findall(r"^#? ?(\w+)=", example, flags=re.MULTILINE))
+    assert used - documented == set()
+    assert "HF_TOKEN" in documented
+
+
+@pytest.mark.parametrize("name", profile_names())
+def test_ports_bind_to_loopback_unless_the_operator_says_otherwise(name: str) -> None:
+    for service, spec in _compose(name)["services"].items():
+        for port in spec.get("ports", []):
+            assert port.startswith("${ORNITH_BIND:-127.0.0.1}:"), (service, port)
+
+
+@pytest.mark.parametrize("name", profile_names())
+def test_hf_token_comes_from_the_environment_only(name: str) -> None:
+    environment = _compose(name)["services"]["engine"]["environment"]
+    assert "HF_TOKEN" in environment and environment["HF_TOKEN"] is None  # pass-through, no value
+
+
+def test_cpu_demo_needs_no_variable() -> None:
+    # The README's first command, `docker compose -f compose/cpu-demo.yml up --build`, must start as is.
+    assert ":?" not in (REPO / "compose" / "cpu-demo.yml").read_text()
+
+
+def test_grafana_home_dashboard_exists() -> None:
+    env = _compose("cpu-demo")["services"]["grafana"]["environment"]
+    home = env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (REPO / "monitoring" / "grafana" / "dashboards" / Path(home).name).is_file()
+
+
+def _compose_config(name: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ORNITH_", "GRAFANA_", "HF_"))}
+    return subprocess.run([COMPOSE_V1, "-f", str(REPO / "compose" / f"{name}.yml"), "config", "-q"],
+                          check=False, capture_output=True, text=True, env={**clean, **env}, cwd=REPO)
+
+
+@pytest.mark.skipif(COMPOSE_V1 is None, reason="docker-compose (v1) is not installed")
+@pytest.mark.parametrize("name", profile_names())
+def test_docker_compose_v1_accepts_the_file(name: str) -> None:
+    result = _compose_config(name, ORNITH_MODEL_REPO="org/model")
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.skipif(COMPOSE_V1 is None, reason="docker-compose (v1) is not installed")
+def test_a_missing_required_value_fails_compose_naming_it() -> None:
+    result = _compose_config("spark")
+    assert result.returncode != 0
+    assert "set ORNITH_MODEL_REPO in compose/.env" in result.stderr
+
+
+# -- the entrypoint -------------------------------------------------------------------------------------
+
+
+def _entrypoint(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ORNITH_")}
+    base["PATH"] = f"{BIN}{os.pathsep}{base.get('PATH', '')}"  # ornith-stack and python3 of this venv
+    return subprocess.run(["bash", str(ENTRYPOINT), *argv], check=False, capture_output=True, text=True,
+                          env={**base, **env}, timeout=120)
+
+
+def test_entrypoint_refuses_an_unknown_profile_even_with_the_doctor_skipped() -> None:
+    result = _entrypoint("true", ORNITH_PROFILE="a100x3", ORNITH_SKIP_DOCTOR="1")
+    assert result.returncode == 2
+    assert "refusing to start: unknown profile 'a100x3'" in result.stderr and "a100x2" in result.stderr
+
+
+def test_entrypoint_refuses_when_the_doctor_finds_no_gpu() -> None:
+    # This machine has no GPU (shared FACTS section 6), so the doctor must fail for a GPU profile.
+    result = _entrypoint("touch", "/tmp/should-not-run", ORNITH_PROFILE="gpu96")
+    assert result.returncode == 1
+    assert "FAIL  gpu: no GPU detected" in result.stderr
+    assert "refusing to start" in result.stderr and "ORNITH_DOCTOR_WARN_ONLY=1" in result.stderr
+
+
+def test_entrypoint_appends_extra_args_to_the_command() -> None:
+    command = launch_args(load_profile("gpu96"))
+    result = _entrypoint(*command, ORNITH_PROFILE="gpu96", ORNITH_DOCTOR_WARN_ONLY="1", ORNITH_DRY_RUN="1",
+                         ORNITH_EXTRA_ARGS="--log-level debug --served-model-name 'my model'")
+    assert result.returncode == 0, result.stderr
+    assert "FAIL  gpu" in result.stderr  # warn-only still reports the problem
+    assert json.loads(result.stdout) == [*command, "--log-level", "debug", "--served-model-name", "my model"]
+
+
+def test_entrypoint_refuses_extra_args_it_cannot_split() -> None:
+    result = _entrypoint("true", ORNITH_PROFILE="gpu96", ORNITH_SKIP_DOCTOR="1", ORNITH_DRY_RUN="1",
+                         ORNITH_EXTRA_ARGS="--served-model-name 'my model")
+    assert result.returncode == 2
+    assert "ORNITH_EXTRA_ARGS has unbalanced quotes" in result.stderr and result.stdout == ""
+
+
+def test_entrypoint_without_a_command_runs_the_profiles_launch_args() -> None:
+    result = _entrypoint(ORNITH_PROFILE="gb300x2", ORNITH_SKIP_DOCTOR="1", ORNITH_DRY_RUN="1")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == launch_args(load_profile("gb300x2"))
