@@ -388,6 +388,23 @@ def test_server_serves_metrics_and_a_landing_page(engine: FakeEngine) -> None:
     assert value(metrics.text, "ornith_engine_up", target=engine.url) == 1
 
 
+def test_prometheus_discovers_the_engines_the_exporter_watches() -> None:
+    # compose's prometheus.yml scrapes the raw engine metrics through this list (http_sd_configs).
+    targets = [Target("http://engine:30000", "a100x2"), Target("https://gpu-3.example:8443/vllm")]
+    app, scraper, _ = build_app(Settings(targets))
+    statuses: list[str] = []
+    body = app({"PATH_INFO": "/sd/engines"}, lambda status, headers: statuses.append(status))
+    scraper.close()
+    assert statuses == ["200 OK"]
+    assert json.loads(b"".join(body)) == [
+        {"targets": ["engine:30000"],
+         "labels": {"__scheme__": "http", "target": "http://engine:30000", "profile": "a100x2"}},
+        {"targets": ["gpu-3.example:8443"],
+         "labels": {"__scheme__": "https", "target": "https://gpu-3.example:8443/vllm",
+                    "__metrics_path__": "/vllm/metrics"}},
+    ]
+
+
 def test_build_app_returns_404_elsewhere() -> None:
     app, scraper, _ = build_app(Settings([Target("http://127.0.0.1:9")]))
     statuses: list[str] = []

@@ -14,6 +14,7 @@ import yaml
 
 from ornith_stack.engines import adapter_for
 from ornith_stack.exporter import catalogue as C
+from ornith_stack.exporter.server import SD_PATH
 from ornith_stack.profiles import load_all
 from ornith_stack.render import Product, header
 
@@ -120,17 +121,16 @@ def _alert(name: str, expr: str, duration: str, severity: str, summary: str, des
 
 
 def prometheus_config() -> dict[str, Any]:
-    """Scrape configuration for compose: the exporter as exporter:9400 and the engine as engine:<port>."""
-    ports = sorted({p.serve.port for p in load_all()})
+    """Scrape configuration for compose: the exporter as exporter:9400, and the engines it watches."""
     return {
         "global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
         # Relative to this file: /etc/prometheus/rules/ in compose, beside it for promtool.
         "rule_files": ["rules/ornith-recording.yml", "rules/ornith-alerts.yml"],
         "scrape_configs": [
             {"job_name": "ornith-exporter", "static_configs": [{"targets": ["exporter:9400"]}]},
-            # The engine's own metrics, raw (engine-specific names). Profiles serve on one of these
-            # ports; the one not in use shows as a down target of this job and nothing alerts on it.
-            {"job_name": "engine", "static_configs": [{"targets": [f"engine:{port}" for port in ports]}]},
+            # The engine's own metrics, raw (engine-specific names), at the addresses the exporter was
+            # given: one list of targets, whatever port the profile serves on.
+            {"job_name": "engine", "http_sd_configs": [{"url": f"http://exporter:9400{SD_PATH}"}]},
         ],
     }
 

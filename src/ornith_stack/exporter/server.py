@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import html
+import json
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
+from urllib.parse import urlsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -17,6 +19,9 @@ from ornith_stack.exporter.collectors import ExporterCollector
 from ornith_stack.exporter.scrape import Scraper, Target
 
 DEFAULT_PORT = 9400
+# Prometheus HTTP service discovery: the engines this exporter watches, so Prometheus can scrape their
+# raw /metrics too without a second list of addresses.
+SD_PATH = "/sd/engines"
 
 
 @dataclass(frozen=True)
@@ -73,10 +78,27 @@ def build_app(settings: Settings) -> tuple[Callable, Scraper, Canary | None]:
             return [landing_page(settings).encode()]
         if path == "/metrics":
             return metrics_app(environ, start_response)
+        if path == SD_PATH:
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [json.dumps(service_discovery(settings.targets)).encode()]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found: the metrics are at /metrics\n"]
 
     return app, scraper, canary
+
+
+def service_discovery(targets: Iterable[Target]) -> list[dict]:
+    """Prometheus http_sd_configs groups: one per engine, labelled like the exporter's own series."""
+    groups = []
+    for target in targets:
+        url = urlsplit(target.url)
+        labels = {"__scheme__": url.scheme, "target": target.url}
+        if url.path:
+            labels["__metrics_path__"] = url.path + "/metrics"
+        if target.profile:
+            labels["profile"] = target.profile
+        groups.append({"targets": [url.netloc], "labels": labels})
+    return groups
 
 
 def landing_page(settings: Settings) -> str:
@@ -86,6 +108,7 @@ def landing_page(settings: Settings) -> str:
         "<!doctype html><html><head><title>ornith-stack exporter</title></head><body>"
         "<h1>ornith-stack exporter</h1>"
         '<p>Unified speculative-decoding, throughput and latency metrics: <a href="/metrics">/metrics</a></p>'
+        f'<p>The engines, for Prometheus service discovery: <a href="{SD_PATH}">{SD_PATH}</a></p>'
         f"<p>Targets:</p><ul>{rows}</ul>"
         f"<p>Canary: {'on' if settings.canary else 'off'}</p></body></html>"
     )
