@@ -86,7 +86,7 @@ def test_compose_files_validate_against_the_compose_specification(repo: Path) ->
     assert len(files) >= 5
     result = subprocess.run(
         [Path(sys.executable).parent / "check-jsonschema", "--builtin-schema", "vendor.compose-spec", *files],
-        capture_output=True, text=True,
+        check=False, capture_output=True, text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
