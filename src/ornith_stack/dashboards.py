@@ -59,6 +59,14 @@ def quantile(q: float, metric: C.Metric) -> str:
             f"(rate({metric.bucket}{SELECT}[$__rate_interval])))")
 
 
+def latency_panel(title: str, histogram: C.Metric) -> Panel:
+    """p50 and p95 of an engine latency histogram passed through by the exporter."""
+    return Panel(title, (
+        Query(quantile(0.5, histogram), "{{target}} p50"),
+        Query(quantile(0.95, histogram), "{{target}} p95"),
+    ), unit="s", min=0, description=histogram.help)
+
+
 def overview_rows() -> tuple[Row, ...]:
     return (
         Row("Speculative decoding", (
@@ -79,18 +87,9 @@ def overview_rows() -> tuple[Row, ...]:
                 Query(sel(C.GENERATION_TOKENS_PER_SECOND), "{{target}} generated"),
                 Query(sel(C.PROMPT_TOKENS_PER_SECOND), "{{target}} prompt"),
             ), unit="tokens/s", min=0, description=C.GENERATION_TOKENS_PER_SECOND.help),
-            Panel("Time to first token", (
-                Query(quantile(0.5, C.TTFT), "{{target}} p50"),
-                Query(quantile(0.95, C.TTFT), "{{target}} p95"),
-            ), unit="s", min=0, description=C.TTFT.help),
-            Panel("Inter-token latency", (
-                Query(quantile(0.5, C.ITL), "{{target}} p50"),
-                Query(quantile(0.95, C.ITL), "{{target}} p95"),
-            ), unit="s", min=0, description=C.ITL.help),
-            Panel("End-to-end request latency", (
-                Query(quantile(0.5, C.E2E), "{{target}} p50"),
-                Query(quantile(0.95, C.E2E), "{{target}} p95"),
-            ), unit="s", min=0, description=C.E2E.help),
+            latency_panel("Time to first token", C.TTFT),
+            latency_panel("Inter-token latency", C.ITL),
+            latency_panel("End-to-end request latency", C.E2E),
         )),
         Row("Load", (
             Panel("KV cache usage", (Query(sel(C.KV_CACHE_USAGE)),), unit="percentunit", min=0, max=1,
