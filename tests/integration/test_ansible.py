@@ -63,8 +63,10 @@ WHEELHOUSE = ROOT / ".cache" / "ansible-it" / "wheelhouse"
 HOST_WHEELHOUSE = "/var/cache/ornith-wheelhouse"
 # NVIDIA's own list file and keyring: a host set up by NVIDIA's guide (here with a local mirror).
 NVIDIA_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
-NVIDIA_LIST_LINE = ("deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg trusted=yes] "
-                    "file:/srv/nvidia-container-toolkit/$(ARCH) /\n")
+NVIDIA_LIST_LINE = (
+    "deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg trusted=yes] "
+    "file:/srv/nvidia-container-toolkit/$(ARCH) /\n"
+)
 # docker.service on the host: the machine's daemon answers through the mounted socket.
 DOCKER_STANDIN_UNIT = """[Unit]
 Description=Docker (this machine's daemon through /run/docker.sock; dockerd cannot run in this container)
@@ -121,8 +123,17 @@ def hub(tiny_model: Path, big_repo: Path):
 def wheelhouse() -> Path:
     """hf and its dependencies as wheels for the host's Python (3.11, same as this venv)."""
     WHEELHOUSE.mkdir(parents=True, exist_ok=True)
-    _run(str(BIN / "python"), "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(WHEELHOUSE),
-         HF_PACKAGE)
+    _run(
+        str(BIN / "python"),
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--only-binary=:all:",
+        "-d",
+        str(WHEELHOUSE),
+        HF_PACKAGE,
+    )
     for stale in WHEELHOUSE.glob("ornith_stack-*.whl"):  # the host gets no ornith-stack at all
         stale.unlink()
     return WHEELHOUSE
@@ -142,9 +153,22 @@ def engine_archive(bases: dict[str, str], tmp_path_factory: pytest.TempPathFacto
     standin = not _image_id(ENGINE_IMAGE)
     if standin:
         started = time.monotonic()
-        _run("docker", "build", "--quiet", "--file", "docker/sglang.Dockerfile", "--tag", ENGINE_IMAGE,
-             "--label", "org.ornith.standin=ansible-it", f"--build-arg=BASE_IMAGE={bases['python']}",
-             "--build-arg=TRANSFORMERS_VERSION=", ".", cwd=ROOT, timeout=900)
+        _run(
+            "docker",
+            "build",
+            "--quiet",
+            "--file",
+            "docker/sglang.Dockerfile",
+            "--tag",
+            ENGINE_IMAGE,
+            "--label",
+            "org.ornith.standin=ansible-it",
+            f"--build-arg=BASE_IMAGE={bases['python']}",
+            "--build-arg=TRANSFORMERS_VERSION=",
+            ".",
+            cwd=ROOT,
+            timeout=900,
+        )
         print(f"stand-in engine image built in {time.monotonic() - started:.0f} s")
     archive = tmp_path_factory.mktemp("archives") / "engine.tar"
     _run("docker", "save", "--output", str(archive), ENGINE_IMAGE, timeout=600)
@@ -168,9 +192,23 @@ def host(bases: dict[str, str], wheelhouse: Path, shared: Path) -> Iterator[str]
     name = f"ornith-it-{uuid.uuid4().hex[:8]}"
     # The flags scripts/make-base-images.sh documents for systemd as PID 1 here, plus the machine's network,
     # Docker socket and the shared folder (see the module doc).
-    _run("docker", "run", "-d", "--name", name, "--network", "host", *SYSTEMD_HOST_RUN_ARGS,
-         "-v", "/var/run/docker.sock:/run/docker.sock", "-v", f"{shared}:{shared}",
-         "-v", f"{wheelhouse}:{HOST_WHEELHOUSE}:ro", bases["systemd-host"])
+    _run(
+        "docker",
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        "host",
+        *SYSTEMD_HOST_RUN_ARGS,
+        "-v",
+        "/var/run/docker.sock:/run/docker.sock",
+        "-v",
+        f"{shared}:{shared}",
+        "-v",
+        f"{wheelhouse}:{HOST_WHEELHOUSE}:ro",
+        bases["systemd-host"],
+    )
     try:
         assert wait_for_systemd(name) in ("running", "degraded")
         setup = f"""set -e
@@ -196,8 +234,15 @@ def ports() -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def inventory(host: str, hub: HubServer, shared: Path, ports: dict[str, int], bases: dict[str, str],
-              engine_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def inventory(
+    host: str,
+    hub: HubServer,
+    shared: Path,
+    ports: dict[str, int],
+    bases: dict[str, str],
+    engine_archive: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
     path = tmp_path_factory.mktemp("inventory") / "hosts.yml"
     host_vars = {
         "ansible_connection": "community.docker.docker",
@@ -215,8 +260,11 @@ def inventory(host: str, hub: HubServer, shared: Path, ports: dict[str, int], ba
         # No GPU engine answers here: the unit starts, the health wait and the smoke test are skipped.
         "ornith_service_health_timeout": 0,
         "ornith_service_port": ports["engine"],
-        "ornith_service_env": {"ORNITH_EXPORTER_PORT": ports["exporter"], "ORNITH_PROMETHEUS_PORT": ports["prometheus"],
-                               "ORNITH_PROMETHEUS_IMAGE": bases["prometheus"]},
+        "ornith_service_env": {
+            "ORNITH_EXPORTER_PORT": ports["exporter"],
+            "ORNITH_PROMETHEUS_PORT": ports["prometheus"],
+            "ORNITH_PROMETHEUS_IMAGE": bases["prometheus"],
+        },
         "ornith_service_image_cache_dir": str(tmp_path_factory.mktemp("image-cache")),
         "ornith_service_images": [EXPORTER_IMAGE, bases["prometheus"]],
         "ornith_service_image_archives": [str(engine_archive)],
@@ -243,14 +291,37 @@ def _extra_vars(hub: HubServer, tmp: Path, **more: object) -> Path:
     return path
 
 
-def _playbook(inventory: Path, extra: Path, *args: str, playbook: str = "provision-gpu-host.yml",
-              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE_DIR / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0",
-                    ANSIBLE_NOCOLOR="1", PATH=f"{BIN}:{os.environ['PATH']}", HF_TOKEN=SECRET,
-                    ORNITH_PYTHON_BASE_IMAGE=ensure_base_images("python")["python"], **(env or {}))
+def _playbook(
+    inventory: Path,
+    extra: Path,
+    *args: str,
+    playbook: str = "provision-gpu-host.yml",
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    full_env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ANSIBLE_DIR / "ansible.cfg"),
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_NOCOLOR="1",
+        PATH=f"{BIN}:{os.environ['PATH']}",
+        HF_TOKEN=SECRET,
+        ORNITH_PYTHON_BASE_IMAGE=ensure_base_images("python")["python"],
+        **(env or {}),
+    )
     full_env.pop("ORNITH_ENGINE_BASE_IMAGE", None)
-    return _run(str(BIN / "ansible-playbook"), "-i", str(inventory), playbook,
-                "-e", f"@{extra}", *args, check=False, cwd=ANSIBLE_DIR, env=full_env, timeout=1500)
+    return _run(
+        str(BIN / "ansible-playbook"),
+        "-i",
+        str(inventory),
+        playbook,
+        "-e",
+        f"@{extra}",
+        *args,
+        check=False,
+        cwd=ANSIBLE_DIR,
+        env=full_env,
+        timeout=1500,
+    )
 
 
 def _recap(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
@@ -271,8 +342,9 @@ def check_run_on_fresh_host(inventory: Path, hub: HubServer, host: str, tmp_path
 
 
 @pytest.fixture(scope="module")
-def first_run(check_run_on_fresh_host, inventory: Path, hub: HubServer, host: str,
-              tmp_path_factory: pytest.TempPathFactory):
+def first_run(
+    check_run_on_fresh_host, inventory: Path, hub: HubServer, host: str, tmp_path_factory: pytest.TempPathFactory
+):
     # Nothing of ours on the host before: no checkout, no ornith-stack, no engine image on the daemon.
     assert _run("docker", "exec", host, "python3", "-c", "import ornith_stack", check=False).returncode != 0
     assert not _image_id(ENGINE_IMAGE)
@@ -291,8 +363,15 @@ def testinfra_host(host: str, first_run):
 
 
 def _container(service: str) -> dict:
-    ids = _run("docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={PROJECT}",
-               "--filter", f"label=com.docker.compose.service={service}").stdout.split()
+    ids = _run(
+        "docker",
+        "ps",
+        "-aq",
+        "--filter",
+        f"label=com.docker.compose.project={PROJECT}",
+        "--filter",
+        f"label=com.docker.compose.service={service}",
+    ).stdout.split()
     assert len(ids) == 1, (service, ids)
     return json.loads(_run("docker", "inspect", ids[0]).stdout)[0]
 
@@ -302,15 +381,18 @@ def test_check_mode_on_a_fresh_host_reports_changes_and_installs_nothing(check_r
     assert _recap(check_run_on_fresh_host)["changed"] > 0
 
 
-def test_the_stack_runs_from_the_images_the_play_delivered(first_run, engine_archive: Path, ports: dict[str, int],
-                                                           host: str) -> None:
+def test_the_stack_runs_from_the_images_the_play_delivered(
+    first_run, engine_archive: Path, ports: dict[str, int], host: str
+) -> None:
     """The engine image was only in the archive: the host's `docker load` brought it back, the unit ran it."""
     manifest = json.loads(_run("tar", "-xOf", str(engine_archive), "manifest.json").stdout)
     delivered = "sha256:" + manifest[0]["Config"].split("/")[-1].removesuffix(".json")
     engine = _container("engine")
     assert engine["Image"] == delivered
     assert _image_id(ENGINE_IMAGE) == delivered
-    assert re.search(r"changed: \[[^\]]+\] => \(item=\S*/images/engine\.tar\)", first_run.stdout), first_run.stdout[-6000:]
+    assert re.search(r"changed: \[[^\]]+\] => \(item=\S*/images/engine\.tar\)", first_run.stdout), first_run.stdout[
+        -6000:
+    ]
     # The engine loads what was provisioned, offline.
     env = dict(item.split("=", 1) for item in engine["Config"]["Env"])
     assert env["HF_HUB_OFFLINE"] == "1"
@@ -323,8 +405,9 @@ def test_the_stack_runs_from_the_images_the_play_delivered(first_run, engine_arc
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{ports['exporter']}/metrics", timeout=10).read().decode()
     assert re.search(r'^ornith_engine_up\{[^}]*profile="cpu-demo"[^}]*\} ', metrics, re.MULTILINE), metrics[:2000]
     # Prometheus started on the configuration the monitoring role placed, not on an empty folder.
-    config = json.loads(urllib.request.urlopen(
-        f"http://127.0.0.1:{ports['prometheus']}/api/v1/status/config", timeout=10).read())["data"]["yaml"]
+    config = json.loads(
+        urllib.request.urlopen(f"http://127.0.0.1:{ports['prometheus']}/api/v1/status/config", timeout=10).read()
+    )["data"]["yaml"]
     assert "ornith" in config, config[:2000]
 
 
@@ -336,8 +419,9 @@ def test_the_host_has_no_checkout_and_no_ornith_stack(testinfra_host, shared: Pa
     assert not testinfra_host.file(f"{shared}/opt/pyproject.toml").exists
 
 
-def test_first_run_downloads_the_model_and_draft_through_the_hf_client(first_run, hub: HubServer,
-                                                                       tiny_model: Path) -> None:
+def test_first_run_downloads_the_model_and_draft_through_the_hf_client(
+    first_run, hub: HubServer, tiny_model: Path
+) -> None:
     served = {p.name for p in tiny_model.iterdir() if p.is_file()}
     # Both repositories share the folder, so each file is sent once per repository.
     assert sorted(hub.downloads) == sorted([*served, *served])
@@ -354,8 +438,9 @@ def test_docker_is_installed_and_nvidia_s_apt_source_stays_healthy(testinfra_hos
     assert "Conflicting values" not in update.stdout + update.stderr
 
 
-def test_the_snapshot_holds_the_served_files_at_the_pinned_commit(testinfra_host, hub: HubServer,
-                                                                   tiny_model: Path, shared: Path) -> None:
+def test_the_snapshot_holds_the_served_files_at_the_pinned_commit(
+    testinfra_host, hub: HubServer, tiny_model: Path, shared: Path
+) -> None:
     hf_home = f"{shared}/hf"
     commit = hub.repos[MODEL_REPO].commit
     snapshot = f"{hf_home}/hub/models--ornith-test--ornith-tiny/snapshots/{commit}"
@@ -383,12 +468,15 @@ def test_the_engine_image_s_doctor_checked_the_model(testinfra_host, hub: HubSer
     assert report.content_string.rstrip().endswith("ready: profile cpu-demo")
 
 
-def test_compose_project_is_a_systemd_unit_pinned_to_the_downloaded_commit(testinfra_host, hub: HubServer,
-                                                                           shared: Path) -> None:
+def test_compose_project_is_a_systemd_unit_pinned_to_the_downloaded_commit(
+    testinfra_host, hub: HubServer, shared: Path
+) -> None:
     unit = testinfra_host.check_output(f"systemctl cat {PROJECT}.service")
     assert "Requires=docker.service" in unit
-    assert (f"ExecStart=/usr/bin/docker-compose --project-name {PROJECT} --file {shared}/opt/compose/cpu-demo.yml "
-            "up --detach --remove-orphans engine exporter prometheus") in unit
+    assert (
+        f"ExecStart=/usr/bin/docker-compose --project-name {PROJECT} --file {shared}/opt/compose/cpu-demo.yml "
+        "up --detach --remove-orphans engine exporter prometheus"
+    ) in unit
     assert testinfra_host.service(PROJECT).is_enabled
     compose = testinfra_host.file(f"{shared}/opt/compose/cpu-demo.yml").content_string
     assert compose == (ROOT / "compose/cpu-demo.yml").read_text()
@@ -400,8 +488,9 @@ def test_compose_project_is_a_systemd_unit_pinned_to_the_downloaded_commit(testi
     assert SECRET not in env.content_string
 
 
-def test_second_run_changes_nothing_and_never_shows_the_token(first_run, inventory: Path, hub: HubServer,
-                                                              host: str, testinfra_host, tmp_path: Path) -> None:
+def test_second_run_changes_nothing_and_never_shows_the_token(
+    first_run, inventory: Path, hub: HubServer, host: str, testinfra_host, tmp_path: Path
+) -> None:
     """-vvv output and every process's command line, on the host and here, polled during the whole run."""
     seen: list[str] = []
     done = threading.Event()
@@ -430,30 +519,36 @@ def test_second_run_changes_nothing_and_never_shows_the_token(first_run, invento
     assert token.mode == 0o600 and token.user == "root"
 
 
-def test_check_mode_on_the_provisioned_host_reports_no_change(first_run, inventory: Path, hub: HubServer,
-                                                              tmp_path: Path) -> None:
+def test_check_mode_on_the_provisioned_host_reports_no_change(
+    first_run, inventory: Path, hub: HubServer, tmp_path: Path
+) -> None:
     result = _playbook(inventory, _extra_vars(hub, tmp_path), "--check")
     assert result.returncode == 0, result.stdout[-4000:]
     assert _recap(result)["changed"] == 0, result.stdout[-6000:]
 
 
-def test_too_little_disk_fails_before_downloading(first_run, inventory: Path, hub: HubServer, host: str,
-                                                  shared: Path, tmp_path: Path) -> None:
+def test_too_little_disk_fails_before_downloading(
+    first_run, inventory: Path, hub: HubServer, host: str, shared: Path, tmp_path: Path
+) -> None:
     downloads_before = len(hub.downloads)
-    extra = _extra_vars(hub, tmp_path, model_weights_hf_home=f"{shared}/hf-small",
-                        model_weights_free_disk_margin_gb=10_000_000)
+    extra = _extra_vars(
+        hub, tmp_path, model_weights_hf_home=f"{shared}/hf-small", model_weights_free_disk_margin_gb=10_000_000
+    )
     result = _playbook(inventory, extra, "--tags", "weights")
     assert result.returncode != 0
     assert "Not enough free disk" in result.stdout
     # The message carries the numbers: what is missing, the margin, what is needed and what is free.
-    assert re.search(r"GB still to download .* \+ 10000000(\.0)? GB margin = [\d.]+ GB needed, [\d.]+ GB free",
-                     result.stdout.replace("\n", " ")), result.stdout[-3000:]
+    assert re.search(
+        r"GB still to download .* \+ 10000000(\.0)? GB margin = [\d.]+ GB needed, [\d.]+ GB free",
+        result.stdout.replace("\n", " "),
+    ), result.stdout[-3000:]
     assert len(hub.downloads) == downloads_before
     assert not (shared / "hf-small").exists() or not list((shared / "hf-small").rglob("blobs/*"))
 
 
-def test_preflight_refuses_a_small_disk_before_changing_anything(first_run, inventory: Path, hub: HubServer,
-                                                                 tmp_path: Path) -> None:
+def test_preflight_refuses_a_small_disk_before_changing_anything(
+    first_run, inventory: Path, hub: HubServer, tmp_path: Path
+) -> None:
     result = _playbook(inventory, _extra_vars(hub, tmp_path, ornith_preflight_min_free_disk_gb=10_000_000))
     assert result.returncode != 0
     text = " ".join(result.stdout.split())
@@ -461,8 +556,9 @@ def test_preflight_refuses_a_small_disk_before_changing_anything(first_run, inve
     assert _recap(result)["changed"] == 0
 
 
-def test_a_host_without_a_gpu_fails_clearly_unless_it_says_so(first_run, inventory: Path, hub: HubServer,
-                                                               tmp_path: Path) -> None:
+def test_a_host_without_a_gpu_fails_clearly_unless_it_says_so(
+    first_run, inventory: Path, hub: HubServer, tmp_path: Path
+) -> None:
     extra = _extra_vars(hub, tmp_path, ornith_profile="gpu96", nvidia_driver_gpu_expected=True)
     result = _playbook(inventory, extra, "--tags", "driver")
     assert result.returncode != 0
@@ -473,12 +569,19 @@ def test_a_host_without_a_gpu_fails_clearly_unless_it_says_so(first_run, invento
     assert _recap(result)["changed"] == 0
 
 
-def test_a_conflicting_nvidia_apt_source_is_refused_before_any_change(first_run, inventory: Path, hub: HubServer,
-                                                                       host: str, tmp_path: Path) -> None:
+def test_a_conflicting_nvidia_apt_source_is_refused_before_any_change(
+    first_run, inventory: Path, hub: HubServer, host: str, tmp_path: Path
+) -> None:
     extra_list = "/etc/apt/sources.list.d/libnvidia-container.list"
-    _run("docker", "exec", host, "sh", "-c",
-         f"echo 'deb [signed-by=/etc/apt/keyrings/other.asc] https://nvidia.github.io/libnvidia-container/stable/deb/amd64 /'"
-         f" > {extra_list}")
+    _run(
+        "docker",
+        "exec",
+        host,
+        "sh",
+        "-c",
+        f"echo 'deb [signed-by=/etc/apt/keyrings/other.asc] https://nvidia.github.io/libnvidia-container/stable/deb/amd64 /'"
+        f" > {extra_list}",
+    )
     try:
         result = _playbook(inventory, _extra_vars(hub, tmp_path), "--tags", "docker")
     finally:
@@ -490,8 +593,9 @@ def test_a_conflicting_nvidia_apt_source_is_refused_before_any_change(first_run,
     assert _recap(result)["changed"] == 0
 
 
-def test_spark_playbook_refuses_a_host_of_the_wrong_architecture(first_run, inventory: Path, hub: HubServer,
-                                                                 tmp_path: Path) -> None:
+def test_spark_playbook_refuses_a_host_of_the_wrong_architecture(
+    first_run, inventory: Path, hub: HubServer, tmp_path: Path
+) -> None:
     extra = tmp_path / "spark.json"  # the spark profile's own variables, only the repository supplied
     extra.write_text(json.dumps({"ornith_hosts": "ornith", "ornith_model_repo": MODEL_REPO}))
     result = _playbook(inventory, extra, "--tags", "driver", playbook="provision-spark.yml")
@@ -499,14 +603,21 @@ def test_spark_playbook_refuses_a_host_of_the_wrong_architecture(first_run, inve
     assert "Profile spark runs on aarch64" in " ".join(result.stdout.split()), result.stdout[-3000:]
 
 
-def test_an_unpullable_base_image_fails_with_the_tag_to_set(first_run, inventory: Path, hub: HubServer,
-                                                            tmp_path: Path) -> None:
+def test_an_unpullable_base_image_fails_with_the_tag_to_set(
+    first_run, inventory: Path, hub: HubServer, tmp_path: Path
+) -> None:
     """gpu96's engine image is built from lmsysorg/sglang:v0.5.17-cu129, which cannot be pulled here."""
     engine = "ornith-stack/sglang:0.5.17"
     if _image_id(engine):
         pytest.skip(f"{engine} exists on this machine: nothing to build")
-    extra = _extra_vars(hub, tmp_path, ornith_profile="gpu96", ornith_service_images=[engine],
-                        ornith_service_image_archives=[], ornith_service_image_pull_timeout=120)
+    extra = _extra_vars(
+        hub,
+        tmp_path,
+        ornith_profile="gpu96",
+        ornith_service_images=[engine],
+        ornith_service_image_archives=[],
+        ornith_service_image_pull_timeout=120,
+    )
     result = _playbook(inventory, extra, "--tags", "service")
     assert result.returncode != 0
     text = " ".join(result.stdout.split())
@@ -514,8 +625,9 @@ def test_an_unpullable_base_image_fails_with_the_tag_to_set(first_run, inventory
     assert "set ORNITH_ENGINE_BASE_IMAGE=lmsysorg/sglang:v0.5.17 on the controller" in text
 
 
-def test_an_interrupted_download_resumes_where_it_stopped(first_run, inventory: Path, hub: HubServer, host: str,
-                                                          big_repo: Path, shared: Path, tmp_path: Path) -> None:
+def test_an_interrupted_download_resumes_where_it_stopped(
+    first_run, inventory: Path, hub: HubServer, host: str, big_repo: Path, shared: Path, tmp_path: Path
+) -> None:
     """The connection drops halfway through a file: the client asks for the rest with a Range request.
 
     huggingface_hub 2.4 resumes within a run from the last full 10 MiB chunk it received; across runs the
@@ -525,8 +637,9 @@ def test_an_interrupted_download_resumes_where_it_stopped(first_run, inventory: 
     blob = big_repo / "blob.bin"
     hub.interrupt_next(blob.name)
     hf_home = f"{shared}/hf-resume"
-    extra = _extra_vars(hub, tmp_path, model_weights_hf_home=hf_home,
-                        model_weights_repos=[{"repo": BIG_REPO, "revision": "main"}])
+    extra = _extra_vars(
+        hub, tmp_path, model_weights_hf_home=hf_home, model_weights_repos=[{"repo": BIG_REPO, "revision": "main"}]
+    )
     result = _playbook(inventory, extra, "--tags", "weights")
     assert result.returncode == 0, result.stdout[-4000:]
     assert (blob.name, 10 * 1024 * 1024) in hub.ranges  # resumed after the first full chunk
