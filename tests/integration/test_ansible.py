@@ -55,6 +55,7 @@ PROFILE = "cpu-demo"
 PROJECT = f"ornith-{PROFILE}"
 ENGINE_IMAGE = "ornith-stack/vllm-cpu-demo:0.1.0"  # compose/cpu-demo.yml's engine
 EXPORTER_IMAGE = "ornith-stack/exporter:0.1.0"
+STANDIN_CACHE_TAG = "ornith-it/ansible-engine-standin:latest"
 HF_PACKAGE = "huggingface_hub==2.4.0"  # the role's default model_weights_hf_package
 SECRET = f"hf_ornithSecret{uuid.uuid4().hex}"  # HF_TOKEN of every run: must never show in output or ps
 # The host installs hf offline from a wheelhouse made here: the same path an air-gapped host uses
@@ -161,6 +162,9 @@ def engine_archive(bases: dict[str, str], tmp_path_factory: pytest.TempPathFacto
             "docker/sglang.Dockerfile",
             "--tag",
             ENGINE_IMAGE,
+            # A second tag keeps the layers (and so the build cache) when the test removes ENGINE_IMAGE.
+            "--tag",
+            STANDIN_CACHE_TAG,
             "--label",
             "org.ornith.standin=ansible-it",
             f"--build-arg=BASE_IMAGE={bases['python']}",
