@@ -45,39 +45,24 @@ def test_the_issue_s_playbooks_and_roles_exist() -> None:
     assert ROLES == ["container_toolkit", "model_weights", "monitoring", "nvidia_driver", "ornith_service"]
 
 
-def test_ansible_lint_passes_the_production_profile_offline() -> None:
-    result = subprocess.run(
-        [_tool("ansible-lint"), "-c", ".ansible-lint", "--nocolor"],
-        cwd=ANSIBLE_DIR,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+def _in_ansible_dir(*argv: str, timeout: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, cwd=ANSIBLE_DIR, env=_env(), capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def test_ansible_lint_passes_the_production_profile_offline() -> None:
+    result = _in_ansible_dir(_tool("ansible-lint"), "-c", ".ansible-lint", "--nocolor", timeout=600)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert "Profile 'production' was required, and it passed" in result.stderr + result.stdout
 
 
 @pytest.mark.parametrize("playbook", PLAYBOOKS)
 def test_playbook_passes_syntax_check(playbook: str) -> None:
-    result = subprocess.run(
-        [
-            _tool("ansible-playbook"),
-            "--syntax-check",
-            "-i",
-            "inventory/gpu-hosts.example.yml",
-            playbook,
-            "-e",
-            "ornith_profile=gpu96",
-        ],
-        cwd=ANSIBLE_DIR,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = _in_ansible_dir(
+        _tool("ansible-playbook"), "--syntax-check", "-i", "inventory/gpu-hosts.example.yml", playbook,
+        "-e", "ornith_profile=gpu96", timeout=300,
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
