@@ -20,8 +20,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from ornith_stack import dashboards
 from ornith_stack.exporter.scrape import Scraper, Target
+from ornith_stack.generate import dashboards
 
 pytestmark = pytest.mark.integration
 
