@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import warnings
@@ -40,6 +39,7 @@ import pytest
 import testinfra
 import yaml
 from images import ensure_base_images
+from ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -58,10 +58,6 @@ PROMPT = "one two three four five one two three four five one two three four fiv
 SERVICES = ("engine", "exporter", "prometheus")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 600,
