@@ -19,6 +19,7 @@ import jinja2
 
 from ornith_stack.engines import adapter_for, shell_join
 from ornith_stack.profiles import images, load_profile, profile_names
+from ornith_stack.profiles.images import parse_image
 from ornith_stack.profiles.model import Profile
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -95,6 +96,7 @@ def template_context(profile: Profile, style: str) -> dict[str, Any]:
         "missing": {w: getattr(profile, w).missing_hint for w in ("model", "draft")
                     if getattr(profile, w) is not None and not getattr(profile, w).repo},
         "images": images(),
+        "image_ref": parse_image,
     }
 
 

@@ -213,3 +213,16 @@ def first(args: dict[str, ArgValue], *names: str, default: Any = None) -> Any:
         if name in args:
             return args[name]
     return default
+
+
+def int_arg(value: ArgValue | None) -> int | None:
+    """A profile flag's value as an integer; None when the profile leaves the flag out."""
+    return None if value is None else int(value)  # type: ignore[arg-type]
+
+
+def float_arg(value: ArgValue | None) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def str_arg(value: ArgValue | None) -> str | None:
+    return None if value is None else str(value)

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ornith_stack.planner.common import attention_bytes_per_token, mamba_state_bytes
 from ornith_stack.planner.model import GIB, Plan, PlanRequest, Problem, cdiv, gib
-from ornith_stack.planner.vllm import attention_bytes_per_token, mamba_state_bytes
 
 DEFAULT_MEM_FRACTION_STATIC = 0.85  # SGLang picks one by GPU size; 0.85 is what seed 000 uses on one GPU
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
@@ -122,8 +122,11 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
     notes = [
         *req.notes,
         f"static pool = {frac:g} x {req.gpu_memory_gib:g} GiB; headroom {gib(headroom)} for "
-        + ("CUDA graphs and activations" if sp.verify_in_static_pool
-           else "CUDA graphs, activations and DFlash verify buffers"),
+        + (
+            "CUDA graphs and activations"
+            if sp.verify_in_static_pool
+            else "CUDA graphs, activations and DFlash verify buffers"
+        ),
     ]
     if s.mem_fraction_static is None:
         notes.append(f"--mem-fraction-static not set: assumed {DEFAULT_MEM_FRACTION_STATIC}")
@@ -132,20 +135,34 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
     if s.speculative_method == "dflash" and req.draft is None and not req.notes:
         notes.append("no draft shape: draft weights and draft KV are not counted (pass --draft-config)")
     if sp.kv_tokens and sp.kv_tokens < req.max_model_len:
-        notes.append(f"the KV pool ({sp.kv_tokens:,} tokens) is shorter than the context length "
-                     f"({req.max_model_len:,}): the longest request is limited by the pool")
+        notes.append(
+            f"the KV pool ({sp.kv_tokens:,} tokens) is shorter than the context length "
+            f"({req.max_model_len:,}): the longest request is limited by the pool"
+        )
     problems = _check(req, sp, headroom)
     result = Plan(
-        engine="sglang", engine_version=req.engine_version, profile=req.profile, model=shape.name,
-        draft=req.draft.name if req.draft else None, tp=s.tp, gpu_memory_gib=req.gpu_memory_gib,
-        max_model_len=req.max_model_len, weights_bytes=req.weights_per_gpu(),
-        draft_weights_bytes=req.draft_weights_per_gpu(), reserve_bytes=req.reserve_bytes,
+        engine="sglang",
+        engine_version=req.engine_version,
+        profile=req.profile,
+        model=shape.name,
+        draft=req.draft.name if req.draft else None,
+        tp=s.tp,
+        gpu_memory_gib=req.gpu_memory_gib,
+        max_model_len=req.max_model_len,
+        weights_bytes=req.weights_per_gpu(),
+        draft_weights_bytes=req.draft_weights_per_gpu(),
+        reserve_bytes=req.reserve_bytes,
         kv_bytes_per_token=cell_bytes(req),
         state_bytes_per_sequence=sp.mamba_bytes // sp.mamba_slots if sp.mamba_slots else 0,
-        kv_pool_bytes=sp.kv_tokens * cell_bytes(req), block_size=page, page_size_bytes=page * cell_bytes(req),
-        num_blocks=sp.kv_tokens // page, blocks_per_request=cdiv(req.max_model_len, page),
-        max_concurrency=sp.kv_tokens / req.max_model_len, kv_cache_tokens=sp.kv_tokens,
-        problems=problems, notes=notes,
+        kv_pool_bytes=sp.kv_tokens * cell_bytes(req),
+        block_size=page,
+        page_size_bytes=page * cell_bytes(req),
+        num_blocks=sp.kv_tokens // page,
+        blocks_per_request=cdiv(req.max_model_len, page),
+        max_concurrency=sp.kv_tokens / req.max_model_len,
+        kv_cache_tokens=sp.kv_tokens,
+        problems=problems,
+        notes=notes,
         engine_details={
             "mem_fraction_static": frac,
             "headroom_bytes": headroom,
@@ -170,27 +187,48 @@ def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
     s = req.settings
     weights = req.weights_per_gpu() + req.draft_weights_per_gpu()
     if sp.rest + sp.mamba_bytes + (sp.verify_bytes if sp.verify_in_static_pool else 0) <= 0:
-        return [Problem("weights", f"{gib(weights)} of weights per GPU leave nothing in the static pool "
-                        f"({s.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC:g} x {req.gpu_memory_gib:g} GiB)",
-                        f"--tp {s.tp * 2} (more GPUs) or a smaller checkpoint")]
+        return [
+            Problem(
+                "weights",
+                f"{gib(weights)} of weights per GPU leave nothing in the static pool "
+                f"({s.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC:g} x {req.gpu_memory_gib:g} GiB)",
+                f"--tp {s.tp * 2} (more GPUs) or a smaller checkpoint",
+            )
+        ]
     problems: list[Problem] = []
     if req.shape.is_hybrid and sp.running <= 0:
-        problems.append(Problem(
-            "mamba state cache", f"{sp.mamba_slots} state slots cannot serve one request "
-            f"(needs {mamba_ratio(req)} per request)", "raise --mem-fraction-static or --tp"))
+        problems.append(
+            Problem(
+                "mamba state cache",
+                f"{sp.mamba_slots} state slots cannot serve one request (needs {mamba_ratio(req)} per request)",
+                "raise --mem-fraction-static or --tp",
+            )
+        )
     if s.max_total_tokens and sp.kv_tokens_profiled < s.max_total_tokens:
-        problems.append(Problem(
-            "KV pool", f"{sp.kv_tokens_profiled:,} tokens fit, fewer than --max-total-tokens {s.max_total_tokens:,}",
-            "raise --mem-fraction-static, lower --max-total-tokens, or more GPUs (--tp)"))
+        problems.append(
+            Problem(
+                "KV pool",
+                f"{sp.kv_tokens_profiled:,} tokens fit, fewer than --max-total-tokens {s.max_total_tokens:,}",
+                "raise --mem-fraction-static, lower --max-total-tokens, or more GPUs (--tp)",
+            )
+        )
     elif sp.kv_tokens <= 0:
         problems.append(Problem("KV pool", "no room for any KV token", "raise --mem-fraction-static or --tp"))
     outside = 0 if sp.verify_in_static_pool else sp.verify_bytes
     if req.reserve_bytes + outside > headroom:
         what = "CUDA graphs + activations" + ("" if sp.verify_in_static_pool else " + DFlash verify buffers")
-        detail = f"{gib(req.reserve_bytes)}" + ("" if sp.verify_in_static_pool else
-                                               f" + {gib(outside)} ({sp.running} requests x {draft_tokens(req)} tokens)")
-        problems.append(Problem(what, f"{detail} exceed the {gib(headroom)} headroom outside the static pool",
-                                _headroom_fix(req, sp, headroom)))
+        detail = f"{gib(req.reserve_bytes)}" + (
+            ""
+            if sp.verify_in_static_pool
+            else f" + {gib(outside)} ({sp.running} requests x {draft_tokens(req)} tokens)"
+        )
+        problems.append(
+            Problem(
+                what,
+                f"{detail} exceed the {gib(headroom)} headroom outside the static pool",
+                _headroom_fix(req, sp, headroom),
+            )
+        )
     return problems
 
 
@@ -209,8 +247,7 @@ def _suggest(req: PlanRequest) -> str | None:
     frac = s.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
     for step in range(1, 31):
         for candidate in (round(frac + step / 100, 2), round(frac - step / 100, 2)):
-            if 0.3 <= candidate <= 0.95 and plan(req.with_settings(mem_fraction_static=candidate),
-                                                  suggest=False).fits:
+            if 0.3 <= candidate <= 0.95 and plan(req.with_settings(mem_fraction_static=candidate), suggest=False).fits:
                 return f"--mem-fraction-static {candidate:g}"
     tp = s.tp * 2
     while tp <= 8:
