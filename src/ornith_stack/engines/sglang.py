@@ -65,7 +65,7 @@ class SglangAdapter(EngineAdapter):
         method = first(args, "speculative-algorithm")
         block = int_arg(first(args, "speculative-dflash-block-size", "speculative-num-draft-tokens"))
         return ServeSettings(
-            tp=int(first(args, "tp", "tp-size", "tensor-parallel-size", default=1)),
+            tp=int(first(args, "tp-size", "tp", "tensor-parallel-size", default=1)),
             max_model_len=int_arg(first(args, "context-length")),
             mem_fraction_static=float_arg(first(args, "mem-fraction-static")),
             kv_cache_dtype=str(first(args, "kv-cache-dtype", default="auto")),
