@@ -69,7 +69,7 @@ class SglangAdapter(EngineAdapter):
             max_model_len=int_arg(first(args, "context-length")),
             mem_fraction_static=float_arg(first(args, "mem-fraction-static")),
             kv_cache_dtype=str(first(args, "kv-cache-dtype", default="auto")),
-            enable_prefix_caching=not args.get("disable-radix-cache", False),
+            enable_prefix_caching=False if args.get("disable-radix-cache", False) else None,
             max_total_tokens=int_arg(first(args, "max-total-tokens")),
             max_running_requests=int_arg(first(args, "max-running-requests")),
             speculative_method=str(method).lower() if method else None,
@@ -83,8 +83,7 @@ class SglangAdapter(EngineAdapter):
             mamba_full_memory_ratio=float_arg(first(args, "mamba-full-memory-ratio")),
             max_mamba_cache_size=int_arg(first(args, "max-mamba-cache-size")),
             # 0.5.17 spells it --mamba-scheduler-strategy, 0.5.21 --mamba-radix-cache-strategy.
-            mamba_extra_buffer=first(args, "mamba-radix-cache-strategy", "mamba-scheduler-strategy")
-            == "extra_buffer",
+            mamba_radix_cache_strategy=str_arg(first(args, "mamba-radix-cache-strategy", "mamba-scheduler-strategy")),
             overlap_schedule=not args.get("disable-overlap-schedule", False),
         )
 

@@ -73,9 +73,8 @@ class VllmAdapter(EngineAdapter):
             gpu_memory_utilization=float_arg(first(args, "gpu-memory-utilization")),
             kv_cache_memory_bytes=int_arg(first(args, "kv-cache-memory-bytes")),
             kv_cache_dtype=str(first(args, "kv-cache-dtype", default="auto")),
-            # vLLM 0.2x turns prefix caching on unless told otherwise.
-            enable_prefix_caching=not args.get("no-enable-prefix-caching", False)
-            and bool(args.get("enable-prefix-caching", True)),
+            # Absent both flags, the planner resolves vLLM's default for the model (off for hybrids).
+            enable_prefix_caching=_prefix_caching(args),
             speculative_method=str(method) if method else None,
             num_speculative_tokens=k,
             draft_block_size=k + 1 if method == "dflash" else None,
@@ -100,3 +99,9 @@ class VllmAdapter(EngineAdapter):
             accepted_per_position={int(pos): value for pos, value in per_position.items()},
         )
 
+
+def _prefix_caching(args: dict[str, ArgValue]) -> bool | None:
+    if args.get("no-enable-prefix-caching"):
+        return False
+    value = args.get("enable-prefix-caching")
+    return None if value is None else bool(value)

@@ -23,3 +23,14 @@ def mamba_state_bytes(req: PlanRequest, num_spec: int) -> tuple[int, int]:
         ssm_dtype = shape.mamba_ssm_dtype or req.model_dtype
     recurrent = (shape.linear_num_value_heads // tp) * shape.linear_value_head_dim * shape.linear_key_head_dim
     return conv, recurrent * dtype_bytes(ssm_dtype, "mamba_ssm_dtype")
+
+
+def tp_divisibility(shape: ModelShape, tp: int) -> list[tuple[str, int]]:
+    """(what, count) of every head count that tensor parallelism `tp` does not divide evenly."""
+    checks = [("attention heads", shape.num_attention_heads)]
+    if shape.is_hybrid:
+        checks += [
+            ("linear-attention key heads", shape.linear_num_key_heads),
+            ("linear-attention value heads", shape.linear_num_value_heads),
+        ]
+    return [(what, n) for what, n in checks if n % tp]

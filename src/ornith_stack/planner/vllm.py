@@ -21,12 +21,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ornith_stack.planner.common import attention_bytes_per_token, mamba_state_bytes
+from ornith_stack.planner.common import attention_bytes_per_token, mamba_state_bytes, tp_divisibility
 from ornith_stack.planner.model import GIB, Plan, PlanRequest, Problem, cdiv, gib
 from ornith_stack.planner.shapes import ModelShape
 
 KERNEL_BLOCK_ALIGNMENT = 16  # CacheConfig.DEFAULT_BLOCK_SIZE; FLASH_ATTN/FlashInfer kernels take multiples of 16
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# vLLM 0.24.0 defaults for flags a profile leaves out (tests/unit/test_engine_defaults.py reads them
+# in vLLM's sources): config/cache.py CacheConfig.gpu_memory_utilization.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 # Speculative methods whose draft model brings attention layers of its own into the KV cache.
 DRAFT_MODEL_METHODS = {"dflash", "eagle", "eagle3", "draft_model"}
 
@@ -43,6 +45,15 @@ class LayerType:
     def pages(self, length: int) -> int:
         """Pages one request of `length` tokens needs in one group of this type."""
         return cdiv(length, self.tokens_per_page) if self.tokens_per_page else self.state_pages
+
+
+def prefix_caching(req: PlanRequest) -> bool:
+    """--enable-prefix-caching as vLLM 0.24 resolves it: absent the flag, on unless the model is a
+    hybrid (config/model.py `is_prefix_caching_supported`: "Hybrid models do not support prefix
+    caching since the feature is still experimental")."""
+    if req.settings.enable_prefix_caching is not None:
+        return req.settings.enable_prefix_caching
+    return not req.shape.is_hybrid
 
 
 def attention_block_size(mamba_page: int, attn_per_token: int, user_block: int | None) -> int:
@@ -75,7 +86,7 @@ def plan(req: PlanRequest) -> Plan:
     mamba_page = conv + recurrent
     block = attention_block_size(mamba_page, attn_per_token, s.block_size)
     page = block * attn_per_token
-    mode = "align" if s.enable_prefix_caching else "none"
+    mode = "align" if prefix_caching(req) else "none"
     types = [LayerType("full_attention", shape.num_full_attention_layers, block)]
     if shape.is_hybrid:
         # MambaSpec.max_memory_usage_bytes: 1 page ("none") or 2 ("align") + num_speculative_blocks.
@@ -173,16 +184,9 @@ def _draft_layers(req: PlanRequest, attn_per_token: int, block: int) -> tuple[La
 
 
 def _divisibility(shape: ModelShape, tp: int) -> list[Problem]:
-    checks = [("attention heads", shape.num_attention_heads)]
-    if shape.is_hybrid:
-        checks += [
-            ("linear-attention value heads", shape.linear_num_value_heads),
-            ("linear-attention conv dim", shape.linear_conv_dim),
-        ]
     return [
         Problem("tensor parallelism", f"--tp {tp} does not divide the {what} ({n})", "choose a --tp that divides it")
-        for what, n in checks
-        if n % tp
+        for what, n in tp_divisibility(shape, tp)
     ]
 
 
