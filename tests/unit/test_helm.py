@@ -164,8 +164,8 @@ def test_every_object_is_valid_kubernetes(case: str) -> None:
 def test_gpus_per_pod_follow_tensor_parallelism(case: str) -> None:
     values = case_values(case)
     engine = values["engine"]
-    tp = int(re.search(r"--(?:tp|tensor-parallel-size) (\d+)", " ".join(engine["args"]))[1]) if any(
-        a in ("--tp", "--tensor-parallel-size") for a in engine["args"]) else 1
+    tp = int(re.search(r"--(?:tp-size|tp|tensor-parallel-size) (\d+)", " ".join(engine["args"]))[1]) if any(
+        a in ("--tp-size", "--tp", "--tensor-parallel-size") for a in engine["args"]) else 1
     nodes = int(engine.get("nodes", 1))
     for role, spec in engine_pod_specs(rendered(case)).items():
         limits = container(spec, "engine")["resources"].get("limits", {})
