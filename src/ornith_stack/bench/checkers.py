@@ -11,7 +11,7 @@ import textwrap
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from ornith_stack.bench.sandbox import Limits, run_program
+from ornith_stack.bench.sandbox import Limits, TestJob, run_tests
 
 _NUMBER = r"-?\$?\s?\d[\d,]*(?:\.\d+)?|-?\.\d+"
 _MARKED = [
