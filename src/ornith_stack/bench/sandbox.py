@@ -55,7 +55,7 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class TestJob:
+class CodeJob:
     """Untrusted `solution` (run in the sandbox as module `solution`) and the trusted tests: `setup` runs
     first in the judge, then each name in `functions` becomes a proxy of the solution's function, then
     `tests` runs; the job passes when `tests` completes without an exception."""
@@ -89,7 +89,7 @@ class Isolation:
     problem: str | None  # why code cannot be isolated here; None when it can
 
 
-def run_tests(job: TestJob, limits: Limits | None = None) -> RunResult:
+def run_tests(job: CodeJob, limits: Limits | None = None) -> RunResult:
     limits = limits or Limits()
     iso = isolation()
     if iso.problem and not limits.unsafe_without_sandbox:
@@ -111,7 +111,7 @@ def refusal(problem: str) -> str:
             "unconfined on this host")
 
 
-def _run(job: TestJob, limits: Limits, iso: Isolation, scratch: Path) -> RunResult:
+def _run(job: CodeJob, limits: Limits, iso: Isolation, scratch: Path) -> RunResult:
     requests_r, requests_w = os.pipe()
     replies_r, replies_w = os.pipe()
     sandboxed = iso.problem is None
