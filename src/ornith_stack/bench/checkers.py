@@ -7,13 +7,13 @@ tests." Every checker returns a `Verdict` so the report counts pass rates the sa
 
 from __future__ import annotations
 
-import ast
 import re
 import textwrap
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ornith_stack.bench.sandbox import Limits, CodeJob, run_tests
+from ornith_stack.bench.datasets import Problem
+from ornith_stack.bench.sandbox import CodeJob, Limits, run_tests
 
 # A number: a minus sign only when it touches the digits and follows no word character, digit groups
 # with commas, decimals, and a fraction written n/m.
@@ -101,8 +101,9 @@ def boxed_answers(text: str) -> list[str]:
 
 def normalize_math(answer: str) -> str:
     """A LaTeX answer in one canonical spelling: no spaces, sizing commands, text wrappers, degree signs
-    or dollar signs; \\dfrac and \\tfrac as \\frac; \\frac12 as \\frac{1}{2}; a lone 'x =' dropped."""
+    dollar signs or trailing units; \\dfrac and \\tfrac as \\frac; \\frac12 as \\frac{1}{2}; a lone 'x =' dropped."""
     s = answer.strip().strip("$").strip()
+    s = re.sub(r"\\(?:text|mbox)\{\s[^{}]*\}\s*$", "", s)  # a unit after the value: '\text{ degrees}'
     s = re.sub(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}", r"\1", s)
     for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\,", ""), ("\\;", ""), ("\\ ", ""),
                      ("^\\circ", ""), ("^{\\circ}", ""), ("\\%", ""), ("%", ""), ("\\dfrac", "\\frac"),
@@ -172,12 +173,6 @@ def check_humaneval(
     return Verdict(result.passed, extract_code(response, entry_point), result.detail or result.status)
 
 
-def mbpp_entry_points(reference_code: str, tests: list[str]) -> tuple[str, ...]:
-    """The functions MBPP's asserts call: top-level functions of the reference solution named in them."""
-    names = [n.name for n in ast.parse(reference_code).body if isinstance(n, ast.FunctionDef)]
-    return tuple(n for n in names if any(re.search(rf"\b{re.escape(n)}\s*\(", t) for t in tests))
-
-
 def check_mbpp(
     response: str, tests: list[str], entry_points: tuple[str, ...], setup: str = "",
     limits: Limits | None = None,
@@ -186,3 +181,16 @@ def check_mbpp(
     job = CodeJob(textwrap.dedent(code), setup=setup, tests="\n".join(tests) + "\n", functions=entry_points)
     result = run_tests(job, limits)
     return Verdict(result.passed, code, result.detail or result.status)
+
+
+def check(problem: Problem, response: str, limits: Limits | None = None) -> Verdict | None:
+    """The verdict on one answer by its task's checker; None for a task without one (MT-Bench)."""
+    if problem.task == "gsm8k":
+        return check_gsm8k(response, problem.answer)
+    if problem.task == "math500":
+        return check_math(response, problem.answer)
+    if problem.task == "humaneval":
+        return check_humaneval(problem.prompt, response, problem.test, problem.entry_point, limits)
+    if problem.task == "mbpp":
+        return check_mbpp(response, problem.test.splitlines(), problem.entry_points, problem.setup, limits)
+    return None

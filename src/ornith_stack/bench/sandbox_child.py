@@ -56,6 +56,22 @@ def _value(node: ast.AST) -> Any:
     raise ValueError(f"not a plain value: {ast.dump(node)[:80]}")
 
 
+def plain(value: Any) -> Any:
+    """Subclasses of the built-in containers and scalars as the built-ins themselves (a Counter as a dict,
+    a namedtuple as a tuple), which compare equal to them and have a literal spelling."""
+    if isinstance(value, bool) or value is None:
+        return value
+    for kind in (int, float, complex, str, bytes):
+        if isinstance(value, kind):
+            return kind(value)
+    if isinstance(value, dict):
+        return {plain(k): plain(v) for k, v in value.items()}
+    for container in (tuple, list, set, frozenset):
+        if isinstance(value, container):
+            return container(plain(v) for v in value)
+    return value
+
+
 def _send(stream: TextIO, message: Any) -> None:
     stream.write(repr(message).replace("\n", "\\n") + "\n")
     stream.flush()
@@ -93,7 +109,7 @@ def candidate(requests_fd: int, replies_fd: int, limits: list[int]) -> None:
     for line in iter(lambda: requests.readline(MAX_LINE), ""):
         name, args, kwargs = decode(line)
         try:
-            _send(replies, ("ok", _function(module, name)(*args, **kwargs)))
+            _send(replies, ("ok", plain(_function(module, name)(*args, **kwargs))))
         except BaseException as exc:  # noqa: BLE001
             _send(replies, ("error", (type(exc).__name__, _describe(exc))))
 

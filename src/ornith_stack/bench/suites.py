@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ornith_stack.bench import prompts, stats
-from ornith_stack.bench.checkers import check_gsm8k, check_humaneval
+from ornith_stack.bench.checkers import check
 from ornith_stack.bench.client import EngineClient, RequestSample, ServerInfo, decode_rate
 from ornith_stack.bench.datasets import Problem, load_tasks
 from ornith_stack.bench.sandbox import Limits, require_sandbox
@@ -183,11 +183,9 @@ class Runner:
     def verdict(self, problem: Problem, sample: RequestSample) -> dict[str, Any]:
         if sample.error:
             return {"passed": False, "extracted": None, "check": sample.error}
-        if problem.task == "gsm8k":
-            v = check_gsm8k(sample.text, problem.answer)
-        else:
-            v = check_humaneval(problem.prompt, sample.text, problem.test, problem.entry_point,
-                                self.config.sandbox)
+        v = check(problem, sample.text, self.config.sandbox)
+        if v is None:
+            return {"passed": None, "extracted": None, "check": "no checker"}
         return {"passed": v.passed, "extracted": v.extracted, "check": v.detail}
 
     def ttft_sweep(self) -> None:
