@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ornith_stack.bench.checkers import check_humaneval
-from ornith_stack.bench.sandbox import Limits, SandboxUnavailable, CodeJob, isolation, run_tests
+from ornith_stack.bench.sandbox import CodeJob, Limits, SandboxUnavailable, isolation, run_tests
 
 SECRET = "hunter2-" + uuid.uuid4().hex
 PROMPT = 'def solve() -> int:\n    """Return 1."""\n'

