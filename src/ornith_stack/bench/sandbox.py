@@ -122,15 +122,22 @@ def _run(job: CodeJob, limits: Limits, iso: Isolation, scratch: Path) -> RunResu
         cand_argv = bwrap_argv(iso, limits) + cand_argv
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     started = time.perf_counter()
-    with open(scratch / "candidate.log", "wb") as log:
-        cand = subprocess.Popen(cand_argv, stdin=subprocess.PIPE, stdout=log, stderr=log, env=env,
-                                cwd="/" if sandboxed else scratch, pass_fds=(requests_r, replies_w), start_new_session=True,
-                                **_as_user(iso.user if sandboxed else None))
-        judge = subprocess.Popen([*child, "judge", str(requests_w), str(replies_r)], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=log, env=env, cwd=scratch,
-                                 pass_fds=(replies_r, requests_w), start_new_session=True)
-    for fd in (requests_r, requests_w, replies_r, replies_w):
-        os.close(fd)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with open(scratch / "candidate.log", "wb") as log:
+            procs.append(subprocess.Popen(
+                cand_argv, stdin=subprocess.PIPE, stdout=log, stderr=log, env=env, cwd="/" if sandboxed else scratch,
+                pass_fds=(requests_r, replies_w), start_new_session=True, **_as_user(iso.user if sandboxed else None)))
+            procs.append(subprocess.Popen(
+                [*child, "judge", str(requests_w), str(replies_r)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log, env=env, cwd=scratch, pass_fds=(replies_r, requests_w), start_new_session=True))
+    except OSError:
+        _kill(*procs)
+        raise
+    finally:
+        for fd in (requests_r, requests_w, replies_r, replies_w):
+            os.close(fd)
+    cand, judge = procs
     _feed(cand, job.solution.encode())
     _feed(judge, json.dumps({"setup": job.setup, "tests": job.tests, "functions": job.functions}).encode())
     try:
