@@ -43,7 +43,10 @@ ESCAPES = {
         """),
     # Audit hooks do not follow code into a subinterpreter.
     "subinterpreter": textwrap.dedent("""\
-        import _xxsubinterpreters as interpreters
+        try:
+            import _xxsubinterpreters as interpreters
+        except ImportError:
+            import _interpreters as interpreters  # Python 3.13 and later
         interp = interpreters.create()
         interpreters.run_string(interp, "ACTION = " + repr(ACTION) + "\\nexec(ACTION)\\n"
                                 "open('/tmp/outcome', 'w').write(str(result))")
@@ -120,6 +123,12 @@ def listener() -> Iterator[tuple[int, list[bytes]]]:
 
 
 @pytest.mark.parametrize("escape", sorted(ESCAPES))
+def test_each_escape_really_runs_its_action(escape: str) -> None:
+    """The escapes below fail because the sandbox stops them, not because the trick itself broke."""
+    assert _run(escape, "import sys\nresult = 'ran on ' + sys.platform", "ran on linux")
+
+
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
 def test_an_escape_cannot_read_a_host_file(escape: str, tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text(SECRET)
@@ -174,8 +183,9 @@ def test_a_solution_cannot_forge_a_pass() -> None:
         "    def __repr__(self):\n        return 'Anything()'\n"
         "def add(a, b):\n    return Anything()\n",
         # Reach the judge through /proc: it is in another PID namespace.
-        "import os, signal\nfor pid in os.listdir('/proc'):\n    if pid.isdigit() and int(pid) > 2:\n"
-        "        os.kill(int(pid), signal.SIGKILL)\n"
+        "import os, signal\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n    try:\n"
+        "        if b'judge' in open('/proc/' + pid + '/cmdline', 'rb').read() and int(pid) != os.getpid():\n"
+        "            os.kill(int(pid), signal.SIGKILL)\n    except OSError:\n        pass\n"
         "def add(a, b):\n    return 0\n",
     ]
     tests = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\nassert add(10, 5) == 15\n"
