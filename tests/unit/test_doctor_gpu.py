@@ -165,16 +165,24 @@ def test_fabric_registration_that_failed_is_a_problem(monkeypatch: pytest.Monkey
     assert any(f.topic == "fabric" and "completed with error" in f.message for f in report.problems)
 
 
-def test_nvswitch_without_fabric_state_asks_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    # As measured on the H200 machine: links to NVSwitches, fabric state NOT_SUPPORTED. CUDA's own
-    # cuInit answer decides (802 = the fabric manager is missing); this machine has no libcuda.
+@pytest.mark.parametrize(("cuinit", "level", "says"), [
+    (802, "problem", "CUDA answers error 802 (system not ready)"),
+    (0, "ok", "NVML shows no fabric state and CUDA starts"),
+    (None, "warn", "libcuda cannot be loaded here"),
+])
+def test_nvswitch_without_fabric_state_asks_cuda(monkeypatch: pytest.MonkeyPatch, cuinit: int | None,
+                                                 level: str, says: str) -> None:
+    # As measured on the H200 machine: links to NVSwitches, fabric state NOT_SUPPORTED (a VM whose host
+    # runs the fabric manager), cuInit 0. cuInit's answer decides: 802 = no fabric manager.
     install_nvml(monkeypatch, [hgx_h200((pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, pynvml.NVML_SUCCESS))],
                  "580.159.04")
+    monkeypatch.setattr(gpu_probe, "cuda_init_error", lambda: cuinit)
     (gpu,) = probe_gpus()
     assert gpu.nvswitch and gpu.fabric_state is None
-    if gpu_probe.cuda_init_error() is None:
-        (fabric,) = [f for f in diagnose(Options(profile="gpu96")).findings if f.topic == "fabric"]
-        assert fabric.level == "warn" and "nvidia-fabricmanager of driver branch 580" in fabric.message
+    (fabric,) = [f for f in diagnose(Options(profile="gpu96")).findings if f.topic == "fabric"]
+    assert fabric.level == level and says in fabric.message
+    if level == "problem":
+        assert "install and start nvidia-fabricmanager of driver branch 580" in fabric.message
 
 
 def test_real_nvml_probe_never_raises_anything_but_nogpu() -> None:

@@ -145,13 +145,24 @@ def _check_fabric(report: Report, gpus: list[GpuInfo]) -> None:
     elif states:
         report.add("problem", "fabric", f"NVSwitch fabric state {', '.join(states)}: CUDA fails with error 802 "
                                         f"until the fabric manager has registered every GPU; fix: {fix}")
-    elif gpu_probe.cuda_init_error() == CUDA_ERROR_SYSTEM_NOT_READY:
+    else:
+        _check_fabric_through_cuda(report, branch, fix)
+
+
+def _check_fabric_through_cuda(report: Report, branch: str, fix: str) -> None:
+    """NVSwitch links but no fabric state in NVML (GPUs before Hopper, or a VM whose host runs the fabric
+    manager): whether CUDA starts says whether the fabric is up."""
+    error = gpu_probe.cuda_init_error()
+    if error == CUDA_ERROR_SYSTEM_NOT_READY:
         report.add("problem", "fabric", f"GPUs linked through NVSwitches and CUDA answers error 802 (system not "
                                         f"ready): the fabric manager is not running; fix: {fix}")
+    elif error == 0:
+        report.add("ok", "fabric", "GPUs linked through NVSwitches; NVML shows no fabric state and CUDA starts")
     else:
-        report.add("warn", "fabric", f"GPUs linked through NVSwitches; NVML shows no fabric state for this GPU "
-                                     f"generation: CUDA fails with error 802 unless nvidia-fabricmanager of "
-                                     f"driver branch {branch} runs")
+        why = "libcuda cannot be loaded here" if error is None else f"cuInit answers {error}"
+        report.add("warn", "fabric", f"GPUs linked through NVSwitches; NVML shows no fabric state and {why}: "
+                                     f"CUDA fails with error 802 unless nvidia-fabricmanager of driver branch "
+                                     f"{branch} runs")
 
 
 def _check_checkpoint(report: Report, profile: Profile | None, settings: ServeSettings,
