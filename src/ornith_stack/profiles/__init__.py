@@ -115,6 +115,7 @@ def _inject_engine_image(data: dict[str, Any], path: Path) -> None:
         raise UserError(f"{path}: engine {engine.get('kind')} {engine.get('version')} has no image pin in {_IMAGES}")
     engine["image"] = pins["image"]
     engine.setdefault("python_pins", pins.get("python_pins", {}))
+    engine.setdefault("nvidia_require_cuda", pins.get("nvidia_require_cuda"))
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
