@@ -10,9 +10,33 @@
 #      command the entrypoint asks launch-args itself) with the words of $ORNITH_EXTRA_ARGS appended
 #      (shell-quoted, e.g. ORNITH_EXTRA_ARGS='--max-num-seqs 8 --served-model-name "my model"').
 #      ORNITH_DRY_RUN=1 prints that argv as one JSON list instead of executing it.
+#   The log line before exec shows the argv with secrets (--api-key VALUE, hf_... tokens) redacted;
+#   better still, pass secrets in the environment (VLLM_API_KEY, HF_TOKEN) rather than as flags.
 set -euo pipefail
 
 say() { printf 'ornith-entrypoint: %s\n' "$*" >&2; }
+# The argv as one shell-quoted line for the log, with secrets replaced by <redacted>: the value of a
+# secret flag (--api-key, --admin-api-key, --hf-token, --*-token, --*-secret, --*-password; as the next
+# word or after "="), and anything shaped like a Hugging Face token (hf_...).
+redacted() {
+  python3 - "$@" <<'PY'
+import re, shlex, sys
+SECRET_FLAG = re.compile(r"--?(?:[\w-]*-)?(?:api-keys?|token|secret|password|passwd)", re.IGNORECASE)
+HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
+out, hide_next = [], False
+for word in sys.argv[1:]:
+    flag, eq, _ = word.partition("=")
+    if hide_next:
+        out.append("<redacted>")
+        hide_next = False
+    elif SECRET_FLAG.fullmatch(flag):
+        out.append(f"{flag}=<redacted>" if eq else word)
+        hide_next = not eq
+    else:
+        out.append(HF_TOKEN.sub("<redacted>", word))
+print(shlex.join(out))
+PY
+}
 is_on() { case "${1:-}" in 1|true|yes|on) return 0 ;; *) return 1 ;; esac; }
 
 profile="${ORNITH_PROFILE:-}"
@@ -50,7 +74,8 @@ fi
 if [[ -n ${ORNITH_EXTRA_ARGS:-} ]]; then
   # Split like a shell would (quotes respected), without evaluating anything.
   if ! python3 -c 'import shlex, sys; shlex.split(sys.argv[1])' "$ORNITH_EXTRA_ARGS" 2>/dev/null; then
-    say "refusing to start: ORNITH_EXTRA_ARGS has unbalanced quotes: $ORNITH_EXTRA_ARGS"
+    # Not echoed: it may carry a secret (--api-key).
+    say "refusing to start: ORNITH_EXTRA_ARGS has unbalanced quotes (check its ' and \" pairs)"
     exit 2
   fi
   mapfile -d '' -t extra < <(python3 -c \
@@ -62,5 +87,5 @@ if is_on "${ORNITH_DRY_RUN:-}"; then
   python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
   exit 0
 fi
-say "profile $profile: exec $*"
+say "profile $profile: exec $(redacted "$@")"
 exec "$@"
