@@ -62,6 +62,9 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 securityContext: {{- toYaml $v.engine.podSecurityContext | nindent 2 }}
+{{- with $v.engine.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
 {{- with $v.engine.nodeSelector }}
 nodeSelector: {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -145,6 +148,9 @@ containers:
         mountPath: /home/ornith
       - name: tmp
         mountPath: /tmp
+{{- with $v.engine.extraVolumeMounts }}
+{{ toYaml . | indent 6 }}
+{{- end }}
 {{- if and $leader $v.exporter.enabled (eq (include "ornith.exporterMode" $root) "sidecar") }}
 {{ include "ornith.exporterContainer" (dict "root" $root "targets" (list (printf "http://127.0.0.1:%d" (int $v.engine.port)))) | indent 2 }}
 {{- end }}
@@ -164,4 +170,7 @@ volumes:
     emptyDir: {}
   - name: tmp
     emptyDir: {}
+{{- with $v.engine.extraVolumes }}
+{{ toYaml . | indent 2 }}
+{{- end }}
 {{- end }}
