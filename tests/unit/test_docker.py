@@ -253,3 +253,18 @@ def test_entrypoint_without_a_command_runs_the_profiles_launch_args() -> None:
     result = _entrypoint(ORNITH_PROFILE="gb300x2", ORNITH_SKIP_DOCTOR="1", ORNITH_DRY_RUN="1")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == launch_args(load_profile("gb300x2"))
+
+
+def test_host_mode_exporter_listens_on_loopback_unless_told_otherwise() -> None:
+    # `ornith-stack exporter` run on a host (no container) must not expose /metrics to the network by
+    # default; the images pass --listen :9400 explicitly (the port is published on loopback by compose).
+    proc = subprocess.Popen([BIN / "ornith-stack", "exporter", "--target", "http://127.0.0.1:9"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline() if proc.stderr else ""
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert first.startswith("ornith-stack exporter on 127.0.0.1:9400/metrics"), first
+    image_cmd = (DOCKER / "exporter.Dockerfile").read_text().rsplit("\nCMD ", 1)[1]
+    assert json.loads(image_cmd)[-2:] == ["--listen", ":9400"]

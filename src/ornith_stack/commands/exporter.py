@@ -18,7 +18,10 @@ def register(app: typer.Typer) -> None:
     def exporter_cmd(
         # Optional for typer so that a missing --target is our one-line error, not a usage traceback.
         target: Annotated[list[str] | None, typer.Option("--target", help="Engine base URL; repeat for several.")] = None,
-        listen: Annotated[str, typer.Option(help="[HOST]:PORT to serve /metrics on.")] = ":9400",
+        # Loopback by default: a host-mode exporter is not reachable from the network unless asked
+        # (containers pass --listen :9400, and publish the port on loopback themselves).
+        listen: Annotated[str, typer.Option(help="[HOST]:PORT to serve /metrics on; :PORT for every address.")
+                          ] = "127.0.0.1:9400",
         profile: Annotated[str | None, typer.Option(help="Profile the targets run (labels, draft).")] = None,
         canary: Annotated[bool, typer.Option("--canary", help="Send a known-answer request periodically.")] = False,
         canary_interval: Annotated[float, typer.Option(help="Seconds between canary requests.")] = 30.0,
