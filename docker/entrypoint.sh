@@ -83,6 +83,32 @@ if [[ -n ${ORNITH_EXTRA_ARGS:-} ]]; then
   set -- "$@" "${extra[@]}"
 fi
 
+# HF_HUB_OFFLINE unset or empty: go offline when every Hub model the command names (--model,
+# --model-path, `serve MODEL`, the draft, at their --revision) is already in the Hugging Face cache, so that
+# a restart loads exactly what the first start downloaded and never re-resolves `main` against the Hub.
+# HF_HUB_OFFLINE=0 keeps the Hub; 1 is always offline (Ansible sets it after downloading the pinned revision).
+if [[ -z ${HF_HUB_OFFLINE:-} ]] && cached=$(python3 - "$@" 2>/dev/null <<'PY'
+import json, os, sys
+from huggingface_hub import try_to_load_from_cache
+
+argv = sys.argv[1:]
+value = {w: argv[i + 1] for i, w in enumerate(argv[:-1]) if w.startswith("--")}
+models = [(value.get("--model") or value.get("--model-path") or
+           (argv[argv.index("serve") + 1] if "serve" in argv[:-1] else None), value.get("--revision"))]
+models.append((value.get("--speculative-draft-model-path"), value.get("--speculative-draft-model-revision")))
+spec = json.loads(value.get("--speculative-config", "{}") or "{}")
+models.append((spec.get("model"), spec.get("revision")))
+repos = [(m, r or "main") for m, r in models if m and not m.startswith(("/", ".")) and not os.path.exists(m)
+         and m.count("/") == 1]
+if not repos or not all(isinstance(try_to_load_from_cache(m, "config.json", revision=r), str) for m, r in repos):
+    sys.exit(1)
+print(" ".join(f"{m}@{r}" for m, r in repos))
+PY
+); then
+  export HF_HUB_OFFLINE=1
+  say "$cached already in the Hugging Face cache: HF_HUB_OFFLINE=1 (set HF_HUB_OFFLINE=0 to re-resolve on the Hub)"
+fi
+
 if is_on "${ORNITH_DRY_RUN:-}"; then
   python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
   exit 0

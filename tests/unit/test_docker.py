@@ -268,3 +268,54 @@ def test_host_mode_exporter_listens_on_loopback_unless_told_otherwise() -> None:
     assert first.startswith("ornith-stack exporter on 127.0.0.1:9400/metrics"), first
     image_cmd = (DOCKER / "exporter.Dockerfile").read_text().rsplit("\nCMD ", 1)[1]
     assert json.loads(image_cmd)[-2:] == ["--listen", ":9400"]
+
+
+def _hf_cache_with(tmp_path: Path, repo: str, revision: str = "main") -> Path:
+    """A Hugging Face cache (HF_HOME) holding `repo` at `revision`, laid out as huggingface_hub writes it."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    folder = tmp_path / "hub" / f"models--{repo.replace('/', '--')}"
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    (folder / "snapshots" / commit / "config.json").write_text("{}")
+    (folder / "refs").mkdir()
+    (folder / "refs" / revision).write_text(commit)
+    return tmp_path
+
+
+PRINT_OFFLINE = ("sh", "-c", 'echo "offline=$HF_HUB_OFFLINE"', "engine")
+
+
+@pytest.mark.parametrize(("command", "offline"), [
+    (["--model", "org/model"], "1"),
+    (["serve", "org/model"], "1"),
+    (["--model-path", "org/model", "--revision", "v2"], ""),  # another revision: not in the cache
+    (["--model-path", "org/model", "--speculative-draft-model-path", "org/draft"], ""),  # draft missing
+    (["--model", "org/other"], ""),
+])
+def test_entrypoint_loads_offline_once_the_model_is_in_the_cache(
+    tmp_path: Path, command: list[str], offline: str
+) -> None:
+    # A restart must load exactly what the first start downloaded, without re-resolving `main` on the Hub.
+    home = _hf_cache_with(tmp_path, "org/model")
+    result = _entrypoint(*PRINT_OFFLINE, *command, ORNITH_PROFILE="gpu96", ORNITH_SKIP_DOCTOR="1",
+                         HF_HOME=str(home))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"offline={offline}"
+    assert ("HF_HUB_OFFLINE=1" in result.stderr) == (offline == "1")
+
+
+@pytest.mark.parametrize("setting", ["0", "1"])
+def test_entrypoint_keeps_an_explicit_hf_hub_offline(tmp_path: Path, setting: str) -> None:
+    result = _entrypoint(*PRINT_OFFLINE, "--model", "org/model", ORNITH_PROFILE="gpu96", ORNITH_SKIP_DOCTOR="1",
+                         HF_HOME=str(_hf_cache_with(tmp_path, "org/model")), HF_HUB_OFFLINE=setting)
+    assert result.stdout.strip() == f"offline={setting}"
+
+
+@pytest.mark.parametrize("name", profile_names())
+def test_compose_passes_hf_hub_offline_and_the_profiles_revision(name: str) -> None:
+    engine = _compose(name)["services"]["engine"]
+    profile = load_profile(name)
+    # A profile that fixes it (cpu-demo: the model is baked into the image) keeps its value.
+    expected = str(profile.serve.env.get("HF_HUB_OFFLINE", "${HF_HUB_OFFLINE:-}"))
+    assert engine["environment"]["HF_HUB_OFFLINE"] == expected
+    if profile.model.revision != "main":
+        assert engine["command"][engine["command"].index("--revision") + 1] == profile.model.revision
