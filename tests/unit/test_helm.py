@@ -616,3 +616,27 @@ def test_exporter_image_is_a_documented_value_with_its_build_and_push_command() 
     assert "published in no registry" not in render_manifests(pushed)["ornith/templates/NOTES.txt"]
     exporter = next(d for d in render(pushed) if d["metadata"]["name"] == "ornith-exporter")
     assert container(exporter["spec"]["template"]["spec"], "exporter")["image"] == f"registry.example/{pin}"
+
+
+@pytest.mark.parametrize("case", ["values-gpu96.yaml", "ci/gb300x2-two-nodes-lws.yaml"])
+def test_engine_loads_the_revision_the_download_job_fetched(case: str) -> None:
+    # Offline (HF_HUB_OFFLINE=1), a commit or tag has no refs/main in the cache: the engine must be told the
+    # revision the Job downloaded, or it fails to start (and with the Hub reachable it would load `main`).
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    objects = tuple(render(merge(case_values(case), {"model": {"revision": commit}})))
+    (job,) = find(objects, "Job")
+    assert literal_env(container(job["spec"]["template"]["spec"], "download"))["MODEL_REVISION"] == commit
+    for role, spec in engine_pod_specs(objects).items():
+        engine = container(spec, "engine")
+        assert literal_env(engine)["HF_HUB_OFFLINE"] == "1"
+        args = engine["args"]
+        assert args[args.index("--revision") + 1] == commit, role
+    # At `main` the profile's own flags are unchanged (test_engine_args_equal_launch_args).
+    assert "--revision" not in container(engine_pod_specs(rendered(case))["single" if "lws" not in case else "leader"], "engine")["args"]
+
+
+def test_a_revision_that_contradicts_the_profiles_flags_is_refused() -> None:
+    values = case_values("values-gpu96.yaml")
+    values = merge(values, {"engine": {"args": [*values["engine"]["args"], "--revision", "v1.0"]},
+                            "model": {"revision": "v2.0"}})
+    assert "model.revision (v2.0) differs from the profile's --revision v1.0" in render_error(values)

@@ -100,7 +100,12 @@ containers:
     image: {{ include "ornith.engineImage" $root | quote }}
     imagePullPolicy: {{ $v.engine.image.pullPolicy }}
 {{- $multi := gt (int $v.engine.nodes) 1 }}
-{{- $args := concat $v.engine.args (ternary $v.engine.multiNode.args list $multi) $v.engine.extraArgs }}
+{{- /* The engine loads the revision the download Job fetched (offline, a commit or tag has no refs/main). */}}
+{{- $profileArgs := $v.engine.args }}
+{{- if and (ne $v.model.revision "main") (not (has "--revision" $profileArgs)) }}
+{{- $profileArgs = concat $profileArgs (list "--revision" $v.model.revision) }}
+{{- end }}
+{{- $args := concat $profileArgs (ternary $v.engine.multiNode.args list $multi) $v.engine.extraArgs }}
 {{- if $leader }}
     command: {{ required "engine.command is required (generated values-<profile>.yaml sets it)" $v.engine.command | toJson }}
     args: {{ $args | toJson }}
