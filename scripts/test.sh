@@ -28,6 +28,11 @@ if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
   systemctl stop prometheus 2>/dev/null || pkill -x prometheus 2>/dev/null || true
 fi
 
+step "Compose v2 (docker compose: the README's command) from Debian trixie, beside docker-compose v1"
+if [[ $EUID -eq 0 ]] && command -v docker >/dev/null; then
+  scripts/install-compose-v2.sh "$ORNITH_CACHE_DIR/compose-v2"
+fi
+
 step "Python environment (.venv) with ornith-stack and its dev tools"
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
