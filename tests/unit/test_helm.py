@@ -436,11 +436,11 @@ def test_crd_schemas_reject_unknown_fields() -> None:
 
 
 def test_every_value_is_documented_where_declared() -> None:
-    from ornith_stack.generate.helm_chart import values_docs
+    from ornith_stack.generate import helm_values
 
-    docs = values_docs((CHART / "values.yaml").read_text())
-    assert len(docs) > 50
-    assert [d.key for d in docs if not d.description] == []
+    rows = [row for v in helm_values.parse((CHART / "values.yaml").read_text()) for row in v.documented_leaves]
+    assert len(rows) > 50
+    assert [r.path for r in rows if not r.description] == []
 
 
 def test_service_monitor_jobs_are_those_the_rules_select() -> None:
