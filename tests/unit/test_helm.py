@@ -476,3 +476,22 @@ def test_packaged_chart_carries_its_files_and_renders(tmp_path: Path) -> None:
     with helm.Chart.load(archive) as packaged:
         manifests = packaged.render(values=read_yaml("values-gpu96.yaml"), name=RELEASE, namespace=NAMESPACE)
     assert "kind: PrometheusRule" in manifests["ornith/templates/prometheusrule.yaml"]
+
+
+@pytest.mark.parametrize("case", ["values-gpu96.yaml", "ci/gb300x2-two-4gpu-nodes.yaml"])
+def test_every_engine_pod_carries_the_labels_role_and_annotations(case: str) -> None:
+    """engine.podLabels and engine.podAnnotations reach the Deployment's pods and both LeaderWorkerSet
+    templates, each pod labelled with its role."""
+    values = deep_merge(case_values(case), {"engine": {"podLabels": {"team": "llm"},
+                                                       "podAnnotations": {"example.com/owner": "ops"}}})
+    objects = render(values)
+    templates = [(o["spec"]["template"]["metadata"], "leader") for o in objects if o["kind"] == "Deployment"
+                 and o["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"]
+    for lws in (o for o in objects if o["kind"] == "LeaderWorkerSet"):
+        spec = lws["spec"]["leaderWorkerTemplate"]
+        templates += [(spec["leaderTemplate"]["metadata"], "leader"), (spec["workerTemplate"]["metadata"], "worker")]
+    assert templates
+    for metadata, role in templates:
+        assert metadata["labels"]["team"] == "llm" and metadata["labels"]["ornith.ai/role"] == role
+        assert metadata["labels"]["app.kubernetes.io/component"] == "engine"
+        assert metadata["annotations"] == {"example.com/owner": "ops"}
