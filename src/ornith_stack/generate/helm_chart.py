@@ -74,7 +74,7 @@ SCENARIOS = (
         name="gb300x2-two-4gpu-nodes",
         profile="gb300x2",
         description="The 122B split over two 4-GPU GB300 nodes: tp 8 as one LeaderWorkerSet group of 2 pods.",
-        overrides={"serve.args.tp": "8"},
+        overrides={"serve.args.tp-size": "8"},
         values={
             "engine": {"nodes": 2, "gpusPerNode": 4},
             "modelCache": {"accessModes": ["ReadWriteMany"], "storageClassName": "shared-nfs"},

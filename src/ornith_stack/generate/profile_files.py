@@ -9,6 +9,7 @@ from typing import Any
 from ornith_stack.engines import adapter_for
 from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, with_header
 from ornith_stack.profiles import images, load_profile, profile_names
+from ornith_stack.profiles.images import parse_image
 from ornith_stack.profiles.model import Profile
 
 # Placeholders for values an operator must supply at deploy time (a model the seed does not name).
@@ -59,6 +60,7 @@ def template_context(profile: Profile, style: str) -> dict[str, Any]:
         "engine_args": argv[3:],
         "missing": {w: ref.missing_hint for w, ref in refs.items() if ref is not None and not ref.repo},
         "images": images(),
+        "image_ref": parse_image,
     }
 
 

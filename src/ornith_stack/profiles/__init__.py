@@ -73,10 +73,7 @@ def require_repo(profile: Profile, which: str = "model") -> str:
     if ref is None or ref.repo:
         return ref.repo if ref else ""
     hint = ref.missing_hint or "the seed does not name this repository"
-    raise UserError(
-        f"profile {profile.name!r}: {which}.repo is required ({hint}); "
-        f"pass --set {which}.repo=OWNER/NAME"
-    )
+    raise UserError(f"profile {profile.name!r}: {which}.repo is required ({hint}); pass --set {which}.repo=OWNER/NAME")
 
 
 @cache
@@ -115,11 +112,10 @@ def _inject_engine_image(data: dict[str, Any], path: Path) -> None:
         return
     pins = images()["engines"].get(engine.get("kind"), {}).get(str(engine.get("version")))
     if pins is None:
-        raise UserError(
-            f"{path}: engine {engine.get('kind')} {engine.get('version')} has no image pin in {_IMAGES}"
-        )
+        raise UserError(f"{path}: engine {engine.get('kind')} {engine.get('version')} has no image pin in {_IMAGES}")
     engine["image"] = pins["image"]
     engine.setdefault("python_pins", pins.get("python_pins", {}))
+    engine.setdefault("nvidia_require_cuda", pins.get("nvidia_require_cuda"))
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
