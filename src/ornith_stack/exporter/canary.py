@@ -88,9 +88,9 @@ def stream_chat(client: httpx.Client, url: str, body: dict, timeout: float) -> S
             # Time every chunk that carries output: a token may decode to no text on its own
             # (a partial UTF-8 sequence), yet it was generated.
             for choice in chunk.get("choices") or []:
-                delta = (choice.get("delta") if isinstance(choice, dict) else None) or {}
+                delta = choice.get("delta") if isinstance(choice, dict) else None
                 if not isinstance(delta, dict):
-                    raise ValueError("a stream choice without a delta object")
+                    raise ValueError(f"a stream choice without a delta object: {line[:80]!r}")
                 last = time.monotonic()
                 first = first or last
                 chunks += 1

@@ -136,12 +136,12 @@ SCRAPE_ERRORS = _m("ornith_exporter_scrape_errors", "counter", "scrapes", (*TARG
 ENGINE_RESTARTS = _m("ornith_exporter_engine_restarts", "counter", "restarts", TARGET, "self",
                      "Times the engine's counters went down between two scrapes by this exporter (a restart).")
 SKIPPED_SAMPLES = _m("ornith_exporter_skipped_samples", "counter", "samples", (*TARGET, "reason"), "self",
-                     "Engine samples left out of the unified metrics, by reason: non_finite_bucket (a histogram "
-                     "bucket whose le is NaN or -Inf drops that histogram of that target).")
+                     "Engine samples left out of the unified metrics, by reason: bad_bucket (a histogram bucket "
+                     "whose le is not a number, NaN or -Inf, or whose count is not finite).")
 
 # Bounded label values: every `reason` the exporter can emit.
 ERROR_REASONS = ("timeout", "connect", "http_status", "too_large", "not_exposition", "unknown_engine", "internal")
-SKIP_REASONS = ("non_finite_bucket",)
+SKIP_REASONS = ("bad_bucket",)
 CANARY_OUTCOMES = ("correct", "wrong", "failed")
 # Draft positions beyond this are not exported (bounded labels even if an engine misbehaves).
 MAX_POSITIONS = 64
