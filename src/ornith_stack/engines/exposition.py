@@ -130,7 +130,7 @@ def _parse_line(line: str, number: int, name_wanted: frozenset[str]) -> tuple[st
         pos = closed.end()
     rest = line[pos:]
     words = rest.split()
-    if not rest[:1] in (" ", "\t") or not 1 <= len(words) <= 2 or (len(words) == 2 and not _is_int(words[1])):
+    if rest[:1] not in (" ", "\t") or not 1 <= len(words) <= 2 or (len(words) == 2 and not _is_int(words[1])):
         raise _bad(number, line)
     try:
         return name, labels, float(words[0])

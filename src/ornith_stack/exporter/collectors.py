@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric as Family
@@ -21,7 +22,7 @@ from ornith_stack.exporter.scrape import Result, Scraper, TargetState
 Families = Iterator[Family]
 
 
-def family(metric: C.Metric) -> GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily:
+def family(metric: C.Metric) -> Any:  # a Gauge-, Counter- or HistogramMetricFamily, by the metric's kind
     """An empty family for a catalogue entry: name, help, type and labels come from the catalogue only."""
     cls = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily}[metric.kind]
     return cls(metric.name, metric.help, labels=list(metric.labels))
@@ -54,9 +55,9 @@ def collect_figures(results: Sequence[Result]) -> Families:
         labels = engine_labels(r)
         for name, rows in r.values.items():
             for extra, value in rows:
-                families[name].add_metric([*labels, *extra], value)  # type: ignore[call-arg]
+                families[name].add_metric([*labels, *extra], value)
         for name, (buckets, total) in r.histograms.items():
-            families[name].add_metric(labels, buckets, total)  # type: ignore[call-arg]
+            families[name].add_metric(labels, buckets, total)
     yield from families.values()
 
 

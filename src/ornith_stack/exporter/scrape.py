@@ -188,14 +188,13 @@ class Scraper:
     def _remember(self, state: TargetState, adapter: EngineAdapter, info: EngineInfo, result: Result,
                   skipped: dict[str, int]) -> None:
         counters = tuple(_first(result.values.get(m.name)) for m in RESTART_COUNTERS)
+        known: EngineInfo | None = info
         with state.lock:
             if adapter is state.adapter and any(
                     now < before for now, before in zip(counters, state.last_counters, strict=False)):
                 state.restarts += 1
-                info = None  # a restart may be an upgrade: ask the version again
-            if adapter is not state.adapter:  # a new engine, or one that flipped between kinds
-                state.adapter, state.last_counters = adapter, ()
-            state.info, state.last_counters = info, counters  # type: ignore[assignment]
+                known = None  # a restart may be an upgrade: ask the version again
+            state.adapter, state.info, state.last_counters = adapter, known, counters
             for reason, count in skipped.items():
                 state.skipped[reason] = state.skipped.get(reason, 0) + count
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import html
-import math
 import json
+import math
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
