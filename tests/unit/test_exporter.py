@@ -30,6 +30,7 @@ from ornith_stack.engines.exposition import parse
 from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.canary import Canary
+from ornith_stack.exporter.collectors import ExporterCollector, render
 from ornith_stack.exporter.scrape import Scraper, Target
 from ornith_stack.exporter.server import Settings, build_app, normalise_target, parse_listen, serve
 
@@ -113,13 +114,8 @@ def vllm_text(drafts: float, draft_tokens: float, accepted: float, per_pos: list
 
 
 def exporter_text(scraper: Scraper, canary: Canary | None = None) -> str:
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from ornith_stack.exporter.collectors import ExporterCollector
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExporterCollector(scraper, canary))
-    return generate_latest(registry).decode()
+    """One exporter answer, rendered as /metrics renders it."""
+    return render(ExporterCollector(scraper, canary).collect()).decode()
 
 
 def value(text: str, name: str, **labels: str) -> float | None:

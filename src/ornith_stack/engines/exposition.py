@@ -81,11 +81,16 @@ def _matches(labels: dict[str, str], match: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in match.items())
 
 
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-# One label pair and what follows it up to the next pair or the closing brace. Each part matches one way
-# only, so a line that fails to match is rejected after one pass over it (no backtracking blow-up).
-_PAIR = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"[ \t]*(,?)[ \t]*')
-_CLOSE = re.compile(r"[ \t]*\}")
+# One sample line. Every quantifier is possessive (Python 3.11): once a part has matched it never gives
+# characters back, so a line is accepted or rejected in one left-to-right pass, however long it is.
+_VALUE_TEXT = r'"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"'
+_PAIR_TEXT = r"[ \t]*+[a-zA-Z_][a-zA-Z0-9_]*+[ \t]*+=[ \t]*+" + _VALUE_TEXT + r"[ \t]*+"
+_LINE = re.compile(
+    r"([a-zA-Z_:][a-zA-Z0-9_:]*+)"  # sample name
+    r"(\{(?:" + _PAIR_TEXT + r"(?:," + _PAIR_TEXT + r")*+,?+)?+[ \t]*+\})?+"  # labels
+    r"[ \t]++(\S++)(?:[ \t]++-?[0-9]++)?+[ \t]*+"  # value and optional timestamp
+)
+_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*+)[ \t]*+=[ \t]*+"([^"\\\n]*+(?:\\.[^"\\\n]*+)*+)"')
 _ESCAPE = re.compile(r'\\[\\"n]')
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 # Lines between two looks at the clock while parsing against a deadline.
@@ -97,50 +102,26 @@ def _parse_kept(text: str, keep: frozenset[str], deadline: float | None) -> Samp
         # The format ends every line, the last included, with a line feed: a missing one is a cut body.
         raise UserError("not Prometheus exposition text: the body ends mid-line (truncated)")
     samples = Samples()
+    match_line = _LINE.fullmatch
     for number, line in enumerate(text.split("\n"), 1):
         if deadline is not None and number % _CLOCK_EVERY == 0 and time.monotonic() > deadline:
             raise TimeoutError(f"parsing not finished by the deadline (line {number})")
-        if not line or line.startswith("#"):
+        if not line or line[0] == "#":
             continue
-        name, labels, value = _parse_line(line, number, name_wanted=keep)
+        match = match_line(line)
+        if match is None:
+            raise UserError(f"not Prometheus exposition text: line {number}: {line[:80]!r}")
+        name, labels, value = match.groups()
+        try:
+            number_value = float(value)
+        except ValueError:
+            raise UserError(f"not Prometheus exposition text: line {number}: bad value {value[:40]!r}") from None
         if name in keep:
-            samples.setdefault(name, []).append(Sample(labels, value))
+            samples.setdefault(name, []).append(Sample(_labels(labels), number_value))
     return samples
 
 
-def _parse_line(line: str, number: int, name_wanted: frozenset[str]) -> tuple[str, dict[str, str], float]:
-    """One sample line as (name, labels, value); labels are unescaped only for names in `name_wanted`."""
-    match = _NAME.match(line)
-    if match is None:
-        raise _bad(number, line)
-    name, pos, labels = match.group(0), match.end(), {}
-    if line.startswith("{", pos):
-        pos += 1
-        closed = _CLOSE.match(line, pos)
-        while closed is None:
-            pair = _PAIR.match(line, pos)
-            if pair is None:
-                raise _bad(number, line)
-            if name in name_wanted:
-                labels[pair.group(1)] = _ESCAPE.sub(lambda m: _UNESCAPE[m.group(0)], pair.group(2))
-            pos = pair.end()
-            closed = _CLOSE.match(line, pos)
-            if closed is None and not pair.group(3):
-                raise _bad(number, line)
-        pos = closed.end()
-    rest = line[pos:]
-    words = rest.split()
-    if rest[:1] not in (" ", "\t") or not 1 <= len(words) <= 2 or (len(words) == 2 and not _is_int(words[1])):
-        raise _bad(number, line)
-    try:
-        return name, labels, float(words[0])
-    except ValueError:
-        raise UserError(f"not Prometheus exposition text: line {number}: bad value {words[0][:40]!r}") from None
-
-
-def _is_int(word: str) -> bool:
-    return word.lstrip("-").isdigit()
-
-
-def _bad(number: int, line: str) -> UserError:
-    return UserError(f"not Prometheus exposition text: line {number}: {line[:80]!r}")
+def _labels(text: str | None) -> dict[str, str]:
+    if not text:
+        return {}
+    return {k: _ESCAPE.sub(lambda m: _UNESCAPE[m.group(0)], v) for k, v in _PAIR.findall(text)}

@@ -132,6 +132,11 @@ class Scraper:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    @staticmethod
+    def keep() -> frozenset[str]:
+        """The sample names the parser indexes for the exporter (what every adapter reads)."""
+        return KEEP
+
     def adapter_of(self, target: Target) -> EngineAdapter | None:
         """The engine adapter of a target, from its last scrape or, if none yet, one fetch of /metrics."""
         state = next(s for s in self.states if s.target == target)

@@ -12,11 +12,11 @@ from socketserver import ThreadingMixIn
 from urllib.parse import urlsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, ProcessCollector
 
 from ornith_stack.errors import UserError
 from ornith_stack.exporter.canary import Canary
-from ornith_stack.exporter.collectors import ExporterCollector
+from ornith_stack.exporter.collectors import ExporterCollector, render
 from ornith_stack.exporter.scrape import Scraper, Target, redact
 
 DEFAULT_PORT = 9400
@@ -94,11 +94,8 @@ def build_app(settings: Settings) -> tuple[Callable, Scraper, Canary | None]:
     process = ProcessCollector(registry=None)
 
     def metrics(environ: dict) -> bytes:
-        # One registry per request: each scrape carries its own deadline and none waits for another.
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(collector.with_budget(scrape_budget(environ)))
-        registry.register(process)
-        return generate_latest(registry)
+        # Each request scrapes with its own deadline and none waits for another.
+        return render([*collector.with_budget(scrape_budget(environ)).collect(), *process.collect()])
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
