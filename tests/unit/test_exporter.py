@@ -22,6 +22,7 @@ from typing import ClassVar
 
 import httpx
 import pytest
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from ornith_stack.cli import main
@@ -498,7 +499,7 @@ def test_concurrent_scrapes_do_not_queue_behind_each_other(engine: FakeEngine) -
 
 def test_prometheus_scrape_timeout_header_shortens_the_deadline(engine: FakeEngine) -> None:
     engine.metrics(vllm_text(1, 4, 2, [1, 1, 0, 0]), delay=5)
-    port = _free_port()
+    port = free_port()
     ready = threading.Event()
     threading.Thread(target=serve, args=(Settings([Target(engine.url)], "127.0.0.1", port, timeout=30), ready),
                      daemon=True).start()
@@ -583,7 +584,7 @@ def test_credentials_in_a_target_url_stay_out_of_everything_shown(caplog: pytest
     secret_url = engine.url.replace("http://", "http://ops:s3cret@")
     dead_url = "http://ops:s3cret@127.0.0.1:9"
     try:
-        settings = Settings([Target(secret_url, "p"), Target(dead_url, "p")], "127.0.0.1", _free_port())
+        settings = Settings([Target(secret_url, "p"), Target(dead_url, "p")], "127.0.0.1", free_port())
         app, scraper, _ = build_app(settings)
         pages = {path: b"".join(app({"PATH_INFO": path}, lambda status, headers: None)).decode()
                  for path in ("/", "/metrics", "/sd/engines")}
@@ -668,7 +669,7 @@ def test_fast_parser_reads_escapes_and_spacing() -> None:
 def test_server_serves_metrics_and_a_landing_page(engine: FakeEngine) -> None:
     engine.metrics((VLLM_CPU / "metrics.txt").read_text())
     ready = threading.Event()
-    port = _free_port()
+    port = free_port()
     settings = Settings([Target(engine.url, "cpu-demo")], "127.0.0.1", port)
     threading.Thread(target=serve, args=(settings, ready), daemon=True).start()
     assert ready.wait(5)
@@ -839,11 +840,3 @@ def test_canary_uses_the_engine_adapters_routes() -> None:
         assert state.success and state.correct
     finally:
         chat.close()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
