@@ -756,6 +756,13 @@ def test_parse_listen(listen: str, expected: tuple[str, int]) -> None:
     assert parse_listen(listen) == expected
 
 
+@pytest.mark.parametrize(("url", "shown"), [
+    ("http://ops:s3cret@engine:8000/v1", "http://engine:8000/v1"), ("http://ops@[::1]:8000", "http://[::1]:8000"),
+    ("http://engine:8000", "http://engine:8000"), ("http://u:p@engine:notaport", "http://engine:notaport")])
+def test_target_urls_are_shown_without_credentials(url: str, shown: str) -> None:
+    assert Target(url).public == shown
+
+
 def test_normalise_target() -> None:
     assert normalise_target("engine:8000/metrics") == "http://engine:8000"
     assert normalise_target("https://h/") == "https://h"
