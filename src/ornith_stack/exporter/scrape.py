@@ -92,6 +92,7 @@ class TargetState:
     info: EngineInfo | None = None
     info_asked_at: int = 0  # scrape number of the last info request
     last_counters: tuple[float, ...] = ()  # to see a restart (counters going down)
+    last_read_at: float = -math.inf  # when the scrape that read last_counters started
     scrapes: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
@@ -182,22 +183,24 @@ class Scraper:
         result = Result(state.target, up=True, duration=0.0, adapter=adapter, info=info,
                         model=adapter.served_model(samples) or info.model or "")
         skipped = read_figures(result, samples)
-        self._remember(state, adapter, info, result, skipped)
+        self._remember(state, adapter, info, result, skipped, start)
         result.duration = time.monotonic() - start
         return result
 
     def _remember(self, state: TargetState, adapter: EngineAdapter, info: EngineInfo, result: Result,
-                  skipped: dict[str, int]) -> None:
+                  skipped: dict[str, int], started: float) -> None:
         counters = tuple(_first(result.values.get(m.name)) for m in RESTART_COUNTERS)
         known: EngineInfo | None = info
         with state.lock:
+            for reason, count in skipped.items():
+                state.skipped[reason] = state.skipped.get(reason, 0) + count
+            if started < state.last_read_at:  # a concurrent scrape that began later already finished
+                return
             if adapter is state.adapter and any(
                     now < before for now, before in zip(counters, state.last_counters, strict=False)):
                 state.restarts += 1
                 known = None  # a restart may be an upgrade: ask the version again
-            state.adapter, state.info, state.last_counters = adapter, known, counters
-            for reason, count in skipped.items():
-                state.skipped[reason] = state.skipped.get(reason, 0) + count
+            state.adapter, state.info, state.last_counters, state.last_read_at = adapter, known, counters, started
 
     def _fetch_metrics(self, target: Target, deadline: float) -> tuple[Samples, EngineAdapter]:
         status, body = http_get(target.url + "/metrics", deadline, MAX_BODY_BYTES)
