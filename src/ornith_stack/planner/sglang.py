@@ -331,8 +331,8 @@ def refuse_tp(shape: ModelShape, tp: int) -> None:
     """SGLang asserts that tp divides the attention heads (models/qwen3_5.py: `total_num_heads %
     attn_tp_size == 0`) and the linear-attention heads (distributed/utils.py `divide`)."""
     for what, n in tp_divisibility(shape, tp):
-        raise UserError(f"--tp {tp}: SGLang refuses it: {n} {what} is not divisible by {tp} "
-                        "(tensor parallelism splits heads evenly); choose a --tp that divides it")
+        raise UserError(f"--tp {tp}: SGLang refuses it: the model's {n} {what} are not divisible by {tp} "
+                        "(tensor parallelism splits heads evenly); choose a --tp that divides them")
 
 
 def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
