@@ -39,6 +39,7 @@ class ServeSettings:
     # "auto", "no_buffer", "extra_buffer"...; None: "auto".
     mamba_radix_cache_strategy: str | None = None
     overlap_schedule: bool = True  # SGLang: --disable-overlap-schedule turns it off
+    language_model_only: bool = False  # vLLM --language-model-only: the vision tower is not loaded
     extra: dict[str, ArgValue] = field(default_factory=dict)
 
 
@@ -122,6 +123,8 @@ class EngineAdapter:
     spec_samples: ClassVar[tuple[str, ...]] = ()
     # Flags added for serving in a container, beyond the seed's: listen address and metrics.
     serving_flags: ClassVar[tuple[str, ...]] = ("host", "port")
+    # The flag that serves a vision-language checkpoint without its vision tower (None: the engine has none).
+    language_only_flag: ClassVar[str | None] = None
 
     def launch_args(self, profile: Profile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
         """The full argv of the engine process for `profile` (python and module first)."""

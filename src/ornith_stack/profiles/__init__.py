@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from ornith_stack.errors import UserError
+from ornith_stack.merge import deep_merge
 from ornith_stack.profiles.model import Profile
 
 DEFAULT_PROFILE = "cpu-demo"
@@ -101,17 +102,7 @@ def _resolve_extends(data: dict[str, Any], path: Path) -> dict[str, Any]:
     base_path = _PROFILE_DIR / "bases" / f"{base_name}.yaml"
     if not base_path.is_file():
         raise UserError(f"{path}: extends {base_name!r}, but {base_path} does not exist")
-    return _merge(_resolve_extends(_read_yaml(base_path), base_path), data)
-
-
-def _merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in overlay.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+    return deep_merge(_resolve_extends(_read_yaml(base_path), base_path), data)
 
 
 def _inject_engine_image(data: dict[str, Any], path: Path) -> None:
@@ -124,6 +115,7 @@ def _inject_engine_image(data: dict[str, Any], path: Path) -> None:
         raise UserError(f"{path}: engine {engine.get('kind')} {engine.get('version')} has no image pin in {_IMAGES}")
     engine["image"] = pins["image"]
     engine.setdefault("python_pins", pins.get("python_pins", {}))
+    engine.setdefault("nvidia_require_cuda", pins.get("nvidia_require_cuda"))
 
 
 def _set_value(key: str, text: str) -> Any:

@@ -1,0 +1,227 @@
+"""Generated files of the Helm chart (helm/ornith/), beyond the per-profile values files.
+
+- `values.schema.json`: the schema source in templates/ with the profile names and engine kinds
+  filled in, so a new profile cannot be missing from the enum.
+- `files/prometheus-rules.yaml` and `files/grafana-dashboards.yaml`: the rule groups and dashboards
+  compose provisions from monitoring/, built here again by the same builders, because Helm reads only
+  files inside the chart (`.Files.Get`).
+- `README.md`: templates/helm-readme.md.j2 with the values table read from the comments of
+  helm/ornith/values.yaml, where every value is documented once.
+- `ci/<scenario>.yaml`: complete values files for test scenarios that change a profile (e.g. the
+  122B split over two 4-GPU nodes at tp 8), rendered through the same template as values-<profile>.yaml.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ornith_stack.engines import ADAPTERS
+from ornith_stack.generate import dashboards, prometheus
+from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, with_header
+from ornith_stack.generate.profile_files import render_profile
+from ornith_stack.merge import deep_merge
+from ornith_stack.profiles import load_profile, profile_names
+
+CHART = "helm/ornith"
+SCHEMA_SOURCE = "src/ornith_stack/templates/helm-values.schema.json"
+README_SOURCE = "src/ornith_stack/templates/helm-readme.md.j2 and helm/ornith/values.yaml"
+RULES_SOURCE = "src/ornith_stack/generate/prometheus.py (the rule groups of monitoring/prometheus/rules/)"
+DASHBOARDS_SOURCE = f"{dashboards.SOURCE} (the dashboards of {dashboards.DASHBOARD_DIR}/)"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A values file for a deployment shape that differs from the profile as shipped."""
+
+    name: str
+    profile: str
+    description: str
+    overrides: dict[str, str] = field(default_factory=dict)  # profile --set overrides
+    values: dict[str, Any] = field(default_factory=dict)  # chart values added after the profile's
+
+
+_MONITORING_RELEASE = {"labels": {"release": "kube-prometheus-stack"}}  # what kube-prometheus-stack selects by
+
+# Deployment shapes the tests render and operators can start from: each becomes a complete values
+# file helm/ornith/ci/<name>.yaml (the profile's values with these on top), usable alone with -f.
+SCENARIOS = (
+    Scenario(
+        name="spark-model-repo",
+        profile="spark",
+        description="The Spark profile, whose seed does not name the model repository: the operator supplies "
+        "it (a stand-in name here) and a token Secret.",
+        values={"model": {"repo": "example-org/Ornith-1.0-35B"}, "hfToken": {"secretName": "hf-token"}},
+    ),
+    Scenario(
+        name="gb300x2-two-nodes-lws",
+        profile="gb300x2",
+        description="Tensor parallelism across nodes with the profile's own flags: tp 2 over two single-GPU "
+        "nodes as a LeaderWorkerSet, two such groups behind one Service.",
+        values={
+            "engine": {"nodes": 2, "gpusPerNode": 1, "replicas": 2,
+                       "resources": {"requests": {"cpu": "16", "memory": "256Gi"}, "limits": {"memory": "480Gi"}}},
+            "modelCache": {"accessModes": ["ReadWriteMany"], "storageClassName": "shared-nfs", "size": "600Gi"},
+            "hfToken": {"secretName": "hf-token"},
+            "monitoring": {"serviceMonitor": _MONITORING_RELEASE, "prometheusRule": _MONITORING_RELEASE},
+        },
+    ),
+    Scenario(
+        name="gb300x2-two-4gpu-nodes",
+        profile="gb300x2",
+        description="The 122B split over two 4-GPU GB300 nodes: tp 8 as one LeaderWorkerSet group of 2 pods.",
+        overrides={"serve.args.tp-size": "8"},
+        values={
+            "engine": {"nodes": 2, "gpusPerNode": 4},
+            "modelCache": {"accessModes": ["ReadWriteMany"], "storageClassName": "shared-nfs"},
+        },
+    ),
+    Scenario(
+        name="gpu96-data-parallel",
+        profile="gpu96",
+        description="More throughput from three single-GPU copies of the 35B (data parallel) behind one "
+        "Service, spread over nodes, each with its own exporter sidecar.",
+        values={
+            "engine": {
+                "replicas": 3,
+                "extraArgs": ["--log-level", "info"],
+                "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                    "weight": 100,
+                    "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
+                        "matchLabels": {"app.kubernetes.io/component": "engine"}}}}]}},
+            },
+            "modelCache": {"accessModes": ["ReadWriteMany"]},
+            "hfToken": {"secretName": "hf-token"},
+        },
+    ),
+    Scenario(
+        name="a100x2-existing-claim",
+        profile="a100x2",
+        description="A cluster without the Prometheus Operator, weights on an existing claim, the engine image "
+        "from a private registry at a digest (a placeholder digest here).",
+        values={
+            "imagePullSecrets": ["registry-credentials"],
+            "engine": {"image": {"digest": "sha256:" + "0" * 64}},
+            "modelCache": {"existingClaim": "ornith-weights"},
+            "monitoring": {"serviceMonitor": {"enabled": False}, "prometheusRule": {"enabled": False},
+                           "grafanaDashboards": {"enabled": False}},
+        },
+    ),
+)
+
+
+def files(root: Path) -> Iterator[GeneratedFile]:
+    yield GeneratedFile(f"{CHART}/values.schema.json", SCHEMA_SOURCE, _schema)
+    yield GeneratedFile(f"{CHART}/README.md", README_SOURCE, lambda: _readme(root))
+    yield GeneratedFile(f"{CHART}/files/prometheus-rules.yaml", RULES_SOURCE, _rules)
+    yield GeneratedFile(f"{CHART}/files/grafana-dashboards.yaml", DASHBOARDS_SOURCE, _dashboards)
+    for scenario in SCENARIOS:
+        yield GeneratedFile(f"{CHART}/ci/{scenario.name}.yaml", _scenario_source(scenario),
+                            _scenario_builder(scenario))
+
+
+def _schema() -> str:
+    schema = json.loads((TEMPLATES / "helm-values.schema.json").read_text())
+    schema["properties"]["profile"]["enum"] = profile_names()
+    schema["properties"]["engine"]["properties"]["kind"]["enum"] = sorted(ADAPTERS)
+    return with_header(SCHEMA_SOURCE, schema, "json")
+
+
+def _rules() -> str:
+    """Every rule group Prometheus loads in compose, as one PrometheusRule body."""
+    groups = prometheus.recording_rules()["groups"] + prometheus.alert_rules()["groups"]
+    return with_header(RULES_SOURCE, yaml.safe_dump({"groups": groups}, sort_keys=False, width=10_000,
+                                                    allow_unicode=True), "yaml")
+
+
+def _dashboards() -> str:
+    files = {f"{uid}.json": dashboards.text(uid) for uid in dashboards.DASHBOARDS}
+    body = yaml.safe_dump({"dashboards": files}, sort_keys=True, width=10_000, allow_unicode=True)
+    return with_header(DASHBOARDS_SOURCE, body, "yaml")
+
+
+def _scenario_source(scenario: Scenario) -> str:
+    return (f"src/ornith_stack/profiles/{scenario.profile}.yaml, src/ornith_stack/templates/helm-values.yaml.j2 "
+            f"and the scenario {scenario.name!r} in src/ornith_stack/generate/helm_chart.py")
+
+
+def _scenario_builder(scenario: Scenario) -> Callable[[], str]:
+    def build() -> str:
+        profile = load_profile(scenario.profile, scenario.overrides)
+        values = deep_merge(yaml.safe_load(render_profile(profile, "helm-values.yaml.j2", "helm")), scenario.values)
+        sets = "".join(f" --set {k}={v}" for k, v in scenario.overrides.items())
+        return with_header(_scenario_source(scenario), f"# Scenario: {scenario.description}\n"
+                + f"# engine.args equal `ornith-stack launch-args {profile.name}{sets} --json` after the program.\n"
+                + f"# helm install ornith helm/ornith -f helm/ornith/ci/{scenario.name}.yaml\n"
+                + yaml.safe_dump(values, sort_keys=False, width=10_000), "yaml")
+
+    return build
+
+
+@dataclass(frozen=True)
+class ValueDoc:
+    key: str  # dotted path
+    default: str  # JSON
+    description: str
+
+
+# A `key:` line of a values file, with its indentation.
+_KEY = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w.-]*):(\s|$)")
+
+
+def values_docs(text: str) -> list[ValueDoc]:
+    """One row per documented value of a values.yaml: the comment block above a key documents it; a
+    mapping whose children carry no comments of their own is one row (e.g. a security context)."""
+    comments: dict[str, str] = {}
+    stack: list[tuple[int, str]] = []
+    pending: list[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            pending.append(stripped.lstrip("#").strip())
+            continue
+        match = _KEY.match(line)
+        if not match:
+            pending = [] if not stripped else pending
+            continue
+        indent = len(match["indent"])
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([name for _, name in stack] + [match["key"]])
+        stack.append((indent, match["key"]))
+        if pending:
+            comments[path] = " ".join(pending)
+        pending = []
+    rows: list[ValueDoc] = []
+    _rows(yaml.safe_load(text), "", comments, rows)
+    return rows
+
+
+def _rows(node: Any, prefix: str, comments: dict[str, str], rows: list[ValueDoc]) -> None:
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        nested = isinstance(value, dict) and any(c.startswith(path + ".") for c in comments)
+        if nested:
+            _rows(value, path + ".", comments, rows)
+        else:
+            rows.append(ValueDoc(path, json.dumps(value), comments.get(path, "")))
+
+
+def _readme(root: Path) -> str:
+    text = (root / CHART / "values.yaml").read_text()
+    docs = values_docs(text)
+    startup = yaml.safe_load(text)["engine"]["probes"]["startup"]
+    table = ["| key | default | description |", "|---|---|---|"]
+    for doc in docs:
+        cell = doc.description.replace("|", "\\|")
+        table.append(f"| `{doc.key}` | `{doc.default}` | {cell} |")
+    body = environment().get_template("helm-readme.md.j2").render(
+        values_table="\n".join(table), profiles=profile_names(), scenarios=SCENARIOS,
+        startup_minutes=startup["periodSeconds"] * startup["failureThreshold"] // 60)
+    return with_header(README_SOURCE, body, "markdown")
