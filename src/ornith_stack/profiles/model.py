@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ornith_stack.cuda_requirement import CudaRequirement, parse_requirement
 from ornith_stack.profiles.engine_args import engine_arg_problems
 from ornith_stack.profiles.images import ImageRef, parse_image, parse_pinned_image
-from ornith_stack.cuda_requirement import CudaRequirement, parse_requirement
 
 # An engine flag value: a switch (true), a scalar, or a mapping the adapter serialises as JSON
 # (vLLM's --speculative-config takes one).
