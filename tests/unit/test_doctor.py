@@ -143,7 +143,7 @@ def test_one_80_gib_card_for_gpu96_fails_with_the_plan_component() -> None:
     assert any("gpu memory: #0 has 80 GiB" in line for line in lines)
     # The planner's verdict on the real card (seed 000: one 80 GB card is not enough).
     assert any("plan (KV pool)" in line for line in lines)
-    assert any("smallest change that fits: --tp 2" in f.message for f in findings(report, "plan"))
+    assert any("smallest change that fits:" in f.message for f in findings(report, "plan"))
 
 
 # -- checkpoints --------------------------------------------------------------------------------------

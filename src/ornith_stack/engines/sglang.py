@@ -80,10 +80,7 @@ class SglangAdapter(EngineAdapter):
             mamba_ssm_cache_dtype=_str_or_none(first(args, "mamba-ssm-dtype")),
             mamba_full_memory_ratio=_float_or_none(first(args, "mamba-full-memory-ratio")),
             max_mamba_cache_size=_int_or_none(first(args, "max-mamba-cache-size")),
-            # 0.5.17 spells it --mamba-scheduler-strategy, 0.5.21 --mamba-radix-cache-strategy.
-            mamba_extra_buffer=first(args, "mamba-radix-cache-strategy", "mamba-scheduler-strategy")
-            == "extra_buffer",
-            overlap_schedule=not args.get("disable-overlap-schedule", False),
+            **_mamba_strategy(args),
         )
 
     def spec_counters(self, samples: Samples) -> SpecCounters | None:
@@ -121,3 +118,22 @@ class SglangAdapter(EngineAdapter):
         if length is None and ratio is None:
             return None
         return ReportedAcceptance(length=length, ratio=ratio)
+
+
+def _mamba_strategy(args: dict[str, Any]) -> dict[str, bool]:
+    """The mamba radix-cache strategy SGLang resolves, and whether the overlap scheduler stays on.
+
+    0.5.17 spells the flag --mamba-scheduler-strategy (a deprecated alias there), 0.5.21
+    --mamba-radix-cache-strategy; both default to "auto". sglang 0.5.17 `arg_groups/overrides.py`
+    (the post-process after `_MAMBA_EXTRA_BUFFER_ARCHS`, which lists Qwen3_5MoeForConditionalGeneration):
+    with the radix cache on, "auto" becomes "extra_buffer" when the overlap scheduler is on or
+    --page-size > 1, else "no_buffer", which also disables the overlap scheduler. The H200
+    recordings (tests/fixtures/engines/sglang-0.5.17) log mamba_radix_cache_strategy='extra_buffer'.
+    """
+    strategy = first(args, "mamba-radix-cache-strategy", "mamba-scheduler-strategy", default="auto")
+    overlap = not args.get("disable-overlap-schedule", False)
+    if strategy != "auto":
+        return {"mamba_extra_buffer": strategy == "extra_buffer", "overlap_schedule": overlap}
+    radix = not args.get("disable-radix-cache", False)
+    extra = radix and (overlap or (_int_or_none(first(args, "page-size")) or 1) > 1)
+    return {"mamba_extra_buffer": extra, "overlap_schedule": overlap and (extra or not radix)}

@@ -12,10 +12,11 @@ The pool split follows SGLang's KV-cache configurator (`_profile_available_bytes
   DFlash sets --max-running-requests to 48 when it is not given.
 - DFlash verify buffers (`intermediate_ssm_state_cache`): per running request x draft tokens x the
   recurrent state of every gated-delta layer (about 0.94 GiB/request for the 35B at block 16).
-  Where they live depends on the version. Up to 0.5.17 (FACTS 4, seed 000) they come out of the
-  non-static headroom, next to CUDA graphs: that is why seed 000 caps --max-running-requests 4 and
-  --max-total-tokens 40960. Newer configurators (read upstream, used here from 0.5.21) solve the
-  mamba budget jointly for state + intermediate, so they come out of the static pool instead.
+  From 0.5.17 (sglang `mem_cache/kv_cache_configurator.py`, `_handle_max_mamba_cache`, and the
+  H200 recordings in tests/fixtures/engines/sglang-0.5.17) the mamba budget is solved jointly for
+  state + intermediate, with the pool's padding slot on both buffers:
+  (K + 1) x per_req + (min(requested, K / S) + 1) x D x per_req = budget; so they come out of the
+  static pool. Older versions are taken to size them outside it, next to CUDA graphs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ DEFAULT_MEM_FRACTION_STATIC = 0.85  # SGLang picks one by GPU size; 0.85 is what
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 DFLASH_DEFAULT_MAX_RUNNING_REQUESTS = 48
 MAMBA_RATIO = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO
-JOINT_VERIFY_BUDGET_SINCE = (0, 5, 21)
+JOINT_VERIFY_BUDGET_SINCE = (0, 5, 17)
 
 
 @dataclass(frozen=True)
@@ -96,13 +97,17 @@ def split(req: PlanRequest) -> Split:
         else:
             budget = max(rest, 0) * (s.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO)
             budget /= 1 + (s.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO)
-            slots = int(budget // (per_req * (1 + d / ratio))) if (joint and d) else int(budget // per_req)
+            # One padding slot beside the K request slots (and beside the verify buffer's requests).
+            if joint and d:
+                slots = int((budget - per_req * (1 + d)) // (per_req * (1 + d / ratio)))
+            else:
+                slots = int((budget - per_req) // per_req)
         capped = min(requested if requested is not None else slots // ratio, slots // ratio)
-        # FACTS 4: the verify buffer holds the recurrent state per draft token; upstream's joint
-        # solve reserves the whole per-request state per draft token.
+        # FACTS 4: the verify buffer holds the recurrent state per draft token; the joint solve
+        # reserves the whole per-request state per draft token, padding slot included.
         per_token_state = per_req if joint else recurrent * shape.num_linear_attention_layers
-        verify = per_token_state * max(capped, 0) * d
-        rest -= slots * per_req + (verify if joint else 0)
+        verify = per_token_state * (max(capped, 0) + (1 if joint else 0)) * d
+        rest -= (max(slots, 0) + 1) * per_req + (verify if joint else 0)
     cell = cell_bytes(req)
     profiled = max(rest, 0) // cell if cell else 0
     tokens = min(profiled, s.max_total_tokens) if s.max_total_tokens else profiled
