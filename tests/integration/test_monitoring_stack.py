@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,10 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from ornith_stack import dashboards
 from ornith_stack.exporter.scrape import Scraper, Target
+from ornith_stack.generate import dashboards
 
 pytestmark = pytest.mark.integration
 
@@ -33,10 +33,6 @@ PROMPT = "one two three four five one two three four five one two three four fiv
 GRAFANA_VARS = {"$__rate_interval": "5m", "$profile": ".*", "$target": ".*"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, deadline_s: float, proc: subprocess.Popen) -> None:

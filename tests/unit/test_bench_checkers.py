@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from ornith_stack.bench.checkers import (
-    build_program,
     check_gsm8k,
     check_humaneval,
     extract_code,
     extract_gsm8k_answer,
+    humaneval_solution,
 )
 from ornith_stack.bench.datasets import load_tasks
 from ornith_stack.bench.sandbox import Limits
@@ -33,10 +33,28 @@ DATA = Path(__file__).parents[2] / "src/ornith_stack/bench/data"
         # A marker wins over numbers written after it (units, checks).
         ("#### 26\n(26 muffins; check: 96 - 70)", "26"),
         ("no digits at all", None),
+        # The last number on the answer line, not the first.
+        ("The answer is 12 - 4 = 8", "8"),
+        ("Final answer: 3 boxes of 4, so 12", "12"),
+        # A minus sign counts only when it touches the digits.
+        ("#### - 5", "5"),
+        ("#### 10-3", "3"),
+        ("x = -7\n#### -7", "-7"),
+        # Fractions.
+        ("#### 3/4", "3/4"),
+        ("So \\boxed{\\frac{3}{4}}", "3/4"),
     ],
 )
 def test_gsm8k_extracts_the_final_number(response: str, expected: str | None) -> None:
     assert extract_gsm8k_answer(response) == expected
+
+
+def test_gsm8k_compares_fractions_by_value() -> None:
+    assert check_gsm8k("#### 6/8", "0.75").passed
+    assert check_gsm8k("The answer is \\frac{1}{2}", "0.5").passed
+    assert not check_gsm8k("#### 1/3", "0.33").passed
+    # '- 5' is five, not minus five.
+    assert not check_gsm8k("#### - 5", "-5").passed
 
 
 def test_gsm8k_compares_numerically_not_textually() -> None:
@@ -53,6 +71,26 @@ def test_code_is_taken_from_the_fenced_block() -> None:
     answer = "Here you go:\n```python\ndef f(x):\n    return x + 1\n```\nIt adds one."
     assert extract_code(answer) == "def f(x):\n    return x + 1\n"
     assert extract_code("def f(x):\n    return x") == "def f(x):\n    return x"
+    assert extract_code("```python3\ndef f(x):\n    return 2\n```") == "def f(x):\n    return 2\n"
+    # A shell block is not Python.
+    assert extract_code("```bash\npip install thing && run a long command here\n```\n```py\nx = 1\n```") == "x = 1\n"
+
+
+def test_the_block_that_defines_the_entry_point_is_chosen() -> None:
+    answer = ("```python\ndef add(a, b):\n    return a + b\n```\nUsage, in a longer block:\n"
+              "```python\nprint(add(1, 2))\nprint(add(3, 4))\nprint(add(5, 6))\nprint(add(7, 8))\n```")
+    assert extract_code(answer, "add") == "def add(a, b):\n    return a + b\n"
+    assert check_humaneval(PROMPT, answer, TEST, "add").passed
+
+
+def test_a_python3_fence_is_graded() -> None:
+    assert check_humaneval(PROMPT, "```python3\ndef add(a, b):\n    return a + b\n```", TEST, "add").passed
+
+
+def test_demo_code_under_a_main_guard_does_not_fail_a_correct_solution() -> None:
+    answer = ("```python\ndef add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n"
+              "    assert add(1, 1) == 3, 'a demo that would fail'\n    input()\n```")
+    assert check_humaneval(PROMPT, answer, TEST, "add").passed
 
 
 PROMPT = 'def add(a: int, b: int) -> int:\n    """Add two numbers."""\n'
@@ -68,8 +106,8 @@ def test_a_whole_function_answer_passes_and_a_wrong_one_fails() -> None:
 
 
 def test_a_body_only_answer_is_appended_to_the_prompt() -> None:
-    program = build_program(PROMPT, "return a + b", TEST, "add")
-    assert "    return a + b" in program and program.rstrip().endswith("check(add)")
+    program = humaneval_solution(PROMPT, "return a + b", "add")
+    assert program == PROMPT + "    return a + b"
     assert check_humaneval(PROMPT, "    return a + b\n", TEST, "add").passed
 
 

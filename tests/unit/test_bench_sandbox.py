@@ -1,89 +1,315 @@
-"""The code sandbox: runaway, snooping or networking solutions are stopped and counted as failed."""
+"""The code sandbox: the escapes that beat the old in-process audit hook, each contained.
+
+Every escape runs as the solution under test, then tries one thing the sandbox must stop: read a file
+of the host, write a file on the host, reach a listener on 127.0.0.1, read a secret from the bench's
+environment, or forge a pass. The host-side effect is checked on the host, and the verdict must be a fail.
+"""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
-import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
-from ornith_stack.bench.checkers import check_humaneval
-from ornith_stack.bench.sandbox import Limits, run_program
+import pytest
 
+from ornith_stack.bench.checkers import check_humaneval
+from ornith_stack.bench.sandbox import CodeJob, Limits, SandboxUnavailable, isolation, run_tests
+
+SECRET = "hunter2-" + uuid.uuid4().hex
 PROMPT = 'def solve() -> int:\n    """Return 1."""\n'
 TEST = "def check(candidate):\n    assert candidate() == 1\n"
 
+# Each escape runs ACTION (Python source that stores what it got in `result`) its own way and leaves
+# the outcome in /tmp/outcome, which `probe()` returns.
+ESCAPES = {
+    # The old guard resolved paths with os.path.realpath: replacing it made every path look inside.
+    "realpath": "import os.path\nos.path.realpath = lambda p, **k: '/tmp'\nexec(ACTION)\n",
+    # The old guard's closure was reachable through gc and could be rewritten to allow everything.
+    "gc-closure": textwrap.dedent("""\
+        import gc
+        for f in gc.get_objects():
+            if getattr(f, '__name__', '') in ('hook', 'check_path', 'inside') and getattr(f, '__closure__', None):
+                for cell in f.__closure__:
+                    if isinstance(cell.cell_contents, (str, tuple)):
+                        cell.cell_contents = '/'
+        exec(ACTION)
+        """),
+    # Audit hooks do not follow code into a subinterpreter.
+    "subinterpreter": textwrap.dedent("""\
+        try:
+            import _xxsubinterpreters as interpreters
+        except ImportError:
+            import _interpreters as interpreters  # Python 3.13 and later
+        interp = interpreters.create()
+        interpreters.run_string(interp, "ACTION = " + repr(ACTION) + "\\nexec(ACTION)\\n"
+                                "open('/tmp/outcome', 'w').write(str(result))")
+        """),
+    # _posixsubprocess.fork_exec starts a process without the audit events subprocess raises.
+    "fork-exec": textwrap.dedent("""\
+        import _posixsubprocess, os, sys
+        code = "ACTION = " + repr(ACTION) + "\\nexec(ACTION)\\nopen('/tmp/outcome', 'w').write(str(result))"
+        args = [sys.executable, '-c', code]
+        err_r, err_w = os.pipe()
+        common = [args, [os.fsencode(sys.executable)], True, (), None, None, -1, -1, -1, -1, -1, -1,
+                  err_r, err_w, True, False, -1, None, None, None, -1, None]
+        try:
+            pid = _posixsubprocess.fork_exec(*common, False)  # 3.11.3 and later take allow_vfork
+        except TypeError:
+            pid = _posixsubprocess.fork_exec(*common)
+        os.waitpid(pid, 0)
+        """),
+}
 
-def _answer(body: str) -> str:
-    return "```python\ndef solve():\n" + "".join(f"    {line}\n" for line in body.splitlines()) + "```"
+
+def _solution(escape: str, action: str) -> str:
+    return (
+        f"ACTION = {action!r}\n"
+        "result = 'nothing'\n"
+        "try:\n"
+        + textwrap.indent(ESCAPES[escape], "    ")
+        + "except BaseException as exc:\n"
+        "    result = 'blocked: ' + repr(exc)\n"
+        "import os\n"
+        "if not os.path.exists('/tmp/outcome'):\n"
+        "    open('/tmp/outcome', 'w').write(str(result))\n"
+        "def probe():\n"
+        "    return open('/tmp/outcome').read()\n"
+    )
 
 
-def test_a_correct_solution_passes() -> None:
-    assert check_humaneval(PROMPT, _answer("return 1"), TEST, "solve").passed
+def _run(escape: str, action: str, expect: str) -> bool:
+    """Run the escape; True when the judge saw `probe()` return `expect` (the escape worked)."""
+    job = CodeJob(_solution(escape, action), setup="", tests=f"assert probe() == {expect!r}\n", functions=("probe",))
+    return run_tests(job, Limits(wall_s=15)).passed
 
 
-def test_a_solution_that_loops_forever_is_killed_at_the_time_limit() -> None:
-    started = time.monotonic()
-    verdict = check_humaneval(PROMPT, _answer("while True:\n    pass\nreturn 1"), TEST, "solve", Limits(wall_s=2))
-    assert not verdict.passed
-    assert verdict.detail.startswith("timeout")
-    assert time.monotonic() - started < 10
+@pytest.fixture(scope="module", autouse=True)
+def _needs_bubblewrap() -> None:
+    # CI installs bubblewrap (scripts/test.sh): a host without it fails here rather than skipping.
+    assert isolation().problem is None, isolation().problem
 
 
-def test_a_sleeping_solution_is_killed_too() -> None:
-    result = run_program("import time\ntime.sleep(60)\n", Limits(wall_s=1.5))
-    assert (result.passed, result.status) == (False, "timeout")
-
-
-def test_reading_a_file_outside_the_sandbox_fails(tmp_path: Path) -> None:
-    secret = tmp_path / "secret.txt"
-    secret.write_text("hunter2")
-    body = f"data = open({str(secret)!r}).read()\nreturn 1 if data == 'hunter2' else 0"
-    verdict = check_humaneval(PROMPT, _answer(body), TEST, "solve")
-    assert not verdict.passed
-    assert "outside the sandbox" in verdict.detail
-    for program in ("open('/etc/hostname').read()", "open('../escape.txt', 'w').write('x')",
-                    "import os\nos.listdir('/')"):
-        assert not run_program(program).passed, program
-
-
-def test_files_inside_the_sandbox_directory_are_fine() -> None:
-    assert run_program("open('scratch.txt', 'w').write('ok')\nassert open('scratch.txt').read() == 'ok'\n").passed
-
-
-def test_opening_a_socket_fails_and_nothing_reaches_the_listener() -> None:
+@pytest.fixture
+def listener() -> Iterator[tuple[int, list[bytes]]]:
     received: list[bytes] = []
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.settimeout(5)
-    port = server.getsockname()[1]
+    server.listen(4)
+    server.settimeout(0.2)
+    stop = threading.Event()
 
     def accept() -> None:
-        try:
-            conn, _ = server.accept()
-            received.append(conn.recv(100))
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            received.append(conn.recv(100) or b"connected")
             conn.close()
-        except OSError:
-            pass
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
-    body = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}))\ns.sendall(b'leak')\nreturn 1"
-    verdict = check_humaneval(PROMPT, _answer(body), TEST, "solve")
+    yield server.getsockname()[1], received
+    stop.set()
+    thread.join(timeout=2)
     server.close()
-    thread.join(timeout=6)
-    assert not verdict.passed
+
+
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
+def test_each_escape_really_runs_its_action(escape: str) -> None:
+    """The escapes below fail because the sandbox stops them, not because the trick itself broke."""
+    assert _run(escape, "import sys\nresult = 'ran on ' + sys.platform", "ran on linux")
+
+
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
+def test_an_escape_cannot_read_a_host_file(escape: str, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text(SECRET)
+    assert not _run(escape, f"result = open({str(secret)!r}).read()", SECRET)
+
+
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
+def test_an_escape_cannot_write_a_host_file(escape: str, tmp_path: Path) -> None:
+    target = tmp_path / "written-from-the-sandbox.txt"
+    action = f"import os\nos.makedirs({str(tmp_path)!r}, exist_ok=True)\nopen({str(target)!r}, 'w').write('x')\nresult = 'done'"
+    _run(escape, action, "done")  # it may write into its own tmpfs: the host's file is what matters
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
+def test_an_escape_cannot_reach_a_loopback_listener(escape: str, listener: tuple[int, list[bytes]]) -> None:
+    port, received = listener
+    action = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\ns.sendall(b'leak')\nresult = 'sent'"
+    assert not _run(escape, action, "sent")
     assert received == []
 
 
-def test_subprocesses_and_early_exits_fail() -> None:
-    assert not run_program("import subprocess\nsubprocess.run(['true'])\n").passed
-    assert not run_program("import os\nos.system('true')\n").passed
-    # Exiting with status 0 before the tests finish is not a pass.
-    assert not run_program("import os\nos._exit(0)\n").passed
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
+def test_an_escape_cannot_read_the_bench_environment(escape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORNITH_SANDBOX_SECRET", SECRET)
+    action = textwrap.dedent(f"""\
+        import os
+        found = [os.environ.get('ORNITH_SANDBOX_SECRET', '')]
+        for pid in os.listdir('/proc'):
+            try:
+                found.append(open('/proc/' + pid + '/environ').read())
+            except OSError:
+                pass
+        result = {SECRET!r} if any({SECRET!r} in text for text in found) else 'not found'
+        """)
+    assert not _run(escape, action, SECRET)
 
 
-def test_a_memory_hog_fails_instead_of_eating_the_host() -> None:
-    result = run_program("blob = bytearray(8 * 1024**3)\n", Limits(wall_s=5, memory_mb=512))
-    assert not result.passed
+def test_a_solution_cannot_forge_a_pass() -> None:
+    """The old pass token was readable from sys.orig_argv; there is no token now, and nothing the
+    solution prints, writes on its pipes or returns makes the judge's asserts hold."""
+    forgeries = [
+        # Print a verdict, answer every call in advance with a constant, and leave before the tests.
+        "import os, sys, json\nprint(json.dumps({'passed': True, 'detail': ''}), flush=True)\n"
+        "print(sys.orig_argv, open('/proc/self/cmdline').read())\n"
+        "for fd in range(3, 12):\n"
+        "    try:\n        os.write(fd, b\"('ready', None)\\n\" + b\"('ok', 1)\\n\" * 50)\n"
+        "    except OSError:\n        pass\n"
+        "os._exit(0)\n",
+        # An object that claims equality with everything.
+        "class Anything:\n    def __eq__(self, other):\n        return True\n"
+        "    def __repr__(self):\n        return 'Anything()'\n"
+        "def add(a, b):\n    return Anything()\n",
+        # Reach the judge through /proc: it is in another PID namespace.
+        "import os, signal\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n    try:\n"
+        "        if b'judge' in open('/proc/' + pid + '/cmdline', 'rb').read() and int(pid) != os.getpid():\n"
+        "            os.kill(int(pid), signal.SIGKILL)\n    except OSError:\n        pass\n"
+        "def add(a, b):\n    return 0\n",
+    ]
+    tests = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\nassert add(10, 5) == 15\n"
+    for solution in forgeries:
+        result = run_tests(CodeJob(solution, "", tests, ("add",)))
+        assert not result.passed, solution
+
+
+def test_the_sandbox_is_minimal_and_read_only() -> None:
+    solution = textwrap.dedent("""\
+        import os
+        def listing():
+            return sorted(os.listdir('/'))
+        def environment():
+            return dict(os.environ)
+        def can_write(path):
+            try:
+                open(path, 'w').write('x')
+                return True
+            except OSError:
+                return False
+        def processes():
+            return sorted(int(p) for p in os.listdir('/proc') if p.isdigit())
+        """)
+    tests = textwrap.dedent("""\
+        assert set(listing()) <= {'bin', 'dev', 'lib', 'lib32', 'lib64', 'libx32', 'proc', 'sbin', 'tmp', 'usr', 'root'}, listing()
+        assert set(environment()) <= {'PATH', 'HOME', 'LANG', 'PWD', 'LC_CTYPE'}, environment()
+        assert not can_write('/usr/ornith-sandbox-test')
+        assert can_write('/tmp/scratch.txt')
+        assert len(processes()) <= 3, processes()
+        """)
+    result = run_tests(CodeJob(solution, "", tests, ("listing", "environment", "can_write", "processes")))
+    assert result.passed, result.detail
+
+
+def test_correct_code_passes_and_its_demo_block_does_not_run() -> None:
+    answer = "```python\ndef solve():\n    return 1\n\nif __name__ == '__main__':\n    raise SystemExit(3)\n```"
+    assert check_humaneval(PROMPT, answer, TEST, "solve").passed
+
+
+def test_a_runaway_tree_is_killed_at_the_wall_clock_limit() -> None:
+    marker = f"ornith-sandbox-{uuid.uuid4().hex}"
+    solution = (f"import subprocess\nsubprocess.Popen(['sleep', '300', {marker!r}])\n"
+                "import time\ntime.sleep(300)\n")
+    result = run_tests(CodeJob(solution, "", "assert add(1, 1) == 2\n", ("add",)), Limits(wall_s=2))
+    assert (result.passed, result.status) == (False, "timeout")
+    survivors = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                survivors.append(cmdline.parent.name)
+        except OSError:
+            pass
+    assert survivors == []
+
+
+def test_a_busy_loop_and_a_memory_hog_fail() -> None:
+    loop = run_tests(CodeJob("while True:\n    pass\n", "", "assert f() == 1\n", ("f",)), Limits(wall_s=2))
+    assert (loop.passed, loop.status) == (False, "timeout")
+    hog = run_tests(CodeJob("blob = bytearray(8 * 1024**3)\ndef f():\n    return 1\n", "", "assert f() == 1\n",
+                            ("f",)), Limits(wall_s=5, memory_mb=512))
+    assert not hog.passed and "MemoryError" in hog.detail
+
+
+def test_a_fork_bomb_hits_the_process_limit() -> None:
+    solution = textwrap.dedent("""\
+        import os
+        def forks():
+            n = 0
+            try:
+                while n < 200:
+                    if os.fork() == 0:
+                        import time
+                        time.sleep(5)
+                        os._exit(0)
+                    n += 1
+            except OSError:
+                pass
+            return n
+        """)
+    result = run_tests(CodeJob(solution, "", "assert forks() < 200, forks()\n", ("forks",)), Limits(wall_s=10))
+    assert result.passed, result.detail
+
+
+def _without_bwrap(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter whose PATH has no bubblewrap."""
+    env = {"PATH": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def test_without_bubblewrap_code_is_refused_unless_the_user_opts_in(tmp_path: Path) -> None:
+    code = textwrap.dedent("""\
+        from ornith_stack.bench.sandbox import Limits, SandboxUnavailable, CodeJob, run_tests
+        job = CodeJob("def f():\\n    return 1\\n", "", "assert f() == 1\\n", ("f",))
+        try:
+            run_tests(job)
+        except SandboxUnavailable as exc:
+            print("refused:", exc)
+        result = run_tests(job, Limits(unsafe_without_sandbox=True))
+        print("unsafe:", result.passed, result.sandboxed)
+        """)
+    done = _without_bwrap(code, tmp_path)
+    assert "refused: refusing to run model-written code: bubblewrap (bwrap) is not installed" in done.stdout, done.stderr
+    assert "--unsafe-run-code-without-sandbox" in done.stdout
+    assert "unsafe: True False" in done.stdout
+
+
+def test_the_tasks_suite_refuses_before_sending_a_request(tmp_path: Path) -> None:
+    code = textwrap.dedent("""\
+        import sys
+        from ornith_stack.cli import main
+        sys.exit(main(["bench", "--url", "http://127.0.0.1:9", "--suite", "tasks", "--out", sys.argv[1]]))
+        """)
+    env = {"PATH": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "bubblewrap (bwrap) is not installed" in done.stderr
+    assert "--unsafe-run-code-without-sandbox" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_refusal_is_a_user_error() -> None:
+    from ornith_stack.errors import UserError
+
+    assert issubclass(SandboxUnavailable, UserError)

@@ -18,6 +18,7 @@ from typing import ClassVar
 
 import httpx
 import pytest
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from ornith_stack.cli import main
@@ -392,7 +393,7 @@ def test_fast_parser_agrees_with_prometheus_client_on_the_recordings() -> None:
 def test_server_serves_metrics_and_a_landing_page(engine: FakeEngine) -> None:
     engine.metrics((VLLM_CPU / "metrics.txt").read_text())
     ready = threading.Event()
-    port = _free_port()
+    port = free_port()
     settings = Settings([Target(engine.url, "cpu-demo")], "127.0.0.1", port)
     threading.Thread(target=serve, args=(settings, ready), daemon=True).start()
     assert ready.wait(5)
@@ -497,9 +498,3 @@ def test_canary_reports_right_wrong_and_failed(answer: str, status: int, correct
         chat.close()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

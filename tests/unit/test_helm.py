@@ -22,6 +22,7 @@ import yaml
 from referencing import Registry, Resource
 
 from ornith_stack.engines import adapter_for
+from ornith_stack.merge import deep_merge
 from ornith_stack.profiles import profile_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,17 +43,6 @@ RENDERABLE = [c for c in PROFILE_CASES if c != "values-spark.yaml"] + SCENARIO_C
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-def merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
-    """Helm's layering of -f files: mappings merge key by key, everything else is replaced."""
-    out = copy.deepcopy(base)
-    for key, value in overlay.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def read_yaml(rel: str) -> dict[str, Any]:
     return yaml.safe_load((CHART / rel).read_text()) or {}
 
@@ -67,10 +57,29 @@ def chart() -> helm.Chart:
     return helm.Chart.load(CHART)
 
 
-def render(values: dict[str, Any]) -> list[dict[str, Any]]:
-    manifests = chart().render(values=values, name=RELEASE, namespace=NAMESPACE)
+# The APIs a cluster with the Prometheus Operator and the LeaderWorkerSet controller serves, as
+# `helm install` sees them (group/version and group/version/kind); `helm template --api-versions X` adds X.
+FULL_CLUSTER = ("monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor",
+                "monitoring.coreos.com/v1/PrometheusRule", "leaderworkerset.x-k8s.io/v1",
+                "leaderworkerset.x-k8s.io/v1/LeaderWorkerSet")
+# A cluster without the Prometheus Operator's CRDs: only the built-in APIs (and the LeaderWorkerSet).
+NO_MONITORING = ("leaderworkerset.x-k8s.io/v1", "leaderworkerset.x-k8s.io/v1/LeaderWorkerSet")
+
+
+def render_manifests(values: dict[str, Any], api_versions: tuple[str, ...] = FULL_CLUSTER,
+                     source: helm.Chart | None = None) -> dict[str, str]:
+    """`helm template --api-versions ...` through the SDK's native render (its Python wrapper does not
+    expose the option Helm's render takes as `api_versions`)."""
+    from helm_python import _native
+
+    opts = {"name": RELEASE, "namespace": NAMESPACE, "api_versions": list(api_versions)}
+    raw = _native.call_string("helm_render", (source or chart())._raw(), json.dumps(values), json.dumps(opts))
+    return json.loads(raw)
+
+
+def render(values: dict[str, Any], api_versions: tuple[str, ...] = FULL_CLUSTER) -> list[dict[str, Any]]:
     objects = []
-    for name, text in sorted(manifests.items()):
+    for name, text in sorted(render_manifests(values, api_versions).items()):
         if name.endswith(".txt"):
             continue
         objects += [doc for doc in yaml.safe_load_all(text) if doc]
@@ -174,8 +183,8 @@ def test_every_object_is_valid_kubernetes(case: str) -> None:
 def test_gpus_per_pod_follow_tensor_parallelism(case: str) -> None:
     values = case_values(case)
     engine = values["engine"]
-    tp = int(re.search(r"--(?:tp|tensor-parallel-size) (\d+)", " ".join(engine["args"]))[1]) if any(
-        a in ("--tp", "--tensor-parallel-size") for a in engine["args"]) else 1
+    tp = int(re.search(r"--(?:tp-size|tp|tensor-parallel-size) (\d+)", " ".join(engine["args"]))[1]) if any(
+        a in ("--tp-size", "--tp", "--tensor-parallel-size") for a in engine["args"]) else 1
     nodes = int(engine.get("nodes", 1))
     for role, spec in engine_pod_specs(rendered(case)).items():
         limits = container(spec, "engine")["resources"].get("limits", {})
@@ -352,7 +361,8 @@ def test_prometheus_rule_carries_the_rules_of_monitoring() -> None:
     if not groups:
         pytest.skip("monitoring/prometheus/ has no rule files yet")
     (rule,) = find(rendered("values-cpu-demo.yaml"), "PrometheusRule")
-    assert rule["spec"]["groups"] == groups
+    by_name = {g["name"]: g for g in rule["spec"]["groups"]}
+    assert len(by_name) == len(rule["spec"]["groups"]) and by_name == {g["name"]: g for g in groups}
 
 
 def test_grafana_dashboards_are_the_files_of_monitoring() -> None:
@@ -364,13 +374,6 @@ def test_grafana_dashboards_are_the_files_of_monitoring() -> None:
     assert {k: v for m in maps for k, v in m["data"].items()} == files
 
 
-def test_chart_copies_and_generated_files_are_current() -> None:
-    from ornith_stack.helm_chart import chart_products
-
-    stale = [p.path for p in chart_products(ROOT) if (ROOT / p.path).read_text() != p.build()]
-    assert not stale, f"run `ornith-stack render`: {stale}"
-
-
 # ------------------------------------------------------------------------------------- values and mistakes
 @cache
 def values_schema() -> dict[str, Any]:
@@ -378,7 +381,7 @@ def values_schema() -> dict[str, Any]:
 
 
 def schema_errors(values: dict[str, Any]) -> list[str]:
-    merged = merge(read_yaml("values.yaml"), values)
+    merged = deep_merge(read_yaml("values.yaml"), values)
     validator = jsonschema.Draft7Validator(values_schema())
     return [f"{'.'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message}"
             for e in validator.iter_errors(merged)]
@@ -404,12 +407,12 @@ def test_schema_lists_exactly_the_profiles() -> None:
     ],
 )
 def test_bad_values_fail_the_schema_readably(change: dict[str, Any], expected: str) -> None:
-    values = merge(read_yaml("values-gpu96.yaml"), change)
+    values = deep_merge(read_yaml("values-gpu96.yaml"), change)
     errors = schema_errors(values)
     assert any(e.startswith(expected) for e in errors), errors
     # Helm checks the same schema before rendering, and names the key.
     with pytest.raises(helm.HelmError) as caught:
-        chart().validate_schema(merge(chart().values, values))
+        chart().validate_schema(deep_merge(chart().values, values))
     assert expected.split(":")[0].split(".")[-1] in str(caught.value)
 
 
@@ -429,7 +432,7 @@ def test_missing_model_repo_is_a_readable_error() -> None:
     ],
 )
 def test_impossible_deployments_fail_with_the_fix(change: dict[str, Any], expected: str) -> None:
-    assert expected in render_error(merge(read_yaml("values-a100x2.yaml"), change))
+    assert expected in render_error(deep_merge(read_yaml("values-a100x2.yaml"), change))
 
 
 def test_no_profile_is_refused() -> None:
@@ -452,7 +455,7 @@ def test_crd_schemas_reject_unknown_fields() -> None:
 
 
 def test_every_value_is_documented_where_declared() -> None:
-    from ornith_stack.helm_chart import values_docs
+    from ornith_stack.generate.helm_chart import values_docs
 
     docs = values_docs((CHART / "values.yaml").read_text())
     assert len(docs) > 50
@@ -474,7 +477,7 @@ def test_a_bad_values_file_is_refused_before_anything_renders(tmp_path: Path) ->
     """What `helm install -f bad.yaml` says: every wrong key, by its path, and nothing rendered."""
     bad = tmp_path / "bad.yaml"  # helm install -f values-gpu96.yaml -f bad.yaml
     bad.write_text("profile: h100x9\nexporter:\n  port: nine-thousand\n")
-    values = merge(read_yaml("values-gpu96.yaml"), helm.values_from_yaml(bad.read_text()))
+    values = deep_merge(read_yaml("values-gpu96.yaml"), helm.values_from_yaml(bad.read_text()))
     message = render_error(values)
     assert "- at '/profile': value must be one of 'a100x2', 'cpu-demo', 'gb300x2', 'gpu96', 'spark'" in message
     assert "- at '/exporter/port': got string, want integer" in message
@@ -490,5 +493,134 @@ def test_packaged_chart_carries_its_files_and_renders(tmp_path: Path) -> None:
     assert "ornith/files/prometheus-rules.yaml" in names and "ornith/values.schema.json" in names
     assert not [n for n in names if "crds-schemas" in n]
     with helm.Chart.load(archive) as packaged:
-        manifests = packaged.render(values=read_yaml("values-gpu96.yaml"), name=RELEASE, namespace=NAMESPACE)
+        manifests = render_manifests(read_yaml("values-gpu96.yaml"), source=packaged)
     assert "kind: PrometheusRule" in manifests["ornith/templates/prometheusrule.yaml"]
+
+
+# ------------------------------------------------------------------------------------- a real cluster
+MONITORING_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_without_the_monitoring_crds_the_chart_renders_valid_objects_and_leaves_monitoring_out(case: str) -> None:
+    # `helm install` on a cluster without the Prometheus Operator failed on the ServiceMonitor before.
+    objects = render(case_values(case), NO_MONITORING)
+    assert {o["kind"] for o in objects} & MONITORING_KINDS == set()
+    assert find(objects, "Service") and engine_pod_specs(tuple(objects))
+    for obj in objects:
+        validate_object(obj)
+    monitoring = deep_merge(read_yaml("values.yaml"), case_values(case))["monitoring"]
+    wanted = monitoring["serviceMonitor"]["enabled"] or monitoring["prometheusRule"]["enabled"]
+    notes = render_manifests(case_values(case), NO_MONITORING)["ornith/templates/NOTES.txt"]
+    assert ("no monitoring.coreos.com/v1 API" in notes) == wanted
+
+
+@pytest.mark.parametrize("apis", [("monitoring.coreos.com/v1",), FULL_CLUSTER], ids=["api-versions-flag", "cluster"])
+def test_with_the_monitoring_api_the_monitoring_objects_appear(apis: tuple[str, ...]) -> None:
+    # `helm template --api-versions monitoring.coreos.com/v1`, and a cluster that serves the kinds.
+    objects = render(case_values("values-gpu96.yaml"), apis)
+    assert {o["kind"] for o in objects} >= MONITORING_KINDS
+    for obj in objects:
+        validate_object(obj)
+    disabled = deep_merge(case_values("values-gpu96.yaml"), {"monitoring": {
+        "serviceMonitor": {"enabled": False}, "prometheusRule": {"enabled": False}}})
+    assert {o["kind"] for o in render(disabled, apis)} & MONITORING_KINDS == set()
+
+
+CLUSTER_SETTINGS = {"engine": {
+    "runtimeClassName": "nvidia",
+    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}],
+    "extraEnv": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+    "extraVolumes": [{"name": "weights", "hostPath": {"path": "/srv/weights", "type": "Directory"}}],
+    "extraVolumeMounts": [{"name": "weights", "mountPath": "/srv/weights", "readOnly": True}],
+    "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "200Gi"}},
+}}
+
+
+@pytest.mark.parametrize("case", ["values-gpu96.yaml", "ci/gb300x2-two-nodes-lws.yaml"])
+def test_cluster_settings_are_accepted_and_reach_every_engine_pod(case: str) -> None:
+    values = deep_merge(case_values(case), CLUSTER_SETTINGS)
+    assert schema_errors(values) == []
+    objects = render(values)
+    for obj in objects:
+        validate_object(obj)
+    for role, spec in engine_pod_specs(tuple(objects)).items():
+        engine = container(spec, "engine")
+        assert spec["runtimeClassName"] == "nvidia", role
+        assert spec["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
+        assert CLUSTER_SETTINGS["engine"]["tolerations"][0] in spec["tolerations"]
+        assert {"name": "NCCL_DEBUG", "value": "WARN"} in engine["env"]
+        assert CLUSTER_SETTINGS["engine"]["extraVolumes"][0] in spec["volumes"]
+        assert CLUSTER_SETTINGS["engine"]["extraVolumeMounts"][0] in engine["volumeMounts"]
+        assert engine["resources"]["requests"]["cpu"] == "8" and engine["resources"]["requests"]["memory"] == "64Gi"
+        assert engine["resources"]["limits"]["nvidia.com/gpu"] == int(case_values(case)["engine"]["gpusPerNode"])
+    # Without them, the pods say nothing about a runtime class.
+    assert all("runtimeClassName" not in s for s in engine_pod_specs(rendered(case)).values())
+
+
+@pytest.mark.parametrize("bad", [{"runtimeClassName": "Nvidia Runtime"}, {"extraVolumeMounts": [{"name": "x"}]}])
+def test_bad_cluster_settings_fail_the_schema(bad: dict[str, Any]) -> None:
+    key = next(iter(bad))
+    errors = schema_errors(deep_merge(read_yaml("values-gpu96.yaml"), {"engine": bad}))
+    assert any(e.startswith(f"engine.{key}") for e in errors), errors
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_engine_runs_as_non_root_with_a_writable_home_and_cache(case: str) -> None:
+    # Decision: the upstream images run as root and cache under /root/.cache; the chart runs them as a
+    # non-root uid instead, so every path they write (HOME and the caches below it, HF_HOME, /tmp) must be
+    # a writable volume, and nothing may point under /root.
+    for role, spec in engine_pod_specs(rendered(case)).items():
+        assert spec["securityContext"]["runAsUser"] != 0 and spec["securityContext"]["runAsNonRoot"]
+        engine = container(spec, "engine")
+        env = literal_env(engine)
+        writable = {m["mountPath"] for m in engine["volumeMounts"] if not m.get("readOnly")}
+        paths = [env["HOME"], env["XDG_CACHE_HOME"], env["HF_HOME"], "/tmp"]
+        for path in paths:
+            assert any(path == m or path.startswith(m + "/") for m in writable), (role, path, writable)
+        assert not [v for v in env.values() if v.startswith("/root")], env
+        assert env["USER"]
+
+
+def test_exporter_image_is_a_documented_value_with_its_build_and_push_command() -> None:
+    from ornith_stack.profiles import images
+
+    pin = images()["services"]["exporter"]
+    repository, tag = pin.rsplit(":", 1)
+    docs = (CHART / "values.yaml").read_text()
+    assert f"docker build -f docker/exporter.Dockerfile -t REGISTRY/{pin} ." in docs
+    assert f"docker push REGISTRY/{pin}" in docs
+    assert (ROOT / "docker" / "exporter.Dockerfile").is_file()
+    values = case_values("values-gpu96.yaml")
+    assert (values["exporter"]["image"]["repository"], values["exporter"]["image"]["tag"]) == (repository, tag)
+    notes = render_manifests(values)["ornith/templates/NOTES.txt"]
+    assert f"docker push REGISTRY/{pin}" in notes
+    pushed = deep_merge(values, {"exporter": {"image": {"repository": f"registry.example/{repository}"}}})
+    assert "published in no registry" not in render_manifests(pushed)["ornith/templates/NOTES.txt"]
+    exporter = next(d for d in render(pushed) if d["metadata"]["name"] == "ornith-exporter")
+    assert container(exporter["spec"]["template"]["spec"], "exporter")["image"] == f"registry.example/{pin}"
+
+
+@pytest.mark.parametrize("case", ["values-gpu96.yaml", "ci/gb300x2-two-nodes-lws.yaml"])
+def test_engine_loads_the_revision_the_download_job_fetched(case: str) -> None:
+    # Offline (HF_HUB_OFFLINE=1), a commit or tag has no refs/main in the cache: the engine must be told the
+    # revision the Job downloaded, or it fails to start (and with the Hub reachable it would load `main`).
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    objects = tuple(render(deep_merge(case_values(case), {"model": {"revision": commit}})))
+    (job,) = find(objects, "Job")
+    assert literal_env(container(job["spec"]["template"]["spec"], "download"))["MODEL_REVISION"] == commit
+    for role, spec in engine_pod_specs(objects).items():
+        engine = container(spec, "engine")
+        assert literal_env(engine)["HF_HUB_OFFLINE"] == "1"
+        args = engine["args"]
+        assert args[args.index("--revision") + 1] == commit, role
+    # At `main` the profile's own flags are unchanged (test_engine_args_equal_launch_args).
+    assert "--revision" not in container(engine_pod_specs(rendered(case))["single" if "lws" not in case else "leader"], "engine")["args"]
+
+
+def test_a_revision_that_contradicts_the_profiles_flags_is_refused() -> None:
+    values = case_values("values-gpu96.yaml")
+    values = deep_merge(values, {"engine": {"args": [*values["engine"]["args"], "--revision", "v1.0"]},
+                            "model": {"revision": "v2.0"}})
+    assert "model.revision (v2.0) differs from the profile's --revision v1.0" in render_error(values)

@@ -16,9 +16,9 @@ import pytest
 from ornith_stack.cli import main
 from ornith_stack.engines.base import ServeSettings
 from ornith_stack.errors import UserError
-from ornith_stack.planner import GIB, PlanRequest, load_shape, plan_profile
+from ornith_stack.planner import GIB, PlanRequest, load_shape, plan_profile, plan_request, request_for_profile
+from ornith_stack.planner.common import mamba_state_bytes
 from ornith_stack.planner.shapes import shape_from_config
-from ornith_stack.planner.vllm import mamba_state_bytes
 from ornith_stack.profiles import load_profile
 
 EIGHT_GIB = 8589934592
@@ -151,16 +151,20 @@ def test_seed_000_setups_fit(profile: str) -> None:
 def test_sglang_state_and_verify_buffers_match_facts_section_4() -> None:
     plan = plan_profile(load_profile("gpu96"))
     d = plan.engine_details
-    # FACTS 4: per-request state 61.4 MiB at TP1. SGLang 0.5.17 reserves the verify buffer inside the
-    # mamba budget: the whole per-request state x 16 draft tokens x (4 requests + the padding slot)
-    # (sglang mem_cache/kv_cache_configurator.py `_handle_max_mamba_cache`, joint solve).
+    # FACTS 4: per-request state 61.4 MiB at TP1 (30 gated-delta layers: conv 3 x 8192 bf16 + recurrent
+    # 32 x 128 x 128 fp32).
     assert plan.state_bytes_per_sequence == 64_389_120
-    assert d["dflash_verify_buffer_bytes"] == 64_389_120 * 16 * (4 + 1)
-    assert d["dflash_verify_in_static_pool"] is True
-    # No strategy flag: "auto" resolves to extra_buffer with the overlap scheduler (3 + 2 slots a request).
-    assert d["mamba_ratio"] == 5
-    # FACTS 4: KV cell 20,480 B/token at TP1 (plus the draft's 8 layers x 2 x 4 x 128 x 2 B).
-    assert plan.kv_bytes_per_token == 20_480 + 16_384
+    # SGLang 0.5.17 `_handle_max_mamba_cache`: the verify buffers hold the whole per-request state per
+    # draft token for the running requests plus the pool's padding slot, inside the static pool.
+    assert d["dflash_verify_buffer_bytes"] == 64_389_120 * (4 + 1) * 16
+    # `auto` resolves to extra_buffer for Qwen3.5 with the overlap scheduler: 3 + 2 slots per request.
+    assert (d["mamba_radix_cache_strategy"], d["mamba_ratio"]) == ("extra_buffer", 5)
+    # The state slots K solve (K + 1) s + (K / 5 + 1) 16 s = rest x 0.9 / 1.9.
+    s, rest = 64_389_120, d["static_pool_rest_bytes"]
+    assert d["max_mamba_cache_size"] == int((rest * 0.9 / 1.9 - s * 17) // (s * (1 + 16 / 5)))
+    assert d["mamba_state_bytes"] == (d["max_mamba_cache_size"] + 1) * s
+    # FACTS 4: KV cell 20,480 B/token at TP1, scaled by (10 + 8 draft layers) / 10 for DFlash.
+    assert plan.kv_bytes_per_token == 20_480 * 18 // 10
 
 
 def test_one_80_gib_card_does_not_fit_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
@@ -170,20 +174,19 @@ def test_one_80_gib_card_does_not_fit_and_says_why(capsys: pytest.CaptureFixture
     data = json.loads(capsys.readouterr().out)
     assert data["fits"] is False
     components = {p["component"] for p in data["problems"]}
-    assert "KV pool" in components
+    assert components == {"mamba state cache", "CUDA graphs + activations"}
     assert all(p["fix"] for p in data["problems"])
-    assert data["suggestion"]
+    assert data["suggestion"].startswith("--tp 2")
 
 
-def test_dflash_48_running_requests_are_clamped_by_the_state_slots() -> None:
-    # SGLang 0.5.17 sizes the verify buffers inside the mamba budget (joint solve), so 48 requested
-    # requests no longer overflow the headroom: resolve_max_num_reqs clamps them to slots // 5 and the
-    # verify buffer is reserved for that many (sglang mem_cache/kv_cache_configurator.py).
-    plan = plan_profile(load_profile("gpu96"), gpu_memory_gib=141,
-                        setting_overrides={"max_running_requests": 48, "max_total_tokens": 40960})
+def test_dflash_default_of_48_running_requests_is_clamped_by_the_state_slots() -> None:
+    # Without --max-running-requests DFlash asks for 48; SGLang clamps it to state slots / 5.
+    req = request_for_profile(load_profile("gpu96"), gpu_memory_gib=141)
+    plan = plan_request(req.with_settings(max_running_requests=None))
     d = plan.engine_details
-    assert d["max_running_requests"] == d["mamba_state_slots"] // 5 < 48
-    assert d["dflash_verify_buffer_bytes"] == plan.state_bytes_per_sequence * 16 * (d["max_running_requests"] + 1)
+    assert d["requested_running_requests"] == 48
+    assert d["max_running_requests"] == d["max_mamba_cache_size"] // 5 < 48
+    assert any("DFlash sets --max-running-requests to 48" in n for n in plan.notes)
 
 
 def test_gb300x2_fits_and_one_gb300_does_not() -> None:

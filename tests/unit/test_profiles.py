@@ -28,7 +28,7 @@ def test_overlays_share_the_recipe_and_differ_only_in_hardware_and_parallelism()
     a100, gpu96 = load_profile("a100x2"), load_profile("gpu96")
     assert a100.model == gpu96.model and a100.draft == gpu96.draft and a100.engine == gpu96.engine
     differing = {k for k in a100.serve.args if a100.serve.args[k] != gpu96.serve.args.get(k)}
-    assert differing == {"tp", "mem-fraction-static"}
+    assert differing == {"tp-size", "mem-fraction-static"}
     assert a100.hardware.gpu.count == 2 and gpu96.hardware.gpu.count == 1
 
 

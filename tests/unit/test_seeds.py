@@ -20,6 +20,9 @@ from ornith_stack.profiles import load_profile
 # (profile, seed file prefix, which command in that seed)
 CASES = [("a100x2", "000_", 0), ("gpu96", "000_", 1), ("gb300x2", "004_", 0)]
 LAUNCHERS = re.compile(r"(python3? -m sglang\.launch_server|sglang serve)")
+# Spellings the engine reads as one flag: SGLang's argparse accepts `--tp` only as the unambiguous
+# abbreviation of `--tp-size`, which is what the generated commands spell out.
+ALIASES = {"--tp": "--tp-size"}
 
 
 def seed_commands(path: Path) -> list[list[str]]:
@@ -45,7 +48,7 @@ def flags(argv: list[str]) -> dict[str, str]:
     for i, word in enumerate(words):
         if word.startswith("--"):
             nxt = words[i + 1] if i + 1 < len(words) else None
-            result[word] = nxt if nxt is not None and not nxt.startswith("--") else "<switch>"
+            result[ALIASES.get(word, word)] = nxt if nxt is not None and not nxt.startswith("--") else "<switch>"
     return result
 
 
@@ -62,6 +65,15 @@ def test_launch_args_equal_the_seed_command(
     # and SGLang's --enable-metrics, which the exporter needs).
     assert {k: v for k, v in ours.items() if k not in serving} == seed
     assert serving <= set(ours)
+
+
+@pytest.mark.parametrize(("profile", "seed_prefix", "index"), CASES)
+def test_generated_commands_spell_tp_size_in_full(
+    shared: Path, capsys: pytest.CaptureFixture[str], profile: str, seed_prefix: str, index: int
+) -> None:
+    assert main(["launch-args", profile, "--json"]) == 0
+    argv = json.loads(capsys.readouterr().out)
+    assert "--tp-size" in argv and "--tp" not in argv
 
 
 def test_the_seed_parser_finds_every_command(shared: Path) -> None:

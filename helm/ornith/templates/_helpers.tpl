@@ -43,18 +43,19 @@ ornith.ai/profile: {{ .Values.profile | quote }}
 {{- end }}
 {{- end }}
 
-{{/* An image reference from {repository, tag, digest}; tags are required and never "latest". */}}
+{{/* An image reference from {repository, tag, digest}: [registry/]name[:tag][@sha256:digest]. A digest
+pins the image by itself; without one the tag is required and never "latest". */}}
 {{- define "ornith.image" -}}
 {{- $repository := required (printf "%s.repository is required (generated values-<profile>.yaml sets it)" .key) .image.repository }}
-{{- $tag := required (printf "%s.tag is required: pin a version" .key) .image.tag }}
+{{- $digest := .image.digest | default "" }}
+{{- $tag := .image.tag | default "" }}
+{{- if not $digest }}
+{{- $tag = required (printf "%s.tag is required: pin a version (or a digest)" .key) .image.tag }}
+{{- end }}
 {{- if eq $tag "latest" }}
 {{- fail (printf "%s.tag is \"latest\": pin a version tag" .key) }}
 {{- end }}
-{{- if .image.digest }}
-{{- printf "%s:%s@%s" $repository $tag .image.digest }}
-{{- else }}
-{{- printf "%s:%s" $repository $tag }}
-{{- end }}
+{{- $repository }}{{ if $tag }}:{{ $tag }}{{ end }}{{ if $digest }}@{{ $digest }}{{ end }}
 {{- end }}
 
 {{- define "ornith.engineImage" -}}

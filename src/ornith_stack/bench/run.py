@@ -12,7 +12,7 @@ import httpx
 
 from ornith_stack.bench.client import EngineClient, ServerInfo
 from ornith_stack.bench.compare import compare
-from ornith_stack.bench.sandbox import network_namespace_available
+from ornith_stack.bench.sandbox import isolation
 from ornith_stack.bench.suites import BenchConfig, Progress, Runner
 from ornith_stack.engines import adapter_for
 from ornith_stack.profiles.model import Profile
@@ -76,6 +76,6 @@ def _header(config: BenchConfig, profile: Profile | None, model: str, max_model_
             "tasks_dir": str(config.tasks_dir) if config.tasks_dir else None,
             "ignore_eos": config.ignore_eos,
             "sandbox": {"wall_s": config.sandbox.wall_s, "memory_mb": config.sandbox.memory_mb,
-                        "network_namespace": network_namespace_available()},
+                        "bubblewrap": isolation().problem is None},
         },
     }

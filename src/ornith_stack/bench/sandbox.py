@@ -1,24 +1,30 @@
-"""Run generated code against unit tests in a confined child process.
+"""Run model-written code against trusted tests, with the operating system as the boundary.
 
-Layers, each cheap and independent:
-- a fresh temporary directory as the working directory, removed afterwards;
-- `python -I` with a clean environment, and a guard installed before the program runs: a PEP 578 audit
-  hook that refuses files outside the temporary directory (reads of Python's own library are allowed,
-  imports need them), sockets, subprocesses and ctypes;
-- a private network namespace (`unshare -rn`) where the kernel allows unprivileged user namespaces,
-  so even code that slips past the hook has no network;
-- resource limits (CPU seconds, address space, file size, open files, no core dumps) and a wall-clock
-  limit after which the whole process group is killed.
+Two processes, joined only by two pipes:
+- the candidate runs the solution under bubblewrap: new user, PID, network, IPC, UTS and mount namespaces;
+  a read-only root holding only /usr and the interpreter's own prefix; a size-limited tmpfs as /tmp and
+  working directory; an empty environment; no capabilities; rlimits on CPU, address space, file size,
+  open files and processes; `--die-with-parent`; its own session;
+- the judge runs the tests outside the sandbox: each tested function is a proxy that sends the arguments
+  to the candidate and reads back the returned value as a Python literal. The judge prints the verdict on
+  a pipe to this process.
 
-A run passes only when the program exits 0 *and* prints a per-run random token after the tests: code
-that calls `os._exit(0)` or `sys.exit(0)` before the tests cannot pass. This confines honest mistakes
-and casual escapes of model-written code; it is not a boundary against a determined adversary.
+Why a candidate cannot forge a pass: the verdict is decided by the judge's asserts on plain values, in a
+process the candidate cannot see (another PID namespace), signal, trace or share memory or files with; the
+candidate holds only its end of the two pipes, and whatever it writes there is parsed as data, never run.
+Exiting early, printing anything, patching the interpreter or returning an object that claims equality
+with everything all end as a failed check. Without bubblewrap the same two processes run unconfined,
+which `run_tests` does only when the caller opts in (`Limits.unsafe_without_sandbox`).
+
+The judge executes the dataset's own test code (trusted, like the rest of the benchmark's inputs);
+only solution code runs in the sandbox.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import secrets
+import pwd
 import shutil
 import signal
 import subprocess
@@ -28,81 +34,14 @@ import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
-_GUARD = r'''
-import os, sys
+from ornith_stack.bench import sandbox_child
+from ornith_stack.errors import UserError
 
-def _install(root, readable):
-    sep = os.sep
-    root = os.path.realpath(root)
-    readable = tuple(os.path.realpath(p) for p in readable)
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-    path_events = {"os.listdir": False, "os.scandir": False, "os.chdir": False, "os.mkdir": True,
-                   "os.remove": True, "os.rmdir": True, "os.rename": True, "os.chmod": True,
-                   "os.chown": True, "os.truncate": True, "os.utime": True, "os.symlink": True,
-                   "os.link": True, "shutil.rmtree": True, "shutil.copyfile": True}
-    banned = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-              "os.forkpty", "os.kill", "os.killpg", "ctypes.", "socket.", "urllib.", "http.", "ftplib.",
-              "smtplib.", "poplib.", "imaplib.", "nntplib.", "telnetlib.", "webbrowser.", "pty.")
-
-    def inside(path, bases):
-        return any(path == b or path.startswith(b.rstrip(sep) + sep) for b in bases)
-
-    def check_path(path, write):
-        if path is None or isinstance(path, int):
-            return
-        real = os.path.realpath(os.fsdecode(path))
-        if inside(real, (root,)) or (not write and inside(real, readable)):
-            return
-        raise PermissionError(f"sandbox: {os.fsdecode(path)} is outside the sandbox directory")
-
-    def hook(event, args):
-        if event == "open":
-            path, mode, flags = args
-            write = any(c in (mode or "") for c in "wax+") or bool((flags or 0) & write_flags)
-            check_path(path, write)
-        elif event in path_events:
-            check_path(args[0], path_events[event])
-            if event in ("os.rename", "os.symlink", "os.link") and len(args) > 1:
-                check_path(args[1], True)
-        elif event == "import" and args[0].split(".")[0] in ("ctypes", "_ctypes", "cffi"):
-            raise ImportError(f"sandbox: {args[0]} is not allowed")
-        elif event.startswith(banned):
-            raise PermissionError(f"sandbox: {event} is not allowed")
-
-    sys.addaudithook(hook)
-
-def _limit(cpu_s, memory_mb, file_mb, open_files):
-    import resource
-    for which, value in ((resource.RLIMIT_CPU, cpu_s), (resource.RLIMIT_AS, memory_mb << 20),
-                         (resource.RLIMIT_FSIZE, file_mb << 20), (resource.RLIMIT_NOFILE, open_files),
-                         (resource.RLIMIT_CORE, 0)):
-        resource.setrlimit(which, (value, value))
-
-def _main():
-    root, token = sys.argv[1], sys.argv[2]
-    _limit(*(int(v) for v in sys.argv[3:7]))
-    program = open(os.path.join(root, "program.py")).read()
-    del sys.argv[1:]
-    readable = [p for p in sys.path if p and os.path.isabs(p)] + [sys.prefix, sys.base_prefix,
-                "/dev/null", "/dev/urandom"]
-    code = compile(program, "program.py", "exec")
-    _install(root, readable)
-    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
-    sys.stdout.flush()
-    print("\n" + token, flush=True)
-
-_main()
-'''
-
-
-@dataclass(frozen=True)
-class RunResult:
-    passed: bool
-    status: str  # passed | failed | timeout | error
-    detail: str
-    duration_s: float
-    network_namespace: bool
+UNSAFE_FLAG = "--unsafe-run-code-without-sandbox"
+_CHILD = Path(sandbox_child.__file__).read_text(encoding="utf-8")
+_NOBODY = "nobody"
 
 
 @dataclass(frozen=True)
@@ -111,70 +50,209 @@ class Limits:
     memory_mb: int = 1024
     file_mb: int = 16
     open_files: int = 64
+    processes: int = 16
+    unsafe_without_sandbox: bool = False  # run code with no isolation where bubblewrap cannot
 
 
-def run_program(program: str, limits: Limits | None = None) -> RunResult:
-    """Run `program` (solution plus its tests) in the sandbox; pass means exit 0 after the tests ran."""
-    token = secrets.token_hex(16)
-    root = Path(tempfile.mkdtemp(prefix="ornith-bench-"))
-    try:
-        (root / "program.py").write_text(program)
-        (root / "guard.py").write_text(_GUARD)
-        return _run(root, token, limits or Limits())
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+@dataclass(frozen=True)
+class CodeJob:
+    """Untrusted `solution` (run in the sandbox as module `solution`) and the trusted tests: `setup` runs
+    first in the judge, then each name in `functions` becomes a proxy of the solution's function, then
+    `tests` runs; the job passes when `tests` completes without an exception."""
+
+    solution: str
+    setup: str
+    tests: str
+    functions: tuple[str, ...]
 
 
-def _run(root: Path, token: str, limits: Limits) -> RunResult:
-    netns = network_namespace_available()
-    # The guard sets the resource limits itself before it reads the program (no preexec_fn: the bench
-    # may have HTTP threads alive, and forking with threads must not run Python code in the child).
-    sizes = (int(limits.wall_s) + 1, limits.memory_mb, limits.file_mb, limits.open_files)
-    argv = [sys.executable, "-I", "-B", str(root / "guard.py"), str(root), token, *map(str, sizes)]
-    if netns:
-        argv = ["unshare", "--user", "--map-root-user", "--net", "--", *argv]
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(root), "TMPDIR": str(root)}
+@dataclass(frozen=True)
+class RunResult:
+    passed: bool
+    status: str  # passed | failed | timeout
+    detail: str
+    duration_s: float
+    sandboxed: bool
+
+
+class SandboxUnavailable(UserError):
+    """bubblewrap cannot isolate code on this host, and the caller did not accept running it without."""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How candidates run here: the interpreter inside the sandbox and the user that starts bubblewrap."""
+
+    interpreter: str
+    prefix: str
+    user: str | None  # run bubblewrap as this user (the harness runs as root), else as ourselves
+    problem: str | None  # why code cannot be isolated here; None when it can
+
+
+def run_tests(job: CodeJob, limits: Limits | None = None) -> RunResult:
+    limits = limits or Limits()
+    iso = isolation()
+    if iso.problem and not limits.unsafe_without_sandbox:
+        raise SandboxUnavailable(refusal(iso.problem))
+    with tempfile.TemporaryDirectory(prefix="ornith-bench-") as scratch:
+        return _run(job, limits, iso, Path(scratch))
+
+
+def require_sandbox(limits: Limits) -> None:
+    """Refuse, before any request is sent, a run that would have to execute code without isolation."""
+    problem = isolation().problem
+    if problem and not limits.unsafe_without_sandbox:
+        raise SandboxUnavailable(refusal(problem))
+
+
+def refusal(problem: str) -> str:
+    return (f"refusing to run model-written code: {problem}. Install bubblewrap (Debian: apt-get install "
+            f"bubblewrap) on a kernel that allows user namespaces, or pass {UNSAFE_FLAG} to run it "
+            "unconfined on this host")
+
+
+def _run(job: CodeJob, limits: Limits, iso: Isolation, scratch: Path) -> RunResult:
+    requests_r, requests_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    sandboxed = iso.problem is None
+    sizes = (int(limits.wall_s) + 1, limits.memory_mb, limits.file_mb, limits.open_files, limits.processes)
+    child = [iso.interpreter, "-I", "-S", "-B", "-c", _CHILD]
+    cand_argv = [*child, "candidate", str(requests_r), str(replies_w), *map(str, sizes)]
+    if sandboxed:
+        cand_argv = bwrap_argv(iso, limits) + cand_argv
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     started = time.perf_counter()
-    with open(root / "stdout", "wb") as out, open(root / "stderr", "wb") as err:
-        proc = subprocess.Popen(argv, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=limits.wall_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            return RunResult(False, "timeout", f"timeout: killed after {limits.wall_s:g} s", limits.wall_s, netns)
-    duration = time.perf_counter() - started
-    stdout = (root / "stdout").read_text(errors="replace")
-    stderr = (root / "stderr").read_text(errors="replace")
-    if rc == 0 and stdout.rstrip().endswith(token):
-        return RunResult(True, "passed", "", duration, netns)
-    if rc < 0 and -rc in (signal.SIGXCPU, signal.SIGKILL):
-        return RunResult(False, "timeout", f"timeout: killed by signal {-rc} (CPU limit)", duration, netns)
-    detail = _last_line(stderr) or (f"exit status {rc}" if rc else "exited before the tests finished")
-    return RunResult(False, "failed", detail, duration, netns)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+        with open(scratch / "candidate.log", "wb") as log:
+            procs.append(subprocess.Popen(
+                cand_argv, stdin=subprocess.PIPE, stdout=log, stderr=log, env=env, cwd="/" if sandboxed else scratch,
+                pass_fds=(requests_r, replies_w), start_new_session=True, **_as_user(iso.user if sandboxed else None)))
+            procs.append(subprocess.Popen(
+                [*child, "judge", str(requests_w), str(replies_r)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log, env=env, cwd=scratch, pass_fds=(replies_r, requests_w), start_new_session=True))
+    except OSError:
+        _kill(*procs)
+        raise
+    finally:
+        for fd in (requests_r, requests_w, replies_r, replies_w):
+            os.close(fd)
+    cand, judge = procs
+    _feed(cand, job.solution.encode())
+    _feed(judge, json.dumps({"setup": job.setup, "tests": job.tests, "functions": job.functions}).encode())
+    try:
+        out, _ = judge.communicate(timeout=limits.wall_s)
+    except subprocess.TimeoutExpired:
+        _kill(judge, cand)
+        return RunResult(False, "timeout", f"timeout: killed after {limits.wall_s:g} s",
+                         time.perf_counter() - started, sandboxed)
+    _kill(cand)
+    duration = time.perf_counter() - started
+    try:
+        verdict = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        verdict = {"passed": False, "detail": f"the judge exited with status {judge.returncode}"}
+    if verdict["passed"] and judge.returncode == 0:
+        return RunResult(True, "passed", "", duration, sandboxed)
+    return RunResult(False, "failed", str(verdict["detail"]) or "failed", duration, sandboxed)
+
+
+def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    """Write a child's whole input and close it; a child that died early (a solution that exits at once)
+    is not an error here, its verdict says so."""
+    stream, proc.stdin = proc.stdin, None
+    assert stream is not None
+    try:
+        stream.write(data)
+    except OSError:
         pass
-    proc.wait()
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+def _kill(*procs: subprocess.Popen[bytes]) -> None:
+    """SIGKILL each process group: the judge and, for the candidate, bubblewrap, whose sandbox's PID 1
+    dies with it (`--die-with-parent`), taking every process of its PID namespace along."""
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+
+
+def _as_user(name: str | None) -> dict[str, Any]:
+    if name is None:
+        return {}
+    entry = pwd.getpwnam(name)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
+def bwrap_argv(iso: Isolation, limits: Limits) -> list[str]:
+    argv = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    if not _under(iso.prefix, "/usr"):
+        argv += ["--ro-bind", iso.prefix, iso.prefix]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(2 * limits.file_mb << 20), "--tmpfs", "/tmp",
+             "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
+             "--setenv", "LANG", "C.UTF-8", "--"]
+    return argv
 
 
 @cache
-def network_namespace_available() -> bool:
-    """Whether this kernel lets us make a private network namespace without privileges."""
-    if shutil.which("unshare") is None:
-        return False
+def isolation() -> Isolation:
+    """Whether and how this host isolates candidates: probes bubblewrap once with a real sandboxed run."""
+    interpreter, prefix, user = _interpreter()
+    if shutil.which("bwrap") is None:
+        return Isolation(interpreter, prefix, user, "bubblewrap (bwrap) is not installed")
+    iso = Isolation(interpreter, prefix, user, None)
+    probe = bwrap_argv(iso, Limits()) + [interpreter, "-I", "-S", "-c", "import socket; print(socket.gethostname())"]
     try:
-        done = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "--", "true"],
-                              check=False, capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False, **_as_user(user))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Isolation(interpreter, prefix, user, f"bubblewrap failed to start ({exc})")
+    if done.returncode != 0 or done.stdout.strip() != "sandbox":
+        reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return Isolation(interpreter, prefix, user, f"bubblewrap cannot make a sandbox here ({reason}); "
+                         "user namespaces may be disabled")
+    return iso
+
+
+def _interpreter() -> tuple[str, str, str | None]:
+    """The Python that runs candidates and the prefix to bind for it. As root, bubblewrap is started as
+    `nobody` so sandboxed processes have a kernel uid that is not root (the kernel exempts root from the
+    process-count limit); that needs an interpreter `nobody` can reach, which the system's /usr/bin/python3
+    is when ours lives under a private home."""
+    ours = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    candidates = [(ours, sys.base_prefix), (os.path.realpath("/usr/bin/python3"), "/usr")]
+    if os.geteuid() != 0:
+        return ours, sys.base_prefix, None
+    try:
+        pwd.getpwnam(_NOBODY)
+    except KeyError:
+        return ours, sys.base_prefix, None
+    for path, prefix in candidates:
+        if os.path.isfile(path) and _world_reachable(path) and _world_reachable(prefix):
+            return path, prefix, _NOBODY
+    return ours, sys.base_prefix, None
+
+
+def _world_reachable(path: str) -> bool:
+    """Every directory above `path` is searchable by others, and `path` itself is readable by them."""
+    real = Path(os.path.realpath(path))
+    if not real.exists() or not real.stat().st_mode & 0o004:
         return False
-    return done.returncode == 0
+    return all(parent.stat().st_mode & 0o001 for parent in real.parents)
 
 
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
+def _under(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip("/") + "/")

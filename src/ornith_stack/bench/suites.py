@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ornith_stack.bench import prompts, stats
-from ornith_stack.bench.checkers import check_gsm8k, check_humaneval
+from ornith_stack.bench.checkers import check
 from ornith_stack.bench.client import EngineClient, RequestSample, ServerInfo, decode_rate
 from ornith_stack.bench.datasets import Problem, load_tasks
-from ornith_stack.bench.sandbox import Limits
+from ornith_stack.bench.sandbox import Limits, require_sandbox
 from ornith_stack.engines import EngineAdapter, SpecCounters, acceptance_length, detect_adapter
 from ornith_stack.engines.exposition import Samples
 from ornith_stack.errors import UserError
@@ -161,6 +161,7 @@ class Runner:
 
     def tasks(self) -> None:
         cfg = self.config
+        require_sandbox(cfg.sandbox)
         sets = load_tasks(cfg.tasks_dir, cfg.task_limit)
         suite: dict[str, Any] = {"max_tokens": cfg.task_max_tokens,
                                  "sampling": cfg.sampling.model_dump() if cfg.sampling else "greedy",
@@ -182,11 +183,9 @@ class Runner:
     def verdict(self, problem: Problem, sample: RequestSample) -> dict[str, Any]:
         if sample.error:
             return {"passed": False, "extracted": None, "check": sample.error}
-        if problem.task == "gsm8k":
-            v = check_gsm8k(sample.text, problem.answer)
-        else:
-            v = check_humaneval(problem.prompt, sample.text, problem.test, problem.entry_point,
-                                self.config.sandbox)
+        v = check(problem, sample.text, self.config.sandbox)
+        if v is None:
+            return {"passed": None, "extracted": None, "check": "no checker"}
         return {"passed": v.passed, "extracted": v.extracted, "check": v.detail}
 
     def ttft_sweep(self) -> None:

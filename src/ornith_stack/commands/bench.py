@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ornith_stack.bench import SUITES, BenchConfig, run_bench
 from ornith_stack.bench.compare import load_result
 from ornith_stack.bench.report import write_outputs
-from ornith_stack.bench.sandbox import Limits
+from ornith_stack.bench.sandbox import UNSAFE_FLAG, Limits, require_sandbox
 from ornith_stack.bench.suites import DEFAULT_CONCURRENCY, DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_LENGTHS
 from ornith_stack.errors import UserError
 from ornith_stack.profiles import load_profile
@@ -82,6 +82,8 @@ def register(app: typer.Typer) -> None:
         ignore_eos: Annotated[bool, typer.Option(help="Send ignore_eos so speed requests generate max-tokens.")] = True,
         timeout: Annotated[float, typer.Option(min=1, help="Seconds one request may take.")] = 900.0,
         code_timeout: Annotated[float, typer.Option(min=0.5, help="Seconds one HumanEval program may run.")] = 10.0,
+        unsafe_run_code_without_sandbox: Annotated[bool, typer.Option(
+            UNSAFE_FLAG, help="Run model-written code unconfined where bubblewrap cannot isolate it.")] = False,
     ) -> None:
         """Measure decode, TTFT, task accuracy and acceptance, and throughput; write JSON, Markdown and plots."""
         chosen = load_profile(profile) if profile else None
@@ -91,8 +93,10 @@ def register(app: typer.Typer) -> None:
             concurrency=parse_ints("--concurrency", concurrency), task_limit=task_limit,
             task_max_tokens=task_max_tokens, tasks_dir=tasks_dir,
             sampling=chosen.serve.sampling if chosen else None, ignore_eos=ignore_eos, timeout_s=timeout,
-            sandbox=Limits(wall_s=code_timeout),
+            sandbox=Limits(wall_s=code_timeout, unsafe_without_sandbox=unsafe_run_code_without_sandbox),
         )
+        if "tasks" in config.suites:
+            require_sandbox(config.sandbox)
         base = load_result(baseline) if baseline else None
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         bar = Progress(*columns, console=err, transient=False)

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ornith_stack.deployment import EXPORTER_LISTEN_HOST
 from ornith_stack.errors import UserError
 from ornith_stack.exporter.scrape import Target
 from ornith_stack.exporter.server import Settings, normalise_target, parse_listen, serve
@@ -18,7 +19,10 @@ def register(app: typer.Typer) -> None:
     def exporter_cmd(
         # Optional for typer so that a missing --target is our one-line error, not a usage traceback.
         target: Annotated[list[str] | None, typer.Option("--target", help="Engine base URL; repeat for several.")] = None,
-        listen: Annotated[str, typer.Option(help="[HOST]:PORT to serve /metrics on.")] = ":9400",
+        # Loopback by default: a host-mode exporter is not reachable from the network unless asked
+        # (containers pass --listen :PORT, and publish the port on loopback themselves).
+        listen: Annotated[str, typer.Option(help="[HOST]:PORT to serve /metrics on; :PORT for every address.")
+                          ] = EXPORTER_LISTEN_HOST,
         profile: Annotated[str | None, typer.Option(help="Profile the targets run (labels, draft).")] = None,
         canary: Annotated[bool, typer.Option("--canary", help="Send a known-answer request periodically.")] = False,
         canary_interval: Annotated[float, typer.Option(help="Seconds between canary requests.")] = 30.0,

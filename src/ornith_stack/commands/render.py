@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ornith_stack.render import find_root, render
+from ornith_stack.generate.core import checkout_root, find_root
+from ornith_stack.generate.generators import render_all
 
 out = Console()
 
@@ -19,8 +20,8 @@ def register(app: typer.Typer) -> None:
         check: Annotated[bool, typer.Option("--check", help="Compare only; exit 1 if a file differs.")] = False,
         root: Annotated[Path | None, typer.Option(help="Repository root (default: found from here).")] = None,
     ) -> None:
-        """Generate compose files, Helm values and Ansible variables from the profiles."""
-        outcomes = render(root or find_root(), check=check)
+        """Generate compose files, Helm values, Ansible variables and monitoring files from their sources."""
+        outcomes = render_all(checkout_root(root) if root else find_root(), check=check)
         stale = [o for o in outcomes if o.status in ("differs", "missing")]
         for outcome in outcomes:
             if outcome.status != "unchanged" or not check:

@@ -22,7 +22,8 @@ class ServeSettings:
     gpu_memory_utilization: float | None = None  # vLLM
     kv_cache_memory_bytes: int | None = None  # vLLM
     kv_cache_dtype: str = "auto"
-    enable_prefix_caching: bool = True
+    # vLLM --enable-prefix-caching / SGLang radix cache; None: the engine's default for the model.
+    enable_prefix_caching: bool | None = None
     max_total_tokens: int | None = None  # SGLang
     max_running_requests: int | None = None  # SGLang
     speculative_method: str | None = None  # "dflash", "ngram", ...
@@ -34,8 +35,11 @@ class ServeSettings:
     mamba_ssm_cache_dtype: str | None = None  # vLLM --mamba-ssm-cache-dtype, SGLang --mamba-ssm-dtype
     mamba_full_memory_ratio: float | None = None  # SGLang
     max_mamba_cache_size: int | None = None  # SGLang
-    mamba_extra_buffer: bool = False  # SGLang: mamba scheduler/radix strategy "extra_buffer"
+    # SGLang --mamba-radix-cache-strategy (0.5.17 also spells it --mamba-scheduler-strategy):
+    # "auto", "no_buffer", "extra_buffer"...; None: "auto".
+    mamba_radix_cache_strategy: str | None = None
     overlap_schedule: bool = True  # SGLang: --disable-overlap-schedule turns it off
+    language_model_only: bool = False  # vLLM --language-model-only: the vision tower is not loaded
     extra: dict[str, ArgValue] = field(default_factory=dict)
 
 
@@ -119,6 +123,8 @@ class EngineAdapter:
     spec_samples: ClassVar[tuple[str, ...]] = ()
     # Flags added for serving in a container, beyond the seed's: listen address and metrics.
     serving_flags: ClassVar[tuple[str, ...]] = ("host", "port")
+    # The flag that serves a vision-language checkpoint without its vision tower (None: the engine has none).
+    language_only_flag: ClassVar[str | None] = None
 
     def launch_args(self, profile: Profile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
         """The full argv of the engine process for `profile` (python and module first)."""
@@ -213,3 +219,16 @@ def first(args: dict[str, ArgValue], *names: str, default: Any = None) -> Any:
         if name in args:
             return args[name]
     return default
+
+
+def int_arg(value: ArgValue | None) -> int | None:
+    """A profile flag's value as an integer; None when the profile leaves the flag out."""
+    return None if value is None else int(value)  # type: ignore[arg-type]
+
+
+def float_arg(value: ArgValue | None) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def str_arg(value: ArgValue | None) -> str | None:
+    return None if value is None else str(value)

@@ -12,9 +12,11 @@ from ornith_stack.engines.base import (
     ServeSettings,
     SpecCounters,
     first,
+    float_arg,
+    int_arg,
+    str_arg,
 )
 from ornith_stack.engines.exposition import Samples
-from ornith_stack.engines.vllm import _float_or_none, _int_or_none, _str_or_none
 from ornith_stack.profiles.model import ArgValue, Profile
 
 
@@ -61,26 +63,28 @@ class SglangAdapter(EngineAdapter):
     def settings(self, profile: Profile) -> ServeSettings:
         args = profile.serve.args
         method = first(args, "speculative-algorithm")
-        block = _int_or_none(first(args, "speculative-dflash-block-size", "speculative-num-draft-tokens"))
+        block = int_arg(first(args, "speculative-dflash-block-size", "speculative-num-draft-tokens"))
         return ServeSettings(
-            tp=int(first(args, "tp", "tp-size", "tensor-parallel-size", default=1)),
-            max_model_len=_int_or_none(first(args, "context-length")),
-            mem_fraction_static=_float_or_none(first(args, "mem-fraction-static")),
+            tp=int(first(args, "tp-size", "tp", "tensor-parallel-size", default=1)),
+            max_model_len=int_arg(first(args, "context-length")),
+            mem_fraction_static=float_arg(first(args, "mem-fraction-static")),
             kv_cache_dtype=str(first(args, "kv-cache-dtype", default="auto")),
-            enable_prefix_caching=not args.get("disable-radix-cache", False),
-            max_total_tokens=_int_or_none(first(args, "max-total-tokens")),
-            max_running_requests=_int_or_none(first(args, "max-running-requests")),
+            enable_prefix_caching=False if args.get("disable-radix-cache", False) else None,
+            max_total_tokens=int_arg(first(args, "max-total-tokens")),
+            max_running_requests=int_arg(first(args, "max-running-requests")),
             speculative_method=str(method).lower() if method else None,
             # A DFlash block of 16 verifies 15 drafted tokens plus the bonus token.
             num_speculative_tokens=block - 1 if block else 0,
             draft_block_size=block,
             extra={k: v for k, v in args.items() if k.startswith("mamba-")},
-            dtype=_str_or_none(first(args, "dtype")),
-            block_size=_int_or_none(first(args, "page-size")),
-            mamba_ssm_cache_dtype=_str_or_none(first(args, "mamba-ssm-dtype")),
-            mamba_full_memory_ratio=_float_or_none(first(args, "mamba-full-memory-ratio")),
-            max_mamba_cache_size=_int_or_none(first(args, "max-mamba-cache-size")),
-            **_mamba_strategy(args),
+            dtype=str_arg(first(args, "dtype")),
+            block_size=int_arg(first(args, "page-size")),
+            mamba_ssm_cache_dtype=str_arg(first(args, "mamba-ssm-dtype")),
+            mamba_full_memory_ratio=float_arg(first(args, "mamba-full-memory-ratio")),
+            max_mamba_cache_size=int_arg(first(args, "max-mamba-cache-size")),
+            # 0.5.17 spells it --mamba-scheduler-strategy, 0.5.21 --mamba-radix-cache-strategy.
+            mamba_radix_cache_strategy=str_arg(first(args, "mamba-radix-cache-strategy", "mamba-scheduler-strategy")),
+            overlap_schedule=not args.get("disable-overlap-schedule", False),
         )
 
     def spec_counters(self, samples: Samples) -> SpecCounters | None:
@@ -118,22 +122,3 @@ class SglangAdapter(EngineAdapter):
         if length is None and ratio is None:
             return None
         return ReportedAcceptance(length=length, ratio=ratio)
-
-
-def _mamba_strategy(args: dict[str, Any]) -> dict[str, bool]:
-    """The mamba radix-cache strategy SGLang resolves, and whether the overlap scheduler stays on.
-
-    0.5.17 spells the flag --mamba-scheduler-strategy (a deprecated alias there), 0.5.21
-    --mamba-radix-cache-strategy; both default to "auto". sglang 0.5.17 `arg_groups/overrides.py`
-    (the post-process after `_MAMBA_EXTRA_BUFFER_ARCHS`, which lists Qwen3_5MoeForConditionalGeneration):
-    with the radix cache on, "auto" becomes "extra_buffer" when the overlap scheduler is on or
-    --page-size > 1, else "no_buffer", which also disables the overlap scheduler. The H200
-    recordings (tests/fixtures/engines/sglang-0.5.17) log mamba_radix_cache_strategy='extra_buffer'.
-    """
-    strategy = first(args, "mamba-radix-cache-strategy", "mamba-scheduler-strategy", default="auto")
-    overlap = not args.get("disable-overlap-schedule", False)
-    if strategy != "auto":
-        return {"mamba_extra_buffer": strategy == "extra_buffer", "overlap_schedule": overlap}
-    radix = not args.get("disable-radix-cache", False)
-    extra = radix and (overlap or (_int_or_none(first(args, "page-size")) or 1) > 1)
-    return {"mamba_extra_buffer": extra, "overlap_schedule": overlap and (extra or not radix)}

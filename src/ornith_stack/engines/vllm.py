@@ -11,6 +11,9 @@ from ornith_stack.engines.base import (
     ServeSettings,
     SpecCounters,
     first,
+    float_arg,
+    int_arg,
+    str_arg,
 )
 from ornith_stack.engines.exposition import Samples
 from ornith_stack.profiles.model import ArgValue, Profile
@@ -19,6 +22,7 @@ from ornith_stack.profiles.model import ArgValue, Profile
 class VllmAdapter(EngineAdapter):
     kind = "vllm"
     module = "vllm.entrypoints.openai.api_server"
+    language_only_flag = "language-model-only"
     model_flag = "model"
     metric_prefix = "vllm:"
     # vLLM's /version answers {"version": "0.24.0"}; the model comes from the metrics' model_name label.
@@ -66,19 +70,19 @@ class VllmAdapter(EngineAdapter):
         method = spec.get("method")
         return ServeSettings(
             tp=int(first(args, "tensor-parallel-size", "tp", default=1)),
-            max_model_len=_int_or_none(first(args, "max-model-len")),
-            gpu_memory_utilization=_float_or_none(first(args, "gpu-memory-utilization")),
-            kv_cache_memory_bytes=_int_or_none(first(args, "kv-cache-memory-bytes")),
+            max_model_len=int_arg(first(args, "max-model-len")),
+            gpu_memory_utilization=float_arg(first(args, "gpu-memory-utilization")),
+            kv_cache_memory_bytes=int_arg(first(args, "kv-cache-memory-bytes")),
             kv_cache_dtype=str(first(args, "kv-cache-dtype", default="auto")),
-            # vLLM 0.2x turns prefix caching on unless told otherwise.
-            enable_prefix_caching=not args.get("no-enable-prefix-caching", False)
-            and bool(args.get("enable-prefix-caching", True)),
+            # Absent both flags, the planner resolves vLLM's default for the model (off for hybrids).
+            enable_prefix_caching=_prefix_caching(args),
             speculative_method=str(method) if method else None,
             num_speculative_tokens=k,
             draft_block_size=k + 1 if method == "dflash" else None,
-            dtype=_str_or_none(first(args, "dtype")),
-            block_size=_int_or_none(first(args, "block-size")),
-            mamba_ssm_cache_dtype=_str_or_none(first(args, "mamba-ssm-cache-dtype")),
+            dtype=str_arg(first(args, "dtype")),
+            block_size=int_arg(first(args, "block-size")),
+            mamba_ssm_cache_dtype=str_arg(first(args, "mamba-ssm-cache-dtype")),
+            language_model_only=bool(args.get(self.language_only_flag or "", False)),
         )
 
     def parse_info(self, payload: Any) -> EngineInfo:
@@ -98,13 +102,8 @@ class VllmAdapter(EngineAdapter):
         )
 
 
-def _int_or_none(value: ArgValue | None) -> int | None:
-    return None if value is None else int(value)  # type: ignore[arg-type]
-
-
-def _float_or_none(value: ArgValue | None) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
-
-
-def _str_or_none(value: ArgValue | None) -> str | None:
-    return None if value is None else str(value)
+def _prefix_caching(args: dict[str, ArgValue]) -> bool | None:
+    if args.get("no-enable-prefix-caching"):
+        return False
+    value = args.get("enable-prefix-caching")
+    return None if value is None else bool(value)

@@ -13,32 +13,28 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from ornith_stack.deployment import EXPORTER_PORT, SD_PATH
 from ornith_stack.errors import UserError
 from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.collectors import ExporterCollector
 from ornith_stack.exporter.scrape import Scraper, Target
-
-DEFAULT_PORT = 9400
-# Prometheus HTTP service discovery: the engines this exporter watches, so Prometheus can scrape their
-# raw /metrics too without a second list of addresses.
-SD_PATH = "/sd/engines"
 
 
 @dataclass(frozen=True)
 class Settings:
     targets: list[Target]
     host: str = ""
-    port: int = DEFAULT_PORT
+    port: int = EXPORTER_PORT
     timeout: float = 3.0
     canary: bool = False
     canary_interval: float = 30.0
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
-    """'[HOST]:PORT' as (host, port); ':9400' listens on every address."""
+    """'[HOST]:PORT' as (host, port); ':PORT' listens on every address."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(f"--listen {listen!r}: expected [HOST]:PORT, e.g. :9400 or 127.0.0.1:9400")
+        raise UserError(f"--listen {listen!r}: expected [HOST]:PORT, e.g. :{EXPORTER_PORT} or 127.0.0.1:{EXPORTER_PORT}")
     return host.strip("[]"), int(port)
 
 

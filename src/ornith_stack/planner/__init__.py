@@ -41,12 +41,16 @@ def request_for_profile(
     """The plan request a profile describes; overrides replace the profile's GPU memory, shapes or flags."""
     gpu = profile.hardware.gpu
     if gpu is None and gpu_memory_gib is None:
-        raise UserError(f"profile {profile.name!r} runs without a GPU: there is nothing to plan "
-                        "(use the general form: plan --engine ... --model-config ... --gpu-memory-gib ...)")
+        raise UserError(
+            f"profile {profile.name!r} runs without a GPU: there is nothing to plan "
+            "(use the general form: plan --engine ... --model-config ... --gpu-memory-gib ...)"
+        )
     shape_name = model_config or profile.model.shape
     if shape_name is None:
-        raise UserError(f"profile {profile.name!r} has no model.shape; pass --model-config PATH_OR_NAME "
-                        f"(shipped: {', '.join(shipped_shapes())})")
+        raise UserError(
+            f"profile {profile.name!r} has no model.shape; pass --model-config PATH_OR_NAME "
+            f"(shipped: {', '.join(shipped_shapes())})"
+        )
     settings = adapter_for(profile).settings(profile)
     overrides = {k: v for k, v in (setting_overrides or {}).items() if v is not None}
     settings = replace(settings, **overrides)
@@ -55,8 +59,10 @@ def request_for_profile(
     draft = _draft_shape(draft_name)
     notes = extra.pop("notes", ())
     if draft_name and draft is None:
-        missing = (f"draft shape {draft_name!r} is not shipped in planner/configs: draft weights and "
-                   "draft KV are not counted (pass --draft-config PATH)")
+        missing = (
+            f"draft shape {draft_name!r} is not shipped in planner/configs: draft weights and "
+            "draft KV are not counted (pass --draft-config PATH)"
+        )
         notes = (*notes, missing)
     return PlanRequest(
         engine=profile.engine.kind,

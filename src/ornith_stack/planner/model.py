@@ -43,14 +43,18 @@ class PlanRequest:
             raise UserError(f"--tp must be at least 1, got {s.tp}")
         if self.gpu_count < s.tp:
             raise UserError(f"--tp {s.tp} needs {s.tp} GPUs, the plan has {self.gpu_count}")
-        for name, value in (("--mem-fraction-static", s.mem_fraction_static),
-                            ("--gpu-memory-utilization", s.gpu_memory_utilization)):
+        for name, value in (
+            ("--mem-fraction-static", s.mem_fraction_static),
+            ("--gpu-memory-utilization", s.gpu_memory_utilization),
+        ):
             if value is not None and not 0 < value <= 1:
                 raise UserError(f"{name} must be in (0, 1], got {value}")
-        for name, value in (("--kv-cache-memory-bytes", s.kv_cache_memory_bytes),
-                            ("--max-model-len", s.max_model_len),
-                            ("--max-total-tokens", s.max_total_tokens),
-                            ("--max-running-requests", s.max_running_requests)):
+        for name, value in (
+            ("--kv-cache-memory-bytes", s.kv_cache_memory_bytes),
+            ("--max-model-len", s.max_model_len),
+            ("--max-total-tokens", s.max_total_tokens),
+            ("--max-running-requests", s.max_running_requests),
+        ):
             if value is not None and value <= 0:
                 raise UserError(f"{name} must be positive, got {value}")
         if s.num_speculative_tokens < 0:

@@ -1,139 +1,294 @@
-"""SGLang memory accounting for the Qwen3.5 hybrid with a DFlash draft (FACTS section 4).
+"""SGLang memory accounting for hybrid (gated-delta + full attention) models with a DFlash draft.
 
-The pool split follows SGLang's KV-cache configurator (`_profile_available_bytes`,
-`_handle_max_mamba_cache`, `_resolve_max_num_reqs`, read in sglang's model-runner KV-cache code):
-- rest = memory left after the weights (target + draft) - total x (1 - mem_fraction_static);
-- mamba state pool = rest x r / (1 + r), r = --mamba-full-memory-ratio (0.9), unless
-  --max-mamba-cache-size (or radix cache off with --max-running-requests) fixes the slot count;
-- KV tokens = what is left / cell size (full-attention layers x 2 x KV heads/rank x head_dim x dtype,
-  plus the DFlash draft's KV per token), then min(..., --max-total-tokens);
-- running requests = min(requested, tokens / 2, state slots / S), S = 3 (radix cache, no extra
-  buffer), 3 + 2 (extra_buffer with the overlap scheduler) or 3 + 1 (without), 1 (radix cache off).
-  DFlash sets --max-running-requests to 48 when it is not given.
-- DFlash verify buffers (`intermediate_ssm_state_cache`): per running request x draft tokens x the
-  recurrent state of every gated-delta layer (about 0.94 GiB/request for the 35B at block 16).
-  From 0.5.17 (sglang `mem_cache/kv_cache_configurator.py`, `_handle_max_mamba_cache`, and the
-  H200 recordings in tests/fixtures/engines/sglang-0.5.17) the mamba budget is solved jointly for
-  state + intermediate, with the pool's padding slot on both buffers:
-  (K + 1) x per_req + (min(requested, K / S) + 1) x D x per_req = budget; so they come out of the
-  static pool. Older versions are taken to size them outside it, next to CUDA graphs.
+Each step is one pure function named after the quantity SGLang logs or resolves, read in the 0.5.17
+wheel (tests/unit/test_engine_defaults.py checks every default against those sources):
+- `resolve_mem_fraction_static`: server_args.py `_handle_gpu_memory_settings` (reserve by GPU size,
+  chunked prefill and CUDA graphs) and `adjust_mem_fraction_for_vlm`, when the flag is absent;
+- `resolve_mamba_strategy`: arg_groups/overrides.py `_mamba_radix_cache_resolution` ("auto" becomes
+  "extra_buffer" for Qwen3.5 with the overlap scheduler and the triton linear-attention backend);
+- `static_pool_rest`: kv_cache_configurator.py `_profile_available_bytes` (memory after weights, target
+  and draft, minus total x (1 - mem_fraction_static));
+- `mamba_pool`: `_handle_max_mamba_cache` (state slots K and the DFlash verify buffers solved jointly
+  inside the static pool, each with the pool's +1 padding slot);
+- `kv_cell_bytes` and `max_total_num_tokens`: pool_configurator.py `DefaultPoolConfigurator` (full
+  attention layers, scaled for the DFlash draft's layers; page-aligned; capped by --max-total-tokens);
+- `running_requests`: `resolve_max_num_reqs` (requested or estimated, tokens / 2, slots / mamba ratio).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ornith_stack.errors import UserError
+from ornith_stack.planner.common import attention_bytes_per_token, mamba_state_bytes, tp_divisibility
 from ornith_stack.planner.model import GIB, Plan, PlanRequest, Problem, cdiv, gib
-from ornith_stack.planner.vllm import attention_bytes_per_token, mamba_state_bytes
+from ornith_stack.planner.shapes import ModelShape, VisionShape
 
-DEFAULT_MEM_FRACTION_STATIC = 0.85  # SGLang picks one by GPU size; 0.85 is what seed 000 uses on one GPU
+MIB = 1 << 20
+# server_args.py ServerArgs field defaults.
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
+DEFAULT_PAGE_SIZE = 1  # page_size None resolves to 1 outside Blackwell's trtllm_mha path
+DEFAULT_LINEAR_ATTN_BACKEND = "triton"
+# arg_groups/speculative_hook.py `_handle_dflash` (and the ngram and EAGLE handlers): max_running_requests
+# when unset; DFlash's block size when neither the flags nor the draft config give one.
 DFLASH_DEFAULT_MAX_RUNNING_REQUESTS = 48
-MAMBA_RATIO = 3  # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO
-JOINT_VERIFY_BUDGET_SINCE = (0, 5, 17)
+DFLASH_DEFAULT_BLOCK_SIZE = 16
+# mem_cache/kv_cache_configurator.py: state slots per running request.
+MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO = 3
+MAMBA_EXTRA_BUFFER_SLOTS = {True: 2, False: 1}  # ping-pong buffers with / without the overlap scheduler
+# arg_groups/overrides.py `_MAMBA_EXTRA_BUFFER_ARCHS` (the Qwen3.5 family among them).
+MAMBA_EXTRA_BUFFER_ARCHS = frozenset({
+    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM",
+    "KimiLinearForCausalLM", "BailingMoeV2_5ForCausalLM", "FalconH1ForCausalLM",
+    "GraniteMoeHybridForCausalLM", "NemotronHForCausalLM",
+})
+
+
+# -- defaults SGLang resolves when a flag is absent --------------------------------------------------
+
+
+def resolve_mem_fraction_static(req: PlanRequest) -> float:
+    """--mem-fraction-static as given, else SGLang's heuristic for this GPU, tp and model."""
+    s = req.settings
+    if s.mem_fraction_static is not None:
+        return s.mem_fraction_static
+    return default_mem_fraction_static(req.gpu_memory_gib, s.tp, req.shape.vision)
+
+
+def default_mem_fraction_static(gpu_memory_gib: float, tp: int, vision: VisionShape | None) -> float:
+    """`_handle_gpu_memory_settings`: (GPU memory - reserved) / GPU memory to three decimals; then a
+    multimodal model gives up a share for its vision encoder."""
+    gpu_mem = gpu_memory_gib * 1024  # MiB, as SGLang measures it
+    fraction = round((gpu_mem - reserved_mib(gpu_memory_gib, tp)) / gpu_mem, 3)
+    return fraction * vlm_fraction_factor(vision) if vision is not None else fraction
+
+
+def reserved_mib(gpu_memory_gib: float, tp: int) -> float:
+    """SGLang's estimate of the memory outside the static pool (CUDA without PD disaggregation or DP
+    attention): 512 MiB + 1.5 MiB per activation token (the chunked prefill size, at least 2048) +
+    tp/8 GiB + CUDA graphs (2 MiB per decode batch size, 8 MiB per prefill capture size), at least
+    10 GiB above 60 GiB. The planner uses it as the CUDA-graph and activation reserve."""
+    gpu_mem = gpu_memory_gib * 1024
+    chunked_prefill, decode_max_bs = chunked_prefill_and_decode_bs(gpu_mem, tp)
+    reserved = 512 + max(chunked_prefill, 2048) * 1.5 + tp / 8 * 1024
+    reserved += decode_max_bs * 2 + len(prefill_capture_sizes(chunked_prefill)) * 8
+    return max(reserved, 10 * 1024) if gpu_mem > 60 * 1024 else reserved
+
+
+def reserve_bytes(req: PlanRequest) -> int:
+    """--reserve-gib, else SGLang's own reserve for this GPU and tp."""
+    if req.reserve_gib is not None:
+        return req.reserve_bytes
+    return int(reserved_mib(req.gpu_memory_gib, req.settings.tp) * MIB)
+
+
+def chunked_prefill_and_decode_bs(gpu_mem_mib: float, tp: int) -> tuple[int, int]:
+    """(chunked_prefill_size, decode CUDA-graph max batch) by GPU memory, as `_handle_gpu_memory_settings`."""
+    if gpu_mem_mib < 20 * 1024:
+        return 2048, 8
+    if gpu_mem_mib < 35 * 1024:
+        return 2048, 24 if tp < 4 else 80
+    if gpu_mem_mib < 60 * 1024:
+        return 4096, 32 if tp < 4 else 160
+    if gpu_mem_mib < 160 * 1024:
+        return 8192, 256 if tp < 4 else 512
+    return 16384, 512
+
+
+def prefill_capture_sizes(max_bs: int) -> list[int]:
+    """`_generate_prefill_cuda_graph_batch_sizes`: prefill CUDA-graph token counts up to max_bs."""
+    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
+             *range(1280, 4097, 256), *range(4608, max_bs + 1, 512)]
+    return [n for n in sizes if n <= max_bs]
+
+
+def vlm_fraction_factor(vision: VisionShape) -> float:
+    """`adjust_mem_fraction_for_vlm`: 0.95 x (1 - 0.1 x (complexity - 1)) clamped to [0.8, 1.05], the
+    complexity being layers x hidden^2 against ViT-L/14. SGLang reads `num_hidden_layers`, which a
+    Qwen3.5 vision config does not have (it says `depth`), so it takes its default of 24 layers."""
+    ratio = 24 * vision.hidden_size**2 / (24 * 1024**2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+
+
+def resolve_mamba_strategy(req: PlanRequest) -> tuple[str, bool]:
+    """(mamba radix cache strategy, overlap scheduler on) as `_mamba_radix_cache_resolution` leaves them.
+    "auto" becomes "extra_buffer" when the overlap scheduler is on (or pages are longer than one token)
+    and the architecture supports it on the triton linear-attention backend; otherwise "no_buffer",
+    which also turns the overlap scheduler off."""
+    s = req.settings
+    strategy = s.mamba_radix_cache_strategy or "auto"
+    if strategy != "auto" or not radix_cache(req):
+        return strategy, s.overlap_schedule
+    wants = s.overlap_schedule or (s.block_size or DEFAULT_PAGE_SIZE) > 1
+    if wants and req.shape.architecture in MAMBA_EXTRA_BUFFER_ARCHS and DEFAULT_LINEAR_ATTN_BACKEND == "triton":
+        return "extra_buffer", s.overlap_schedule
+    return "no_buffer", False
+
+
+def radix_cache(req: PlanRequest) -> bool:
+    """The radix (prefix) cache: on unless --disable-radix-cache."""
+    return req.settings.enable_prefix_caching is not False
+
+
+def requested_running_requests(req: PlanRequest) -> int | None:
+    s = req.settings
+    if s.max_running_requests is None and s.speculative_method:
+        return DFLASH_DEFAULT_MAX_RUNNING_REQUESTS
+    return s.max_running_requests
+
+
+def draft_tokens(req: PlanRequest) -> int:
+    """speculative_num_draft_tokens: DFlash's block size (flag, else the draft config's, else 16)."""
+    s = req.settings
+    if not s.speculative_method:
+        return 0
+    if s.draft_block_size:
+        return s.draft_block_size
+    if s.speculative_method == "dflash":
+        return (req.draft.block_size if req.draft and req.draft.block_size else None) or DFLASH_DEFAULT_BLOCK_SIZE
+    return s.num_speculative_tokens + 1
+
+
+def mamba_ratio(strategy: str, radix: bool, overlap: bool) -> int:
+    """`_calculate_mamba_ratio`: state slots held per running request."""
+    if not radix:
+        return 1
+    extra = MAMBA_EXTRA_BUFFER_SLOTS[overlap] if strategy in ("extra_buffer", "extra_buffer_lazy") else 0
+    if strategy == "extra_buffer_lazy" and overlap:
+        extra = 1
+    return MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO + extra
+
+
+# -- the pool split -----------------------------------------------------------------------------------
+
+
+def static_pool_rest(total: int, weights: int, frac: float) -> int:
+    """Bytes left for the KV and state pools: memory after the weights minus total x (1 - fraction)."""
+    return total - weights - int(total * (1 - frac))
+
+
+@dataclass(frozen=True)
+class MambaPool:
+    slots: int  # max_mamba_cache_size (K); the pool allocates K + 1
+    state_bytes: int  # (K + 1) x per-request state
+    verify_bytes: int  # DFlash intermediate state: (running + 1) x draft tokens x per-request state
+
+
+def mamba_pool(rest: int, per_req: int, *, ratio: int, draft: int, requested: int | None,
+               full_memory_ratio: float, max_mamba_cache_size: int | None, radix: bool) -> MambaPool:
+    """`_handle_max_mamba_cache`: K from the flag, from --max-running-requests without radix cache, or
+    solved from the mamba share of the pool, (K + 1) x s + (K / ratio + 1) x D x s = rest x r / (1 + r)."""
+    spec = draft > 0 and requested is not None
+    if max_mamba_cache_size is not None:
+        slots = max_mamba_cache_size
+        verify_requests = min(requested, slots // ratio) if spec and requested is not None else -1
+    elif not radix and requested is not None:
+        slots = requested
+        verify_requests = slots if spec else -1
+    else:
+        budget = rest * full_memory_ratio / (1 + full_memory_ratio)
+        if spec and requested is not None:
+            slots = int((budget - per_req * (1 + draft)) // (per_req * (1 + draft / ratio)))
+            verify_requests = min(requested, slots // ratio)
+        else:
+            slots = int((budget - per_req) // per_req)
+            verify_requests = -1
+    verify = per_req * (verify_requests + 1) * draft if verify_requests >= 0 else 0
+    return MambaPool(slots, (slots + 1) * per_req, verify)
+
+
+def kv_cell_bytes(req: PlanRequest) -> int:
+    """KV bytes per token on one rank: the target's full-attention layers, scaled by (target + draft
+    layers) / target layers for DFlash (`scale_kv_cell_size_per_token_for_dflash`, rounded up)."""
+    shape, tp = req.shape, req.settings.tp
+    layers = shape.num_full_attention_layers
+    cell = attention_bytes_per_token(shape, tp, req.kv_dtype_bytes) * layers
+    if req.draft is not None and req.settings.speculative_method == "dflash" and layers and cell:
+        return (cell * (layers + req.draft.num_layers) + layers - 1) // layers
+    if req.draft is not None and req.settings.speculative_method and layers:
+        return cell + attention_bytes_per_token(req.draft, tp, req.kv_dtype_bytes) * req.draft.num_layers
+    return cell
+
+
+def max_total_num_tokens(rest: int, cell: int, page: int, cap: int | None) -> tuple[int, int]:
+    """(profiled, final) token capacity: rest // cell page-aligned, then min with --max-total-tokens."""
+    profiled = max(rest, 0) // cell // page * page if cell else 0
+    final = min(profiled, cap) // page * page if cap else profiled
+    return profiled, final
+
+
+def running_requests(tokens: int, context_len: int, requested: int | None, slots: int | None,
+                     ratio: int) -> int:
+    """`resolve_max_num_reqs`: requested (or estimated from the pool) clamped to tokens / 2 and, for
+    hybrids, to state slots / ratio."""
+    if requested is not None:
+        running = min(requested, tokens // 2)
+    else:
+        running = min(max(min(int(tokens / context_len * 512), 4096), 2048), tokens // 2)
+    return min(running, slots // ratio) if slots is not None else running
 
 
 @dataclass(frozen=True)
 class Split:
-    rest: int  # bytes in the static pool after weights
-    mamba_slots: int
-    mamba_bytes: int
-    verify_bytes: int
-    verify_in_static_pool: bool
+    mem_fraction_static: float
+    strategy: str
+    overlap: bool
+    ratio: int
+    draft_tokens: int
+    rest: int  # static pool after weights, before the state pool
+    per_request_state: int
+    mamba: MambaPool
+    kv_rest: int  # what the KV pool gets
+    cell: int
+    page: int
     kv_tokens_profiled: int
     kv_tokens: int
-    running: int
     requested_running: int | None
-
-
-def _version(text: str | None) -> tuple[int, ...]:
-    try:
-        return tuple(int(p) for p in (text or "0").split(".")[:3])
-    except ValueError:
-        return (0,)
-
-
-def mamba_ratio(req: PlanRequest) -> int:
-    s = req.settings
-    if not s.enable_prefix_caching:
-        return 1
-    if s.mamba_extra_buffer:
-        return MAMBA_RATIO + (2 if s.overlap_schedule else 1)
-    return MAMBA_RATIO
-
-
-def draft_tokens(req: PlanRequest) -> int:
-    s = req.settings
-    return (s.draft_block_size or s.num_speculative_tokens + 1) if s.speculative_method else 0
-
-
-def cell_bytes(req: PlanRequest) -> int:
-    """KV bytes per token on one rank: the target's full-attention layers plus the draft's layers."""
-    s, shape = req.settings, req.shape
-    cell = attention_bytes_per_token(shape, s.tp, req.kv_dtype_bytes) * shape.num_full_attention_layers
-    if req.draft is not None and s.speculative_method:
-        cell += attention_bytes_per_token(req.draft, s.tp, req.kv_dtype_bytes) * req.draft.num_layers
-    return cell
+    running: int
 
 
 def split(req: PlanRequest) -> Split:
     s, shape = req.settings, req.shape
     total = int(req.gpu_memory_gib * GIB)
-    frac = s.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
-    rest = total - req.weights_per_gpu() - req.draft_weights_per_gpu() - int(total * (1 - frac))
+    frac = resolve_mem_fraction_static(req)
+    strategy, overlap = resolve_mamba_strategy(req)
+    radix = radix_cache(req)
+    ratio, d = mamba_ratio(strategy, radix, overlap), draft_tokens(req)
+    requested = requested_running_requests(req)
+    rest = static_pool_rest(total, req.weights_per_gpu() + req.draft_weights_per_gpu(), frac)
     conv, recurrent = mamba_state_bytes(req, 0) if shape.is_hybrid else (0, 0)
     per_req = (conv + recurrent) * shape.num_linear_attention_layers
-    ratio, d = mamba_ratio(req), draft_tokens(req)
-    requested = s.max_running_requests
-    if requested is None and s.speculative_method == "dflash":
-        requested = DFLASH_DEFAULT_MAX_RUNNING_REQUESTS
-    joint = _version(req.engine_version) >= JOINT_VERIFY_BUDGET_SINCE
-    slots, verify = 0, 0
-    if per_req:
-        if s.max_mamba_cache_size is not None:
-            slots = s.max_mamba_cache_size
-        elif not s.enable_prefix_caching and requested is not None:
-            slots = requested
-        else:
-            budget = max(rest, 0) * (s.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO)
-            budget /= 1 + (s.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO)
-            # One padding slot beside the K request slots (and beside the verify buffer's requests).
-            if joint and d:
-                slots = int((budget - per_req * (1 + d)) // (per_req * (1 + d / ratio)))
-            else:
-                slots = int((budget - per_req) // per_req)
-        capped = min(requested if requested is not None else slots // ratio, slots // ratio)
-        # FACTS 4: the verify buffer holds the recurrent state per draft token; the joint solve
-        # reserves the whole per-request state per draft token, padding slot included.
-        per_token_state = per_req if joint else recurrent * shape.num_linear_attention_layers
-        verify = per_token_state * (max(capped, 0) + (1 if joint else 0)) * d
-        rest -= (max(slots, 0) + 1) * per_req + (verify if joint else 0)
-    cell = cell_bytes(req)
-    profiled = max(rest, 0) // cell if cell else 0
-    tokens = min(profiled, s.max_total_tokens) if s.max_total_tokens else profiled
-    estimated = max(min(int(tokens / req.max_model_len * 512), 4096), 2048)
-    running = min(requested if requested is not None else estimated, tokens // 2)
-    if per_req:
-        running = min(running, slots // ratio)
-    return Split(rest, slots, slots * per_req, verify, joint, profiled, tokens, running, requested)
+    pool = MambaPool(0, 0, 0)
+    if per_req and rest > 0:
+        pool = mamba_pool(rest, per_req, ratio=ratio, draft=d, requested=requested,
+                          full_memory_ratio=s.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO,
+                          max_mamba_cache_size=s.max_mamba_cache_size, radix=radix)
+    kv_rest = rest - pool.state_bytes - pool.verify_bytes
+    cell, page = kv_cell_bytes(req), s.block_size or DEFAULT_PAGE_SIZE
+    profiled, tokens = max_total_num_tokens(kv_rest, cell, page, s.max_total_tokens)
+    running = running_requests(tokens, req.max_model_len, requested, pool.slots if per_req else None, ratio)
+    return Split(frac, strategy, overlap, ratio, d, rest, per_req, pool, kv_rest, cell, page, profiled, tokens,
+                 requested, running)
+
+
+# -- the plan -------------------------------------------------------------------------------------------
 
 
 def plan(req: PlanRequest, suggest: bool = True) -> Plan:
     s, shape = req.settings, req.shape
+    refuse_tp(shape, s.tp)
     sp = split(req)
-    frac = s.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
-    headroom = int(int(req.gpu_memory_gib * GIB) * (1 - frac))
-    page = s.block_size or 1
-    notes = [
-        *req.notes,
-        f"static pool = {frac:g} x {req.gpu_memory_gib:g} GiB; headroom {gib(headroom)} for "
-        + ("CUDA graphs and activations" if sp.verify_in_static_pool
-           else "CUDA graphs, activations and DFlash verify buffers"),
-    ]
+    headroom = int(int(req.gpu_memory_gib * GIB) * (1 - sp.mem_fraction_static))
+    notes = [*req.notes, f"static pool = {sp.mem_fraction_static:g} x {req.gpu_memory_gib:g} GiB; headroom "
+             f"{gib(headroom)} for CUDA graphs and activations; DFlash verify buffers are in the static pool"]
     if s.mem_fraction_static is None:
-        notes.append(f"--mem-fraction-static not set: assumed {DEFAULT_MEM_FRACTION_STATIC}")
+        notes.append(f"--mem-fraction-static not set: SGLang's default for {req.gpu_memory_gib:g} GiB at tp "
+                     f"{s.tp} is {sp.mem_fraction_static:.4g}")
     if sp.requested_running is not None and s.max_running_requests is None:
         notes.append(f"DFlash sets --max-running-requests to {DFLASH_DEFAULT_MAX_RUNNING_REQUESTS} when unset")
+    if shape.is_hybrid and s.mamba_radix_cache_strategy in (None, "auto") and radix_cache(req):
+        notes.append(f"mamba radix cache strategy auto resolves to {sp.strategy} ({sp.ratio} state slots "
+                     "per running request)")
     if s.speculative_method == "dflash" and req.draft is None and not req.notes:
         notes.append("no draft shape: draft weights and draft KV are not counted (pass --draft-config)")
     if sp.kv_tokens and sp.kv_tokens < req.max_model_len:
@@ -144,26 +299,27 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
         engine="sglang", engine_version=req.engine_version, profile=req.profile, model=shape.name,
         draft=req.draft.name if req.draft else None, tp=s.tp, gpu_memory_gib=req.gpu_memory_gib,
         max_model_len=req.max_model_len, weights_bytes=req.weights_per_gpu(),
-        draft_weights_bytes=req.draft_weights_per_gpu(), reserve_bytes=req.reserve_bytes,
-        kv_bytes_per_token=cell_bytes(req),
-        state_bytes_per_sequence=sp.mamba_bytes // sp.mamba_slots if sp.mamba_slots else 0,
-        kv_pool_bytes=sp.kv_tokens * cell_bytes(req), block_size=page, page_size_bytes=page * cell_bytes(req),
-        num_blocks=sp.kv_tokens // page, blocks_per_request=cdiv(req.max_model_len, page),
+        draft_weights_bytes=req.draft_weights_per_gpu(), reserve_bytes=reserve_bytes(req),
+        kv_bytes_per_token=sp.cell, state_bytes_per_sequence=sp.per_request_state,
+        kv_pool_bytes=sp.kv_tokens * sp.cell, block_size=sp.page, page_size_bytes=sp.page * sp.cell,
+        num_blocks=sp.kv_tokens // sp.page, blocks_per_request=cdiv(req.max_model_len, sp.page),
         max_concurrency=sp.kv_tokens / req.max_model_len, kv_cache_tokens=sp.kv_tokens,
         problems=problems, notes=notes,
         engine_details={
-            "mem_fraction_static": frac,
+            "mem_fraction_static": sp.mem_fraction_static,
             "headroom_bytes": headroom,
-            "kv_budget_bytes": max(sp.rest, 0),
-            "mamba_state_slots": sp.mamba_slots,
-            "mamba_state_bytes": sp.mamba_bytes,
-            "mamba_ratio": mamba_ratio(req),
+            "static_pool_rest_bytes": max(sp.rest, 0),
+            "kv_budget_bytes": max(sp.kv_rest, 0),
+            "mamba_radix_cache_strategy": sp.strategy,
+            "mamba_ratio": sp.ratio,
+            "max_mamba_cache_size": sp.mamba.slots,
+            "mamba_state_bytes": sp.mamba.state_bytes,
             "kv_tokens_profiled": sp.kv_tokens_profiled,
+            "max_total_num_tokens": sp.kv_tokens,
             "max_running_requests": sp.running,
             "requested_running_requests": sp.requested_running,
-            "draft_tokens": draft_tokens(req),
-            "dflash_verify_buffer_bytes": sp.verify_bytes,
-            "dflash_verify_in_static_pool": sp.verify_in_static_pool,
+            "draft_tokens": sp.draft_tokens,
+            "dflash_verify_buffer_bytes": sp.mamba.verify_bytes,
         },
     )
     if problems and suggest:
@@ -171,56 +327,62 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
     return result
 
 
+def refuse_tp(shape: ModelShape, tp: int) -> None:
+    """SGLang asserts that tp divides the attention heads (models/qwen3_5.py: `total_num_heads %
+    attn_tp_size == 0`) and the linear-attention heads (distributed/utils.py `divide`)."""
+    for what, n in tp_divisibility(shape, tp):
+        raise UserError(f"--tp {tp}: SGLang refuses it: {n} {what} is not divisible by {tp} "
+                        "(tensor parallelism splits heads evenly); choose a --tp that divides it")
+
+
 def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
     s = req.settings
-    weights = req.weights_per_gpu() + req.draft_weights_per_gpu()
-    if sp.rest + sp.mamba_bytes + (sp.verify_bytes if sp.verify_in_static_pool else 0) <= 0:
-        return [Problem("weights", f"{gib(weights)} of weights per GPU leave nothing in the static pool "
-                        f"({s.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC:g} x {req.gpu_memory_gib:g} GiB)",
-                        f"--tp {s.tp * 2} (more GPUs) or a smaller checkpoint")]
+    if sp.rest <= 0:
+        # _profile_available_bytes raises this ValueError before any pool exists.
+        weights = req.weights_per_gpu() + req.draft_weights_per_gpu()
+        minimum = 1 - (req.gpu_memory_gib * GIB - weights) / (req.gpu_memory_gib * GIB)
+        fix = (f"--mem-fraction-static above {minimum:.3f}" if minimum < 1
+               else f"--tp {s.tp * 2} (more GPUs) or a smaller checkpoint")
+        return [Problem("weights", f"SGLang: loaded weights ({gib(weights)} per GPU, target + draft) leave no "
+                        f"GPU memory for the KV cache under --mem-fraction-static={sp.mem_fraction_static:g}",
+                        fix)]
     problems: list[Problem] = []
-    if req.shape.is_hybrid and sp.running <= 0:
+    if req.shape.is_hybrid and sp.mamba.slots <= 0:
         problems.append(Problem(
-            "mamba state cache", f"{sp.mamba_slots} state slots cannot serve one request "
-            f"(needs {mamba_ratio(req)} per request)", "raise --mem-fraction-static or --tp"))
+            "mamba state cache", f"SGLang: not enough GPU memory for the hybrid state cache "
+            f"(max_mamba_cache_size {sp.mamba.slots}, {sp.per_request_state / MIB:.1f} MiB per request"
+            + (f", DFlash verify buffers for {sp.draft_tokens} draft tokens" if sp.draft_tokens else "") + ")",
+            "raise --mem-fraction-static, lower --max-running-requests, or more GPUs (--tp)"))
+    elif req.shape.is_hybrid and sp.running <= 0:
+        problems.append(Problem(
+            "mamba state cache", f"SGLang: the hybrid state cache is too small to serve any request "
+            f"({sp.mamba.slots} slots, {sp.ratio} per request)", "raise --mem-fraction-static or --tp"))
     if s.max_total_tokens and sp.kv_tokens_profiled < s.max_total_tokens:
         problems.append(Problem(
             "KV pool", f"{sp.kv_tokens_profiled:,} tokens fit, fewer than --max-total-tokens {s.max_total_tokens:,}",
             "raise --mem-fraction-static, lower --max-total-tokens, or more GPUs (--tp)"))
     elif sp.kv_tokens <= 0:
         problems.append(Problem("KV pool", "no room for any KV token", "raise --mem-fraction-static or --tp"))
-    outside = 0 if sp.verify_in_static_pool else sp.verify_bytes
-    if req.reserve_bytes + outside > headroom:
-        what = "CUDA graphs + activations" + ("" if sp.verify_in_static_pool else " + DFlash verify buffers")
-        detail = f"{gib(req.reserve_bytes)}" + ("" if sp.verify_in_static_pool else
-                                               f" + {gib(outside)} ({sp.running} requests x {draft_tokens(req)} tokens)")
-        problems.append(Problem(what, f"{detail} exceed the {gib(headroom)} headroom outside the static pool",
-                                _headroom_fix(req, sp, headroom)))
+    if reserve_bytes(req) > headroom:
+        problems.append(Problem(
+            "CUDA graphs + activations", f"{gib(reserve_bytes(req))} exceed the {gib(headroom)} headroom "
+            "outside the static pool", "lower --mem-fraction-static or add GPUs (--tp)"))
     return problems
 
 
-def _headroom_fix(req: PlanRequest, sp: Split, headroom: int) -> str:
-    if not sp.verify_in_static_pool and sp.running > 1:
-        per_request = sp.verify_bytes // max(sp.running, 1)
-        fitting = (headroom - req.reserve_bytes) // per_request if per_request else 0
-        if fitting >= 1:
-            return f"--max-running-requests {fitting}"
-    return "lower --mem-fraction-static or add GPUs (--tp)"
-
-
 def _suggest(req: PlanRequest) -> str | None:
-    """The smallest change that fits: first --mem-fraction-static alone, then more GPUs."""
-    s = req.settings
-    frac = s.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
-    for step in range(1, 31):
-        for candidate in (round(frac + step / 100, 2), round(frac - step / 100, 2)):
-            if 0.3 <= candidate <= 0.95 and plan(req.with_settings(mem_fraction_static=candidate),
-                                                  suggest=False).fits:
-                return f"--mem-fraction-static {candidate:g}"
-    tp = s.tp * 2
+    """The smallest change that fits: --mem-fraction-static alone, else more GPUs (with the fraction
+    nearest the current one that then fits)."""
+    frac = resolve_mem_fraction_static(req)
+    candidates = sorted({round(f / 100, 2) for f in range(30, 96)}, key=lambda f: (abs(f - frac), -f))
+    tp = req.settings.tp
     while tp <= 8:
-        bigger = PlanRequest(**{**req.__dict__, "gpu_count": max(req.gpu_count, tp)}).with_settings(tp=tp)
-        if plan(bigger, suggest=False).fits:
-            return f"--tp {tp} ({tp} GPUs of {req.gpu_memory_gib:g} GiB)"
+        bigger = replace(req, gpu_count=max(req.gpu_count, tp)).with_settings(tp=tp)
+        for candidate in candidates if not tp_divisibility(req.shape, tp) else ():
+            if plan(bigger.with_settings(mem_fraction_static=candidate), suggest=False).fits:
+                flag = f"--mem-fraction-static {candidate:g}"
+                if tp == req.settings.tp:
+                    return flag
+                return f"--tp {tp} ({tp} GPUs of {req.gpu_memory_gib:g} GiB) with {flag}"
         tp *= 2
     return None

@@ -20,9 +20,20 @@ from ornith_stack.errors import UserError
 CONFIG_DIR = Path(str(resources.files(__package__))) / "configs"
 
 DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "int8": 1,
 }
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
@@ -242,7 +253,8 @@ def load_shape(path_or_name: str | Path) -> ModelShape:
 
 def shape_from_config(data: dict[str, Any], source: str = "config.json", name: str = "model") -> ModelShape:
     """Build a shape from a parsed config; a missing required key is a UserError naming it."""
-    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    nested = data.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else data
     where = f"{source}: text_config" if text is not data else source
     get = _Getter(text, where)
     hidden = get.int("hidden_size")
@@ -251,8 +263,9 @@ def shape_from_config(data: dict[str, Any], source: str = "config.json", name: s
     layer_types = tuple(text.get("layer_types") or [FULL_ATTENTION] * layers)
     if len(layer_types) != layers:
         raise UserError(f"{where}: layer_types has {len(layer_types)} entries but num_hidden_layers is {layers}")
-    dtype = str(text.get("dtype") or text.get("torch_dtype") or data.get("dtype") or data.get("torch_dtype")
-                or "bfloat16")
+    dtype = str(
+        text.get("dtype") or text.get("torch_dtype") or data.get("dtype") or data.get("torch_dtype") or "bfloat16"
+    )
     architectures = data.get("architectures") or ["unknown"]
     dflash = data.get("dflash_config") if isinstance(data.get("dflash_config"), dict) else None
     hybrid = LINEAR_ATTENTION in layer_types

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ornith_stack.planner.common import attention_bytes_per_token, mamba_state_bytes, tp_divisibility
 from ornith_stack.planner.model import GIB, Plan, PlanRequest, Problem, cdiv, gib
-from ornith_stack.planner.shapes import ModelShape, dtype_bytes
+from ornith_stack.planner.shapes import ModelShape
 
 KERNEL_BLOCK_ALIGNMENT = 16  # CacheConfig.DEFAULT_BLOCK_SIZE; FLASH_ATTN/FlashInfer kernels take multiples of 16
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# vLLM 0.24.0 defaults for flags a profile leaves out (tests/unit/test_engine_defaults.py reads them
+# in vLLM's sources): config/cache.py CacheConfig.gpu_memory_utilization.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 # Speculative methods whose draft model brings attention layers of its own into the KV cache.
 DRAFT_MODEL_METHODS = {"dflash", "eagle", "eagle3", "draft_model"}
 
@@ -44,20 +47,13 @@ class LayerType:
         return cdiv(length, self.tokens_per_page) if self.tokens_per_page else self.state_pages
 
 
-def attention_bytes_per_token(shape: ModelShape, tp: int, kv_bytes: int) -> int:
-    """2 (K and V) x KV heads on this rank x head_dim x dtype; vLLM replicates KV heads when tp > heads."""
-    return 2 * max(1, shape.num_key_value_heads // tp) * shape.head_dim * kv_bytes
-
-
-def mamba_state_bytes(req: PlanRequest, num_spec: int) -> tuple[int, int]:
-    """(conv, recurrent) state bytes of one gated-delta layer for one sequence on one rank."""
-    shape, tp = req.shape, req.settings.tp
-    conv = (shape.linear_conv_kernel_dim - 1 + num_spec) * (shape.linear_conv_dim // tp) * req.model_dtype_bytes
-    ssm_dtype = req.settings.mamba_ssm_cache_dtype
-    if ssm_dtype in (None, "auto"):
-        ssm_dtype = shape.mamba_ssm_dtype or req.model_dtype
-    recurrent = (shape.linear_num_value_heads // tp) * shape.linear_value_head_dim * shape.linear_key_head_dim
-    return conv, recurrent * dtype_bytes(ssm_dtype, "mamba_ssm_dtype")
+def prefix_caching(req: PlanRequest) -> bool:
+    """--enable-prefix-caching as vLLM 0.24 resolves it: absent the flag, on unless the model is a
+    hybrid (config/model.py `is_prefix_caching_supported`: "Hybrid models do not support prefix
+    caching since the feature is still experimental")."""
+    if req.settings.enable_prefix_caching is not None:
+        return req.settings.enable_prefix_caching
+    return not req.shape.is_hybrid
 
 
 def attention_block_size(mamba_page: int, attn_per_token: int, user_block: int | None) -> int:
@@ -90,12 +86,13 @@ def plan(req: PlanRequest) -> Plan:
     mamba_page = conv + recurrent
     block = attention_block_size(mamba_page, attn_per_token, s.block_size)
     page = block * attn_per_token
-    mode = "align" if s.enable_prefix_caching else "none"
+    mode = "align" if prefix_caching(req) else "none"
     types = [LayerType("full_attention", shape.num_full_attention_layers, block)]
     if shape.is_hybrid:
         # MambaSpec.max_memory_usage_bytes: 1 page ("none") or 2 ("align") + num_speculative_blocks.
-        types.append(LayerType("gated_delta", shape.num_linear_attention_layers, None,
-                               (2 if mode == "align" else 1) + num_spec))
+        types.append(
+            LayerType("gated_delta", shape.num_linear_attention_layers, None, (2 if mode == "align" else 1) + num_spec)
+        )
     draft_type, draft_note = _draft_layers(req, attn_per_token, block)
     if draft_type and _same_attention_spec(shape, req.draft, tp):
         # Equal FullAttentionSpecs are one layer type: the draft's layers join the target's group.
@@ -112,8 +109,7 @@ def plan(req: PlanRequest) -> Plan:
     utilization = s.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
     if s.kv_cache_memory_bytes is not None:
         pool = s.kv_cache_memory_bytes
-        notes.append(f"KV pool pinned by --kv-cache-memory-bytes ({gib(pool)}); vLLM skips its "
-                     "free-memory profiling")
+        notes.append(f"KV pool pinned by --kv-cache-memory-bytes ({gib(pool)}); vLLM skips its free-memory profiling")
     else:
         pool = int(budget * utilization) - weights - draft_weights - reserve
         notes.append(f"KV pool = {utilization:g} x {req.gpu_memory_gib:g} GiB - weights - draft - reserve")
@@ -122,20 +118,32 @@ def plan(req: PlanRequest) -> Plan:
     tokens = int(concurrency * max_len)
     needed = size * page * bpr  # _max_memory_usage_bytes_from_groups: one request at max_model_len
 
-    problems += _check(req, pool, needed, weights + draft_weights + reserve, budget, types, page, size,
-                       utilization)
+    problems += _check(req, pool, needed, weights + draft_weights + reserve, budget, types, page, size, utilization)
     if shape.mtp_num_hidden_layers and s.speculative_method != "mtp":
         notes.append("MTP weights are not loaded (vLLM skips mtp.* unless the method is mtp)")
     return Plan(
-        engine="vllm", engine_version=req.engine_version, profile=req.profile, model=shape.name,
-        draft=req.draft.name if req.draft else None, tp=tp, gpu_memory_gib=req.gpu_memory_gib,
-        max_model_len=max_len, weights_bytes=weights, draft_weights_bytes=draft_weights,
+        engine="vllm",
+        engine_version=req.engine_version,
+        profile=req.profile,
+        model=shape.name,
+        draft=req.draft.name if req.draft else None,
+        tp=tp,
+        gpu_memory_gib=req.gpu_memory_gib,
+        max_model_len=max_len,
+        weights_bytes=weights,
+        draft_weights_bytes=draft_weights,
         reserve_bytes=reserve,
         kv_bytes_per_token=attn_per_token * shape.num_full_attention_layers,
         state_bytes_per_sequence=mamba_page * shape.num_linear_attention_layers,
-        kv_pool_bytes=pool, block_size=block, page_size_bytes=page, num_blocks=num_blocks,
-        blocks_per_request=bpr, max_concurrency=concurrency, kv_cache_tokens=tokens,
-        problems=problems, notes=notes,
+        kv_pool_bytes=pool,
+        block_size=block,
+        page_size_bytes=page,
+        num_blocks=num_blocks,
+        blocks_per_request=bpr,
+        max_concurrency=concurrency,
+        kv_cache_tokens=tokens,
+        problems=problems,
+        notes=notes,
         engine_details={
             "mamba_cache_mode": mode,
             "mamba_page_bytes": mamba_page,
@@ -151,7 +159,9 @@ def plan(req: PlanRequest) -> Plan:
 
 def _same_attention_spec(target: ModelShape, draft: ModelShape | None, tp: int) -> bool:
     return draft is not None and (max(1, draft.num_key_value_heads // tp), draft.head_dim) == (
-        max(1, target.num_key_value_heads // tp), target.head_dim)
+        max(1, target.num_key_value_heads // tp),
+        target.head_dim,
+    )
 
 
 def _draft_layers(req: PlanRequest, attn_per_token: int, block: int) -> tuple[LayerType | None, str | None]:
@@ -165,46 +175,72 @@ def _draft_layers(req: PlanRequest, attn_per_token: int, block: int) -> tuple[La
     page = block * per_token
     target_page = block * attn_per_token
     if target_page % page:
-        return None, (f"draft KV layout ({per_token} B/token/layer) does not divide the target's page: "
-                      "vLLM's page unification for it is not modelled; draft KV left out")
+        return None, (
+            f"draft KV layout ({per_token} B/token/layer) does not divide the target's page: "
+            "vLLM's page unification for it is not modelled; draft KV left out"
+        )
     draft_block = block * (target_page // page)  # unify_kv_cache_spec_page_size scales the block
     return LayerType("draft_attention", draft.num_full_attention_layers, draft_block), None
 
 
 def _divisibility(shape: ModelShape, tp: int) -> list[Problem]:
-    checks = [("attention heads", shape.num_attention_heads)]
-    if shape.is_hybrid:
-        checks += [("linear-attention value heads", shape.linear_num_value_heads),
-                   ("linear-attention conv dim", shape.linear_conv_dim)]
-    return [Problem("tensor parallelism", f"--tp {tp} does not divide the {what} ({n})",
-                    "choose a --tp that divides it")
-            for what, n in checks if n % tp]
+    return [
+        Problem("tensor parallelism", f"--tp {tp} does not divide the {what} ({n})", "choose a --tp that divides it")
+        for what, n in tp_divisibility(shape, tp)
+    ]
 
 
-def _check(req: PlanRequest, pool: int, needed: int, fixed: int, budget: int, types: list[LayerType],
-           page: int, size: int, utilization: float) -> list[Problem]:
+def _check(
+    req: PlanRequest,
+    pool: int,
+    needed: int,
+    fixed: int,
+    budget: int,
+    types: list[LayerType],
+    page: int,
+    size: int,
+    utilization: float,
+) -> list[Problem]:
     s = req.settings
     problems: list[Problem] = []
     max_len = req.max_model_len
     if pool <= 0:
-        problems.append(Problem(
-            "KV cache", f"no memory left for the KV cache: weights {gib(req.weights_per_gpu())} + draft "
-            f"{gib(req.draft_weights_per_gpu())} + reserve {gib(req.reserve_bytes)} exceed "
-            f"{utilization:g} x {req.gpu_memory_gib:g} GiB", _more_gpus_fix(req)))
+        problems.append(
+            Problem(
+                "KV cache",
+                f"no memory left for the KV cache: weights {gib(req.weights_per_gpu())} + draft "
+                f"{gib(req.draft_weights_per_gpu())} + reserve {gib(req.reserve_bytes)} exceed "
+                f"{utilization:g} x {req.gpu_memory_gib:g} GiB",
+                _more_gpus_fix(req),
+            )
+        )
         return problems
     if needed > pool:
         longest = _longest_fitting(types, page, size, pool, max_len)
-        fix = (f"--kv-cache-memory-bytes {needed} or more" if s.kv_cache_memory_bytes is not None
-               else f"raise --gpu-memory-utilization above {utilization:g} or {_more_gpus_fix(req)}")
-        problems.append(Problem(
-            "KV cache", f"to serve one request at max-model-len {max_len:,}, {gib(needed)} of KV cache is "
-            f"needed, more than the {gib(pool)} available (longest that fits: {longest:,})", fix))
+        fix = (
+            f"--kv-cache-memory-bytes {needed} or more"
+            if s.kv_cache_memory_bytes is not None
+            else f"raise --gpu-memory-utilization above {utilization:g} or {_more_gpus_fix(req)}"
+        )
+        problems.append(
+            Problem(
+                "KV cache",
+                f"to serve one request at max-model-len {max_len:,}, {gib(needed)} of KV cache is "
+                f"needed, more than the {gib(pool)} available (longest that fits: {longest:,})",
+                fix,
+            )
+        )
     if fixed + pool > budget:
-        problems.append(Problem(
-            "GPU memory", f"weights + draft + reserve {gib(fixed)} and KV pool {gib(pool)} exceed the "
-            f"{req.gpu_memory_gib:g} GiB per GPU",
-            f"--kv-cache-memory-bytes {max(budget - fixed, 0)} or less, or {_more_gpus_fix(req)}"
-            if s.kv_cache_memory_bytes is not None else _more_gpus_fix(req)))
+        problems.append(
+            Problem(
+                "GPU memory",
+                f"weights + draft + reserve {gib(fixed)} and KV pool {gib(pool)} exceed the "
+                f"{req.gpu_memory_gib:g} GiB per GPU",
+                f"--kv-cache-memory-bytes {max(budget - fixed, 0)} or less, or {_more_gpus_fix(req)}"
+                if s.kv_cache_memory_bytes is not None
+                else _more_gpus_fix(req),
+            )
+        )
     return problems
 
 

@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from ornith_stack.errors import UserError
+from ornith_stack.merge import deep_merge
 from ornith_stack.profiles.model import Profile
 
 DEFAULT_PROFILE = "cpu-demo"
@@ -72,10 +73,7 @@ def require_repo(profile: Profile, which: str = "model") -> str:
     if ref is None or ref.repo:
         return ref.repo if ref else ""
     hint = ref.missing_hint or "the seed does not name this repository"
-    raise UserError(
-        f"profile {profile.name!r}: {which}.repo is required ({hint}); "
-        f"pass --set {which}.repo=OWNER/NAME"
-    )
+    raise UserError(f"profile {profile.name!r}: {which}.repo is required ({hint}); pass --set {which}.repo=OWNER/NAME")
 
 
 @cache
@@ -104,17 +102,7 @@ def _resolve_extends(data: dict[str, Any], path: Path) -> dict[str, Any]:
     base_path = _PROFILE_DIR / "bases" / f"{base_name}.yaml"
     if not base_path.is_file():
         raise UserError(f"{path}: extends {base_name!r}, but {base_path} does not exist")
-    return _merge(_resolve_extends(_read_yaml(base_path), base_path), data)
-
-
-def _merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in overlay.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+    return deep_merge(_resolve_extends(_read_yaml(base_path), base_path), data)
 
 
 def _inject_engine_image(data: dict[str, Any], path: Path) -> None:
@@ -124,11 +112,10 @@ def _inject_engine_image(data: dict[str, Any], path: Path) -> None:
         return
     pins = images()["engines"].get(engine.get("kind"), {}).get(str(engine.get("version")))
     if pins is None:
-        raise UserError(
-            f"{path}: engine {engine.get('kind')} {engine.get('version')} has no image pin in {_IMAGES}"
-        )
+        raise UserError(f"{path}: engine {engine.get('kind')} {engine.get('version')} has no image pin in {_IMAGES}")
     engine["image"] = pins["image"]
     engine.setdefault("python_pins", pins.get("python_pins", {}))
+    engine.setdefault("nvidia_require_cuda", pins.get("nvidia_require_cuda"))
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:

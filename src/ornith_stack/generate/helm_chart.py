@@ -2,9 +2,9 @@
 
 - `values.schema.json`: the schema source in templates/ with the profile names and engine kinds
   filled in, so a new profile cannot be missing from the enum.
-- `files/prometheus-rules.yaml` and `files/grafana-dashboards.yaml`: the rules of monitoring/prometheus/
-  and the dashboards of monitoring/grafana/dashboards/, copied into the chart because Helm reads only
-  files inside the chart (`.Files.Get`). Copies of one source, guarded by `render --check`.
+- `files/prometheus-rules.yaml` and `files/grafana-dashboards.yaml`: the rule groups and dashboards
+  compose provisions from monitoring/, built here again by the same builders, because Helm reads only
+  files inside the chart (`.Files.Get`).
 - `README.md`: templates/helm-readme.md.j2 with the values table read from the comments of
   helm/ornith/values.yaml, where every value is documented once.
 - `ci/<scenario>.yaml`: complete values files for test scenarios that change a profile (e.g. the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,15 +23,17 @@ from typing import Any
 import yaml
 
 from ornith_stack.engines import ADAPTERS
-from ornith_stack.errors import UserError
+from ornith_stack.generate import dashboards, prometheus
+from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, with_header
+from ornith_stack.generate.profile_files import render_profile
+from ornith_stack.merge import deep_merge
 from ornith_stack.profiles import load_profile, profile_names
-from ornith_stack.render import PRODUCERS, TEMPLATES, Product, environment, header, template_context
 
 CHART = "helm/ornith"
 SCHEMA_SOURCE = "src/ornith_stack/templates/helm-values.schema.json"
 README_SOURCE = "src/ornith_stack/templates/helm-readme.md.j2 and helm/ornith/values.yaml"
-RULES_DIR = "monitoring/prometheus"
-DASHBOARDS_DIR = "monitoring/grafana/dashboards"
+RULES_SOURCE = "src/ornith_stack/generate/prometheus.py (the rule groups of monitoring/prometheus/rules/)"
+DASHBOARDS_SOURCE = f"{dashboards.SOURCE} (the dashboards of {dashboards.DASHBOARD_DIR}/)"
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ SCENARIOS = (
         name="gb300x2-two-4gpu-nodes",
         profile="gb300x2",
         description="The 122B split over two 4-GPU GB300 nodes: tp 8 as one LeaderWorkerSet group of 2 pods.",
-        overrides={"serve.args.tp": "8"},
+        overrides={"serve.args.tp-size": "8"},
         values={
             "engine": {"nodes": 2, "gpusPerNode": 4},
             "modelCache": {"accessModes": ["ReadWriteMany"], "storageClassName": "shared-nfs"},
@@ -114,98 +116,52 @@ SCENARIOS = (
 )
 
 
-def chart_products(root: Path) -> Iterable[Product]:
-    yield Product(f"{CHART}/values.schema.json", SCHEMA_SOURCE, _schema)
-    yield Product(f"{CHART}/README.md", README_SOURCE, lambda: _readme(root))
-    yield Product(f"{CHART}/files/prometheus-rules.yaml", f"{RULES_DIR}/ (rule files)",
-                  lambda: _rules(root))
-    yield Product(f"{CHART}/files/grafana-dashboards.yaml", f"{DASHBOARDS_DIR}/*.json",
-                  lambda: _dashboards(root))
+def files(root: Path) -> Iterator[GeneratedFile]:
+    yield GeneratedFile(f"{CHART}/values.schema.json", SCHEMA_SOURCE, _schema)
+    yield GeneratedFile(f"{CHART}/README.md", README_SOURCE, lambda: _readme(root))
+    yield GeneratedFile(f"{CHART}/files/prometheus-rules.yaml", RULES_SOURCE, _rules)
+    yield GeneratedFile(f"{CHART}/files/grafana-dashboards.yaml", DASHBOARDS_SOURCE, _dashboards)
     for scenario in SCENARIOS:
-        yield Product(f"{CHART}/ci/{scenario.name}.yaml", _scenario_source(scenario),
-                      _scenario_builder(scenario))
+        yield GeneratedFile(f"{CHART}/ci/{scenario.name}.yaml", _scenario_source(scenario),
+                            _scenario_builder(scenario))
 
 
 def _schema() -> str:
     schema = json.loads((TEMPLATES / "helm-values.schema.json").read_text())
-    # First, so the header is where `render --check` readers (and people) look for it.
-    schema = {"$comment": header(SCHEMA_SOURCE, "").replace("\n", "").strip(), **schema}
     schema["properties"]["profile"]["enum"] = profile_names()
     schema["properties"]["engine"]["properties"]["kind"]["enum"] = sorted(ADAPTERS)
-    return json.dumps(schema, indent=2) + "\n"
+    return with_header(SCHEMA_SOURCE, schema, "json")
 
 
-def _rules(root: Path) -> str:
-    """Every rule group of the rule files under monitoring/prometheus/ (files with `groups:`)."""
-    groups: list[Any] = []
-    for rel, text in sorted(_sources(root, RULES_DIR, (".yml", ".yaml")).items()):
-        data = _yaml(rel, text)
-        if isinstance(data, dict) and isinstance(data.get("groups"), list):
-            groups.extend(data["groups"])
-    body = yaml.safe_dump({"groups": groups}, sort_keys=False, width=10_000, allow_unicode=True)
-    return header(f"{RULES_DIR}/ (every file with rule groups)") + body
+def _rules() -> str:
+    """Every rule group Prometheus loads in compose, as one PrometheusRule body."""
+    groups = prometheus.recording_rules()["groups"] + prometheus.alert_rules()["groups"]
+    return with_header(RULES_SOURCE, yaml.safe_dump({"groups": groups}, sort_keys=False, width=10_000,
+                                                    allow_unicode=True), "yaml")
 
 
-def _dashboards(root: Path) -> str:
-    dashboards = {}
-    for rel, text in sorted(_sources(root, DASHBOARDS_DIR, (".json",)).items()):
-        try:
-            json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{rel}: not valid JSON ({exc}); cannot ship it in the Helm chart") from None
-        dashboards[Path(rel).name] = text
-    body = yaml.safe_dump({"dashboards": dashboards}, sort_keys=True, width=10_000, allow_unicode=True)
-    return header(f"{DASHBOARDS_DIR}/*.json") + body
-
-
-def _sources(root: Path, folder: str, suffixes: tuple[str, ...]) -> dict[str, str]:
-    """Files under `folder`: what the other producers generate in this render, else what is on disk.
-
-    Taking the other producers' output keeps one `ornith-stack render` enough when a dashboard
-    builder and this copy change together.
-    """
-    found = {str(p.relative_to(root)): p.read_text() for p in sorted((root / folder).rglob("*"))
-             if p.is_file() and p.suffix in suffixes}
-    for producer in PRODUCERS:  # listing products builds nothing, so this producer may be among them
-        for product in producer(root):
-            if product.path.startswith(folder + "/") and product.path.endswith(suffixes):
-                found[product.path] = product.build()
-    return found
-
-
-def _yaml(rel: str, text: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UserError(f"{rel}: not valid YAML ({exc}); cannot ship it in the Helm chart") from None
+def _dashboards() -> str:
+    files = {f"{uid}.json": dashboards.text(uid) for uid in dashboards.DASHBOARDS}
+    body = yaml.safe_dump({"dashboards": files}, sort_keys=True, width=10_000, allow_unicode=True)
+    return with_header(DASHBOARDS_SOURCE, body, "yaml")
 
 
 def _scenario_source(scenario: Scenario) -> str:
     return (f"src/ornith_stack/profiles/{scenario.profile}.yaml, src/ornith_stack/templates/helm-values.yaml.j2 "
-            f"and the scenario {scenario.name!r} in src/ornith_stack/helm_chart.py")
+            f"and the scenario {scenario.name!r} in src/ornith_stack/generate/helm_chart.py")
 
 
 def _scenario_builder(scenario: Scenario) -> Callable[[], str]:
     def build() -> str:
         profile = load_profile(scenario.profile, scenario.overrides)
-        body = environment().get_template("helm-values.yaml.j2").render(**template_context(profile, "helm"))
-        values = _merge(yaml.safe_load(body), scenario.values)
+        values = deep_merge(yaml.safe_load(render_profile(profile, "helm-values.yaml.j2", "helm")), scenario.values)
         sets = "".join(f" --set {k}={v}" for k, v in scenario.overrides.items())
-        return (header(_scenario_source(scenario))
-                + f"# Scenario: {scenario.description}\n"
+        return with_header(_scenario_source(scenario), f"# Scenario: {scenario.description}\n"
                 + f"# engine.args equal `ornith-stack launch-args {profile.name}{sets} --json` after the program.\n"
                 + f"# helm install ornith helm/ornith -f helm/ornith/ci/{scenario.name}.yaml\n"
-                + yaml.safe_dump(values, sort_keys=False, width=10_000))
+                + yaml.safe_dump(values, sort_keys=False, width=10_000), "yaml")
 
     return build
-
-
-def _merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in overlay.items():
-        merged[key] = _merge(merged[key], value) if isinstance(value, dict) and isinstance(
-            merged.get(key), dict) else value
-    return merged
 
 
 @dataclass(frozen=True)
@@ -268,4 +224,4 @@ def _readme(root: Path) -> str:
     body = environment().get_template("helm-readme.md.j2").render(
         values_table="\n".join(table), profiles=profile_names(), scenarios=SCENARIOS,
         startup_minutes=startup["periodSeconds"] * startup["failureThreshold"] // 60)
-    return header(README_SOURCE, "<!--").replace("\n", " -->\n") + body
+    return with_header(README_SOURCE, body, "markdown")

@@ -1,0 +1,30 @@
+"""Deployment facts every generated file, the exporter and the templates share (a leaf module).
+
+Python imports these names; Jinja2 templates see this module as the global `deployment`
+(e.g. `{{ deployment.EXPORTER_PORT }}`). Container images are pinned in images.yaml.
+"""
+
+from __future__ import annotations
+
+# The exporter: the port it serves /metrics on and the compose service that runs it.
+EXPORTER_PORT = 9400
+# Containers listen on every address of their own network namespace; a host-mode exporter listens
+# on loopback unless asked, so it is not reachable from the network by default.
+EXPORTER_LISTEN = f":{EXPORTER_PORT}"
+EXPORTER_LISTEN_HOST = f"127.0.0.1:{EXPORTER_PORT}"
+EXPORTER_SERVICE = "exporter"
+METRICS_PATH = "/metrics"
+# Prometheus HTTP service discovery on the exporter: the engines it watches, so Prometheus scrapes
+# their raw /metrics without a second list of addresses.
+SD_PATH = "/sd/engines"
+
+# Prometheus job names; alert rules select on them and the Helm ServiceMonitor relabels to them.
+EXPORTER_JOB = "ornith-exporter"
+ENGINE_JOB = "engine"
+SCRAPE_INTERVAL = "15s"
+
+# Grafana: the provisioned Prometheus datasource every dashboard panel names.
+GRAFANA_DATASOURCE_UID = "ornith-prometheus"
+
+# The rule files Prometheus loads (generated under monitoring/prometheus/rules/).
+RULE_FILES = ("ornith-recording.yml", "ornith-alerts.yml")

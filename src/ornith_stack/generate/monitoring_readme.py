@@ -1,0 +1,31 @@
+"""monitoring/README.md: the exporter, the metrics catalogue and the alerts, from a Jinja2 template."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from ornith_stack.exporter import catalogue as C
+from ornith_stack.generate import prometheus
+from ornith_stack.generate.core import GeneratedFile, environment, with_header
+
+TEMPLATE = "monitoring-readme.md.j2"
+SOURCE = (f"src/ornith_stack/templates/{TEMPLATE}, src/ornith_stack/exporter/catalogue.py and "
+          "src/ornith_stack/generate/prometheus.py")
+
+
+def readme() -> str:
+    return environment().get_template(TEMPLATE).render(
+        metrics=C.CATALOGUE,
+        error_reasons=C.ERROR_REASONS,
+        canary_outcomes=C.CANARY_OUTCOMES,
+        max_positions=C.MAX_POSITIONS,
+        alerts=prometheus.alert_rules()["groups"][0]["rules"],
+        acceptance_5m=prometheus.ACCEPTANCE_5M,
+        expected_acceptance=prometheus.EXPECTED_ACCEPTANCE,
+        acceptance_fraction=prometheus.ACCEPTANCE_FRACTION,
+    )
+
+
+def files(root: Path) -> Iterator[GeneratedFile]:
+    yield GeneratedFile("monitoring/README.md", SOURCE, lambda: with_header(SOURCE, readme(), "markdown"))

@@ -1,0 +1,137 @@
+"""The shipped task samples: each loads, each reference answer passes its own checker, wrong answers
+fail, and the two prompt formats send what seed 000 and z-lab/dflash send."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ornith_stack.bench.checkers import check, check_math, math_equivalent
+from ornith_stack.bench.datasets import PROMPT_FORMATS, SEED000_TASKS, TASKS, load_tasks, prompt_format
+from ornith_stack.errors import UserError
+
+DATA = Path(__file__).parents[2] / "src/ornith_stack/bench/data"
+
+
+def _rows(name: str) -> list[dict]:
+    return [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
+
+
+def _sets(fmt: str = "seed000") -> dict:
+    return {s.task: s for s in load_tasks(tasks=TASKS, prompt_format_name=fmt)}
+
+
+def test_every_sample_ships_with_its_source_and_licence() -> None:
+    readme = (DATA / "README.md").read_text()
+    for name, licence in (("math500.jsonl", "MIT"), ("mbpp.jsonl", "CC BY 4.0"), ("mt_bench.jsonl", "Apache-2.0")):
+        row = next(line for line in readme.splitlines() if line.startswith(f"| `{name}`"))
+        assert licence in row, row
+        assert 32 <= len(_rows(name)) <= 80
+    assert "Permission is hereby granted" in (DATA / "licenses/MIT-prm800k.txt").read_text()
+    assert "Apache License" in (DATA / "licenses/Apache-2.0-FastChat.txt").read_text()
+
+
+def test_the_default_task_set_is_seed_000s() -> None:
+    assert tuple(s.task for s in load_tasks()) == SEED000_TASKS
+
+
+def test_every_bundled_mbpp_reference_passes_in_the_sandbox_and_a_wrong_answer_fails() -> None:
+    rows = {f"mbpp/{r['task_id']}": r for r in _rows("mbpp.jsonl")}
+    for problem in _sets()["mbpp"].problems:
+        reference = check(problem, "```python\n" + rows[problem.id]["code"] + "\n```")
+        assert reference is not None and reference.passed, (problem.id, reference)
+        stubs = "".join(f"def {name}(*args):\n    return None\n" for name in problem.entry_points)
+        wrong = check(problem, stubs)
+        assert wrong is not None and not wrong.passed, problem.id
+
+
+def test_an_mbpp_answer_under_another_function_name_is_still_graded() -> None:
+    # The dflash format gives MBPP's description only, so the model chooses the name.
+    problem = next(p for p in _sets("dflash")["mbpp"].problems if p.id == "mbpp/17")
+    assert "assert" not in problem.message
+    verdict = check(problem, "```python\ndef perimeter_of_square(side):\n    return 4 * side\n```")
+    assert verdict is not None and verdict.passed
+
+
+def test_every_bundled_math500_answer_is_equivalent_to_itself_boxed() -> None:
+    for problem in _sets()["math500"].problems:
+        assert check_math(f"Therefore the answer is $\\boxed{{{problem.answer}}}$.", problem.answer).passed, problem.id
+        assert not check_math("I am not sure.", problem.answer).passed
+
+
+@pytest.mark.parametrize(
+    ("got", "want"),
+    [
+        ("\\frac{1}{2}", "\\frac12"),
+        ("0.5", "\\dfrac{1}{2}"),
+        ("\\frac{270}{7}", "\\frac{270}7\\text{ degrees}"),
+        ("(3, \\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+        ("(B)", "\\text{(B)}"),
+        ("90", "90^\\circ"),
+        ("x = 5", "5"),
+        ("10,000", "10000"),
+    ],
+)
+def test_math_answers_equal_up_to_notation(got: str, want: str) -> None:
+    assert math_equivalent(got, want)
+
+
+def test_math_answers_that_differ_are_not_equal() -> None:
+    assert not math_equivalent("\\frac{1}{3}", "0.33")
+    assert not math_equivalent("(3,4)", "(3,4]")
+    # The last box counts, with nested braces intact.
+    verdict = check_math("First \\boxed{2}, then corrected: \\boxed{\\frac{6}{5}}", "\\frac65")
+    assert verdict.passed and verdict.extracted == "\\frac{6}{5}"
+
+
+def test_mt_bench_is_first_turn_only_and_unchecked() -> None:
+    problems = _sets()["mt-bench"].problems
+    first = _rows("mt_bench.jsonl")[0]
+    assert len(problems) == 80
+    assert problems[0].message == first["turns"][0]
+    assert first["turns"][1] not in problems[0].message
+    assert check(problems[0], "any answer") is None and not problems[0].checked
+
+
+def test_the_dflash_format_is_what_z_lab_dflash_sends() -> None:
+    boxed = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+    sets = _sets("dflash")
+    gsm = _rows("gsm8k.jsonl")[0]
+    assert sets["gsm8k"].problems[0].message == gsm["question"] + boxed
+    assert sets["math500"].problems[0].message == _rows("math500.jsonl")[0]["problem"] + boxed
+    human = sets["humaneval"].problems[0]
+    assert human.message == ("Write a solution to the following problem and make sure that it passes the tests:\n"
+                             f"```python\n{human.prompt}\n```")
+    assert sets["mbpp"].problems[0].message == _rows("mbpp.jsonl")[0]["prompt"]
+    # GSM8K under the dflash format asks for a box, which the GSM8K checker reads.
+    assert check(sets["gsm8k"].problems[0], f"... so \\boxed{{{gsm['answer']}}}") is not None
+
+
+def test_the_seed000_format_tells_the_checker_s_answer_format() -> None:
+    sets = _sets("seed000")
+    assert "#### <number>" in sets["gsm8k"].problems[0].message
+    mbpp = sets["mbpp"].problems[0]
+    assert all(line in mbpp.message for line in mbpp.test.splitlines())
+
+
+def test_unknown_formats_and_tasks_are_one_clear_error() -> None:
+    assert set(PROMPT_FORMATS) == {"seed000", "dflash"}
+    with pytest.raises(UserError, match="prompt format"):
+        prompt_format("gsm8k", "alpaca")
+    with pytest.raises(UserError, match="unknown task"):
+        load_tasks(tasks=("gsm8k", "arc"))
+
+
+def test_tasks_dir_takes_the_original_mbpp_format(tmp_path: Path) -> None:
+    row = {"task_id": 2, "text": "Write a function to add two numbers.", "code": "def add(a, b):\r\n    return a + b",
+           "test_setup_code": "import math", "test_list": ["assert add(1, 2) == 3", "assert math.isclose(add(0.5, 0.25), 0.75)"]}
+    (tmp_path / "mbpp.jsonl").write_text(json.dumps(row) + "\n")
+    (problem,) = next(s for s in load_tasks(tmp_path, tasks=("mbpp",))).problems
+    assert problem.entry_points == ("add",) and problem.setup == "import math"
+    verdict = check(problem, "def add(a, b):\n    return a + b\n")
+    assert verdict is not None and verdict.passed
+    (tmp_path / "mbpp.jsonl").write_text(json.dumps({**row, "test_list": []}) + "\n")
+    with pytest.raises(UserError, match="test_list"):
+        load_tasks(tmp_path, tasks=("mbpp",))

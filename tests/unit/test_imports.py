@@ -1,0 +1,38 @@
+"""The import contracts of pyproject.toml ([tool.importlinter]) hold: run each with `lint-imports`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONTRACTS = [c["id"] for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]]
+
+
+@pytest.mark.parametrize("contract", CONTRACTS)
+def test_import_contract_holds(contract: str) -> None:
+    result = lint_imports(contract)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def lint_imports(contract: str, source: Path = REPO / "src") -> subprocess.CompletedProcess[str]:
+    tool = shutil.which("lint-imports")
+    assert tool, "lint-imports (PyPI import-linter, the dev extra) is not installed"
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    return subprocess.run([tool, "--no-cache", "--contract", contract], cwd=REPO, env=env, capture_output=True,
+                          text=True)
+
+
+def test_an_engine_module_importing_generate_breaks_the_contracts(tmp_path: Path) -> None:
+    shutil.copytree(REPO / "src" / "ornith_stack", tmp_path / "ornith_stack",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    base = tmp_path / "ornith_stack" / "engines" / "base.py"
+    base.write_text(base.read_text() + "\nimport ornith_stack.generate.core  # noqa\n")
+    for contract in ("generate-on-top", "layers", "acyclic"):
+        result = lint_imports(contract, tmp_path)
+        assert result.returncode != 0 and "engines" in result.stdout and "generate" in result.stdout, contract
