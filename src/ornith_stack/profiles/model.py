@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ornith_stack.profiles.images import ImageRef, parse_image, parse_pinned_image
 from ornith_stack.cuda_requirement import CudaRequirement, parse_requirement
+from ornith_stack.profiles.images import ImageRef, parse_image, parse_pinned_image
 
 # An engine flag value: a switch (true), a scalar, or a mapping the adapter serialises as JSON
 # (vLLM's --speculative-config takes one).
