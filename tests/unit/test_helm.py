@@ -455,11 +455,11 @@ def test_crd_schemas_reject_unknown_fields() -> None:
 
 
 def test_every_value_is_documented_where_declared() -> None:
-    from ornith_stack.generate.helm_chart import values_docs
+    from ornith_stack.generate import helm_values
 
-    docs = values_docs((CHART / "values.yaml").read_text())
-    assert len(docs) > 50
-    assert [d.key for d in docs if not d.description] == []
+    rows = [row for v in helm_values.parse((CHART / "values.yaml").read_text()) for row in v.documented_leaves]
+    assert len(rows) > 50
+    assert [r.path for r in rows if not r.description] == []
 
 
 def test_service_monitor_jobs_are_those_the_rules_select() -> None:
@@ -509,7 +509,7 @@ def test_without_the_monitoring_crds_the_chart_renders_valid_objects_and_leaves_
     assert find(objects, "Service") and engine_pod_specs(tuple(objects))
     for obj in objects:
         validate_object(obj)
-    monitoring = merge(read_yaml("values.yaml"), case_values(case))["monitoring"]
+    monitoring = deep_merge(read_yaml("values.yaml"), case_values(case))["monitoring"]
     wanted = monitoring["serviceMonitor"]["enabled"] or monitoring["prometheusRule"]["enabled"]
     notes = render_manifests(case_values(case), NO_MONITORING)["ornith/templates/NOTES.txt"]
     assert ("no monitoring.coreos.com/v1 API" in notes) == wanted
@@ -522,7 +522,7 @@ def test_with_the_monitoring_api_the_monitoring_objects_appear(apis: tuple[str, 
     assert {o["kind"] for o in objects} >= MONITORING_KINDS
     for obj in objects:
         validate_object(obj)
-    disabled = merge(case_values("values-gpu96.yaml"), {"monitoring": {
+    disabled = deep_merge(case_values("values-gpu96.yaml"), {"monitoring": {
         "serviceMonitor": {"enabled": False}, "prometheusRule": {"enabled": False}}})
     assert {o["kind"] for o in render(disabled, apis)} & MONITORING_KINDS == set()
 
@@ -540,7 +540,7 @@ CLUSTER_SETTINGS = {"engine": {
 
 @pytest.mark.parametrize("case", ["values-gpu96.yaml", "ci/gb300x2-two-nodes-lws.yaml"])
 def test_cluster_settings_are_accepted_and_reach_every_engine_pod(case: str) -> None:
-    values = merge(case_values(case), CLUSTER_SETTINGS)
+    values = deep_merge(case_values(case), CLUSTER_SETTINGS)
     assert schema_errors(values) == []
     objects = render(values)
     for obj in objects:
@@ -562,7 +562,7 @@ def test_cluster_settings_are_accepted_and_reach_every_engine_pod(case: str) -> 
 @pytest.mark.parametrize("bad", [{"runtimeClassName": "Nvidia Runtime"}, {"extraVolumeMounts": [{"name": "x"}]}])
 def test_bad_cluster_settings_fail_the_schema(bad: dict[str, Any]) -> None:
     key = next(iter(bad))
-    errors = schema_errors(merge(read_yaml("values-gpu96.yaml"), {"engine": bad}))
+    errors = schema_errors(deep_merge(read_yaml("values-gpu96.yaml"), {"engine": bad}))
     assert any(e.startswith(f"engine.{key}") for e in errors), errors
 
 
@@ -596,7 +596,7 @@ def test_exporter_image_is_a_documented_value_with_its_build_and_push_command() 
     assert (values["exporter"]["image"]["repository"], values["exporter"]["image"]["tag"]) == (repository, tag)
     notes = render_manifests(values)["ornith/templates/NOTES.txt"]
     assert f"docker push REGISTRY/{pin}" in notes
-    pushed = merge(values, {"exporter": {"image": {"repository": f"registry.example/{repository}"}}})
+    pushed = deep_merge(values, {"exporter": {"image": {"repository": f"registry.example/{repository}"}}})
     assert "published in no registry" not in render_manifests(pushed)["ornith/templates/NOTES.txt"]
     exporter = next(d for d in render(pushed) if d["metadata"]["name"] == "ornith-exporter")
     assert container(exporter["spec"]["template"]["spec"], "exporter")["image"] == f"registry.example/{pin}"
@@ -607,7 +607,7 @@ def test_engine_loads_the_revision_the_download_job_fetched(case: str) -> None:
     # Offline (HF_HUB_OFFLINE=1), a commit or tag has no refs/main in the cache: the engine must be told the
     # revision the Job downloaded, or it fails to start (and with the Hub reachable it would load `main`).
     commit = "0123456789abcdef0123456789abcdef01234567"
-    objects = tuple(render(merge(case_values(case), {"model": {"revision": commit}})))
+    objects = tuple(render(deep_merge(case_values(case), {"model": {"revision": commit}})))
     (job,) = find(objects, "Job")
     assert literal_env(container(job["spec"]["template"]["spec"], "download"))["MODEL_REVISION"] == commit
     for role, spec in engine_pod_specs(objects).items():
@@ -621,6 +621,25 @@ def test_engine_loads_the_revision_the_download_job_fetched(case: str) -> None:
 
 def test_a_revision_that_contradicts_the_profiles_flags_is_refused() -> None:
     values = case_values("values-gpu96.yaml")
-    values = merge(values, {"engine": {"args": [*values["engine"]["args"], "--revision", "v1.0"]},
+    values = deep_merge(values, {"engine": {"args": [*values["engine"]["args"], "--revision", "v1.0"]},
                             "model": {"revision": "v2.0"}})
     assert "model.revision (v2.0) differs from the profile's --revision v1.0" in render_error(values)
+
+
+@pytest.mark.parametrize("case", ["values-gpu96.yaml", "ci/gb300x2-two-4gpu-nodes.yaml"])
+def test_every_engine_pod_carries_the_labels_role_and_annotations(case: str) -> None:
+    """engine.podLabels and engine.podAnnotations reach the Deployment's pods and both LeaderWorkerSet
+    templates, each pod labelled with its role."""
+    values = deep_merge(case_values(case), {"engine": {"podLabels": {"team": "llm"},
+                                                       "podAnnotations": {"example.com/owner": "ops"}}})
+    objects = render(values)
+    templates = [(o["spec"]["template"]["metadata"], "leader") for o in objects if o["kind"] == "Deployment"
+                 and o["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"]
+    for lws in (o for o in objects if o["kind"] == "LeaderWorkerSet"):
+        spec = lws["spec"]["leaderWorkerTemplate"]
+        templates += [(spec["leaderTemplate"]["metadata"], "leader"), (spec["workerTemplate"]["metadata"], "worker")]
+    assert templates
+    for metadata, role in templates:
+        assert metadata["labels"]["team"] == "llm" and metadata["labels"]["ornith.ai/role"] == role
+        assert metadata["labels"]["app.kubernetes.io/component"] == "engine"
+        assert metadata["annotations"] == {"example.com/owner": "ops"}
