@@ -16,10 +16,10 @@ mkdir -p "$ORNITH_CACHE_DIR"
 
 step() { printf '\n==> %s\n' "$*"; }
 
-step "System packages (debootstrap for local base images, promtool and Prometheus, bubblewrap for the code sandbox)"
+step "System packages (debootstrap for local base images, promtool and Prometheus, bubblewrap for the code sandbox, shellcheck)"
 if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
   missing=()
-  for pkg in debootstrap prometheus bubblewrap; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  for pkg in debootstrap prometheus bubblewrap shellcheck; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
   if ((${#missing[@]})); then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 
@@ -75,7 +75,7 @@ def engine_profile(
     `extra_args` adds or replaces engine flags (name without dashes -> value, as in profile YAML).
     """
     base = load_profile(profile) if isinstance(profile, str) else profile
-    args = dict(base.serve.args)
+    args: dict[str, Any] = dict(base.serve.args)
     if not speculative:
         args.pop("speculative-config", None)
     args.update(extra_args or {})

@@ -455,11 +455,11 @@ def test_crd_schemas_reject_unknown_fields() -> None:
 
 
 def test_every_value_is_documented_where_declared() -> None:
-    from ornith_stack.generate.helm_chart import values_docs
+    from ornith_stack.generate import helm_values
 
-    docs = values_docs((CHART / "values.yaml").read_text())
-    assert len(docs) > 50
-    assert [d.key for d in docs if not d.description] == []
+    rows = [row for v in helm_values.parse((CHART / "values.yaml").read_text()) for row in v.documented_leaves]
+    assert len(rows) > 50
+    assert [r.path for r in rows if not r.description] == []
 
 
 def test_service_monitor_jobs_are_those_the_rules_select() -> None:
@@ -624,3 +624,22 @@ def test_a_revision_that_contradicts_the_profiles_flags_is_refused() -> None:
     values = deep_merge(values, {"engine": {"args": [*values["engine"]["args"], "--revision", "v1.0"]},
                             "model": {"revision": "v2.0"}})
     assert "model.revision (v2.0) differs from the profile's --revision v1.0" in render_error(values)
+
+
+@pytest.mark.parametrize("case", ["values-gpu96.yaml", "ci/gb300x2-two-4gpu-nodes.yaml"])
+def test_every_engine_pod_carries_the_labels_role_and_annotations(case: str) -> None:
+    """engine.podLabels and engine.podAnnotations reach the Deployment's pods and both LeaderWorkerSet
+    templates, each pod labelled with its role."""
+    values = deep_merge(case_values(case), {"engine": {"podLabels": {"team": "llm"},
+                                                       "podAnnotations": {"example.com/owner": "ops"}}})
+    objects = render(values)
+    templates = [(o["spec"]["template"]["metadata"], "leader") for o in objects if o["kind"] == "Deployment"
+                 and o["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"]
+    for lws in (o for o in objects if o["kind"] == "LeaderWorkerSet"):
+        spec = lws["spec"]["leaderWorkerTemplate"]
+        templates += [(spec["leaderTemplate"]["metadata"], "leader"), (spec["workerTemplate"]["metadata"], "worker")]
+    assert templates
+    for metadata, role in templates:
+        assert metadata["labels"]["team"] == "llm" and metadata["labels"]["ornith.ai/role"] == role
+        assert metadata["labels"]["app.kubernetes.io/component"] == "engine"
+        assert metadata["annotations"] == {"example.com/owner": "ops"}

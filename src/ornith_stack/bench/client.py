@@ -152,7 +152,7 @@ class EngineClient:
         sample.e2e_s = self.clock() - t0
         sample.text = "".join(parts)
         sample.reasoning = "".join(thoughts)
-        if t_first is not None:
+        if t_first is not None and t_last is not None:
             sample.ttft_s = t_first - t0
             sample.decode_s = t_last - t_first
         if sample.error is None and sample.completion_tokens is None:
