@@ -70,7 +70,7 @@ make_models() {
 }
 
 stage() {  # copy one carried folder of parts; the last one unpacks and prepares
-    cp "$1"/* "$W/parts/" && log "staged $(ls "$1" | tr '\n' ' ')"
+    cp "$1"/* "$W/parts/" && log "staged $(cd "$1" && printf '%s ' *)"
     unpack || exit 1
     if [ -f "$W/site/.sglang-payload" ]; then
         [ -f "$W/machine.txt" ] || machine_facts
@@ -81,7 +81,7 @@ stage() {  # copy one carried folder of parts; the last one unpacks and prepares
 
 serve() {  # $1 = tp1 | tp2
     local run=$1
-    [ -f "$W/site/.sglang-payload" ] && [ -f "$W/models/.done" ] || { log "not staged"; exit 1; }
+    if [ ! -f "$W/site/.sglang-payload" ] || [ ! -f "$W/models/.done" ]; then log "not staged"; exit 1; fi
     if [ "$run" = tp1 ]; then export CUDA_VISIBLE_DEVICES=0; else export CUDA_VISIBLE_DEVICES=0,1; fi
     log "pytest -m gpu -k live-$run (CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES)"
     python3 -m pytest -p no:cacheprovider -q -m gpu -k "live-$run" "$REPO/tests/gpu/test_sglang_h200.py" \
