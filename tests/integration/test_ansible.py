@@ -170,7 +170,7 @@ def engine_archive(bases: dict[str, str], tmp_path_factory: pytest.TempPathFacto
         print(f"stand-in engine image built in {time.monotonic() - started:.0f} s")
     archive = tmp_path_factory.mktemp("archives") / "engine.tar"
     _run("docker", "save", "--output", str(archive), ENGINE_IMAGE, timeout=600)
-    _run("docker", "rmi", ENGINE_IMAGE)
+    _run("docker", "rmi", "--force", ENGINE_IMAGE)  # untag only, also when a stopped container uses it
     try:
         yield archive
     finally:
