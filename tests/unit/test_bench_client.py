@@ -133,7 +133,6 @@ def test_an_engine_that_is_down_is_one_clear_error() -> None:
 # -- against a real loopback HTTP server ------------------------------------------------------------
 
 import threading  # noqa: E402
-import time  # noqa: E402
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
 
 

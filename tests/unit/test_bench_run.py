@@ -10,12 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_bench_client import LoopbackEngine
 
 from ornith_stack.bench import BenchConfig, run_bench
 from ornith_stack.bench.report import write_outputs
 from ornith_stack.bench.sandbox import Limits
 from ornith_stack.profiles import load_profile
-from test_bench_client import LoopbackEngine
 
 DATA = Path(__file__).parents[2] / "src/ornith_stack/bench/data"
 ANSWERS = {json.loads(line)["question"]: json.loads(line)["answer"] for line in (DATA / "gsm8k.jsonl").read_text().splitlines()}

@@ -194,8 +194,7 @@ class EngineClient:
     def _events(self, response: httpx.Response, t0: float) -> Iterator[dict[str, Any]]:
         """The stream's JSON events, stopping at the total deadline or on Ctrl-C even while the server
         sends only keep-alive comments or trickles bytes without a line end."""
-        for event in sse_events(_lines(response.iter_raw(), self._expired(t0))):
-            yield event
+        yield from sse_events(_lines(response.iter_raw(), self._expired(t0)))
 
     def _expired(self, t0: float) -> Callable[[], None]:
         def check() -> None:

@@ -378,9 +378,9 @@ def _plot_serving(levels: list[dict[str, Any]], path: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, key, ylabel in ((axes[0], "output_tok_s", "output tok/s"), (axes[1], "tpot_ms_median", "median TPOT (ms)")):
         spreads = [level.get("spread", {}).get(key) or {} for level in levels]
-        mids = [sp.get("median") or 0 for sp in spreads]
-        low = [m - (sp.get("min") if sp.get("min") is not None else m) for m, sp in zip(mids, spreads, strict=True)]
-        high = [(sp.get("max") if sp.get("max") is not None else m) - m for m, sp in zip(mids, spreads, strict=True)]
+        mids = [float(sp.get("median") or 0.0) for sp in spreads]
+        low = [m - float(sp.get("min") or m) for m, sp in zip(mids, spreads, strict=True)]
+        high = [float(sp.get("max") or m) - m for m, sp in zip(mids, spreads, strict=True)]
         ax.bar(labels, mids, yerr=[low, high], capsize=4, color="#4c72b0")
         ax.set_ylabel(ylabel)
         ax.grid(True, axis="y", alpha=0.3)

@@ -162,7 +162,7 @@ def serving_metrics(samples: list[dict[str, Any]], duration_s: float,
         "slos_ms": slos or {},
         "ttft_ms": stats.distribution(_scaled(ok, "ttft_s", ms)),
         "tpot_ms": stats.distribution(_scaled(ok, "tpot_s", ms)),
-        "itl_ms": stats.distribution(g * ms for s in ok for g in s.get("itl_s") or []),
+        "itl_ms": stats.distribution(float(g) * ms for s in ok for g in s.get("itl_s") or []),
         "e2el_ms": stats.distribution(_scaled(ok, "e2e_s", ms)),
         "errors": _error_counts(samples),
     }
@@ -182,8 +182,9 @@ def _scaled(samples: list[dict[str, Any]], key: str, factor: float) -> list[floa
 def _meets(sample: dict[str, Any], slos: dict[str, float]) -> bool:
     """vLLM's rule: a request is good when each of its latencies is within its SLO (TPOT 0 for a
     one-token answer)."""
-    values = {"ttft": sample.get("ttft_s"), "tpot": sample.get("tpot_s") or 0.0, "e2el": sample.get("e2e_s")}
-    return all(values[key] is not None and values[key] * 1000.0 <= limit for key, limit in slos.items())
+    values: dict[str, float | None] = {"ttft": sample.get("ttft_s"), "tpot": sample.get("tpot_s") or 0.0,
+                                       "e2el": sample.get("e2e_s")}
+    return all((v := values[key]) is not None and v * 1000.0 <= limit for key, limit in slos.items())
 
 
 def _error_counts(samples: list[dict[str, Any]]) -> dict[str, int]:

@@ -20,8 +20,8 @@ from ornith_stack.bench.acceptance import per_request, summarize_acceptance
 from ornith_stack.bench.checkers import check
 from ornith_stack.bench.client import EngineClient, RequestSample, ServerInfo, decode_rate
 from ornith_stack.bench.datasets import SEED000_TASKS, Problem, load_tasks
-from ornith_stack.bench.serving import Load, run_load, serving_metrics, spread
 from ornith_stack.bench.sandbox import Limits, require_sandbox
+from ornith_stack.bench.serving import Load, run_load, serving_metrics, spread
 from ornith_stack.engines import EngineAdapter, SpecCounters, acceptance_length, detect_adapter
 from ornith_stack.engines.exposition import Samples
 from ornith_stack.errors import UserError
@@ -277,7 +277,7 @@ class Runner:
             bodies = [self.body(prompts.decode_prompt(i), cfg.max_tokens, speed=True) for i in range(4 * level)]
             entry: dict[str, Any] = {"concurrency": level}
             suite["levels"].append(entry)
-            self.level(entry, Load(max_concurrency=level), lambda b=bodies: b)
+            self.level(entry, Load(max_concurrency=level), _fixed(bodies))
 
     def serving(self) -> None:
         """The random workload of `vllm bench serve --dataset-name random`: fixed prompt and output
@@ -387,6 +387,11 @@ def _throughput(level: int, samples: list[dict[str, Any]], wall_s: float) -> dic
     output = sum(s["completion_tokens"] or 0 for s in ok)
     return {"concurrency": level, "requests": len(samples), "errors": len(samples) - len(ok),
             "output_tokens": output, "wall_s": wall_s, "output_tok_s": stats.ratio(output, wall_s)}
+
+
+def _fixed(bodies: list[dict[str, Any]]) -> Callable[[], list[dict[str, Any]]]:
+    """The same requests for every run of a level."""
+    return lambda: bodies
 
 
 def _verdict_word(passed: bool | None) -> str:

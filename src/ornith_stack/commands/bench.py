@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from ornith_stack.bench import SUITES, BenchConfig, run_bench
 from ornith_stack.bench.compare import load_result
@@ -32,7 +32,8 @@ class RichProgress:
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
-        self.task: int | None = None
+        self.task: TaskID | None = None
+        self.suite = ""
 
     def start(self, suite: str, total: int) -> None:
         # Drawn from the first suite on, so a connection error prints only its error line.
