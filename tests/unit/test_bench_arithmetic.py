@@ -175,3 +175,15 @@ def test_seed_methods_set_what_the_seeds_measured() -> None:
     assert (s4.thinking, s4.task_max_tokens, s4.task_limit, s4.prompt_format, s4.task_concurrency) == (
         True, 4096, 128, "dflash", (1, 8, 32))
     assert s4.tasks == ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
+
+
+def test_sglang_verify_steps_per_request_give_completion_over_steps() -> None:
+    from ornith_stack.bench.acceptance import summarize_acceptance
+
+    rows = [{"error": None, "completion_tokens": 120, "extra": {"spec_verify_ct": 30}},
+            {"error": None, "completion_tokens": 40, "extra": {"spec_verify_ct": 20}}]
+    acc = summarize_acceptance(rows)
+    assert acc is not None
+    assert acc["per_request_mean"] == pytest.approx((4.0 + 2.0) / 2)  # seed 004's definition
+    assert acc["token_weighted"] == pytest.approx(160 / 50)
+    assert acc["draft_acceptance_rate"] is None  # SGLang counts no drafted tokens

@@ -31,9 +31,20 @@ def per_request(before: SpecCounters | None, after: SpecCounters) -> dict[str, A
             "accepted_per_position": positions}
 
 
+def from_sample(sample: dict[str, Any]) -> dict[str, Any] | None:
+    """One request's steps: SGLang's own count for the request (`spec_verify_ct`) when the stream
+    carried it, else the counters' window around it."""
+    extra = sample.get("extra") or {}
+    steps, tokens = extra.get("spec_verify_ct"), sample.get("completion_tokens")
+    if isinstance(steps, int) and steps > 0 and isinstance(tokens, int):
+        return {"steps": steps, "accepted": max(tokens - steps, 0), "drafted": None, "accepted_per_position": {}}
+    spec = extra.get("spec")
+    return spec if isinstance(spec, dict) else None
+
+
 def summarize_acceptance(samples: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The task's acceptance in both definitions, the draft-acceptance rate and per-position rates."""
-    spec = [s["extra"]["spec"] for s in samples if not s["error"] and (s.get("extra") or {}).get("spec")]
+    spec = [x for x in (from_sample(s) for s in samples if not s["error"]) if x]
     if not spec:
         return None
     steps = sum(x["steps"] for x in spec)

@@ -257,6 +257,11 @@ def sse_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
 
 
 def _read_usage(chunk: dict[str, Any], sample: RequestSample) -> None:
+    """Token counts from `usage`, and SGLang's verification steps of this request where the chunk
+    carries its `meta_info` (`spec_verify_ct`)."""
+    meta = chunk.get("meta_info")
+    if isinstance(meta, dict) and isinstance(meta.get("spec_verify_ct"), int):
+        sample.extra["spec_verify_ct"] = meta["spec_verify_ct"]
     usage = chunk.get("usage")
     if isinstance(usage, dict):
         sample.prompt_tokens = usage.get("prompt_tokens", sample.prompt_tokens)
