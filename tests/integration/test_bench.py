@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 # Small enough for two CPU cores, large enough that the decode interval is not a few milliseconds.
 SCALED = ["--max-tokens", "96", "--samples", "2", "--concurrency", "1,4", "--task-limit", "2",
-          "--task-max-tokens", "96", "--code-timeout", "5"]
+          "--task-max-tokens", "96", "--code-timeout", "5", "--repeats", "1"]
 
 
 def _url(request: pytest.FixtureRequest, fixture: str, env: str) -> str:
@@ -50,11 +50,12 @@ def test_all_suites_write_the_three_outputs(engine_url: str, tmp_path: Path) -> 
     # The window is 4096 tokens: 100000 is capped to the largest prompt that fits.
     result = _bench(engine_url, tmp_path / "run", "--suite", "all", "--profile", "cpu-demo",
                     "--baseline", str(tmp_path / "base" / "bench.json"),
-                    "--prompt-lengths", "256,1024,100000", *SCALED)
+                    "--prompt-lengths", "256,1024,100000", "--num-prompts", "4", "--max-concurrency", "2",
+                    "--random-input-len", "128", "--random-output-len", "16", *SCALED)
     out = tmp_path / "run"
 
     suites = result["suites"]
-    assert set(suites) == {"decode", "tasks", "ttft_sweep", "concurrency"}
+    assert set(suites) == {"decode", "tasks", "ttft_sweep", "concurrency", "serving"}
     assert not result["interrupted"]
     decode = suites["decode"]
     assert len(decode["samples"]) == 2 and decode["errors"] == 0
@@ -67,7 +68,7 @@ def test_all_suites_write_the_three_outputs(engine_url: str, tmp_path: Path) -> 
     assert sweep["max_model_len"] == 4096 and sweep["dropped_lengths"] == [100000]
     assert all(p["ttft_s"] and p["prompt_tokens"] < 4096 for p in sweep["points"])
     assert [p["prompt_tokens"] > 3000 for p in sweep["points"]] == [False, False, True]
-    assert [len(level["samples"]) for level in suites["concurrency"]["levels"]] == [1, 4]
+    assert [len(level["samples"]) for level in suites["concurrency"]["levels"]] == [4, 16]
     assert result["comparison"]["speedup_vs_baseline"] == pytest.approx(
         decode["decode_tok_s"]["median"] / baseline["suites"]["decode"]["decode_tok_s"]["median"])
 

@@ -217,10 +217,12 @@ def _sweep_table(result: dict[str, Any]) -> list[str]:
     rows = []
     for point in sweep.get("points", []):
         ref = _nearest(seed, point.get("prompt_tokens"))
-        rows.append([_int(point.get("prompt_tokens")), _num(point.get("ttft_s"), 3), _num(point.get("decode_tok_s")),
+        rows.append([_int(point.get("prompt_tokens")), _spread(point.get("ttft_spread"), 3),
+                     _spread(point.get("decode_spread")),
                      _int(ref.get("prompt_tokens")) if ref else "—", _num(ref.get("ttft_s"), 2) if ref else "—",
                      _num(ref.get("decode_tok_s")) if ref else "—", point.get("error") or ""])
-    head = ["prompt tokens", "TTFT s", "decode tok/s", "seed prompt tokens", "seed TTFT s", "seed decode tok/s", "error"]
+    head = ["prompt tokens", "TTFT s (median [min–max])", "decode tok/s", "seed prompt tokens", "seed TTFT s",
+            "seed decode tok/s", "error"]
     lines = ["", "## TTFT and decode against prompt length", "", *_table(head, rows)]
     if sweep.get("dropped_lengths"):
         dropped = ", ".join(str(n) for n in sweep["dropped_lengths"])

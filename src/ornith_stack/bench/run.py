@@ -69,7 +69,7 @@ def _samples(node: Any) -> Iterator[dict[str, Any]]:
     """Every request sample recorded anywhere in the suites' results."""
     if isinstance(node, dict):
         for key, value in node.items():
-            if key in ("samples", "points") and isinstance(value, list):
+            if key == "samples" and isinstance(value, list):
                 yield from (s for s in value if isinstance(s, dict))
             elif isinstance(value, dict | list):
                 yield from _samples(value)

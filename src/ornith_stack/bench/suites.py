@@ -246,14 +246,19 @@ class Runner:
         suite: dict[str, Any] = {"max_tokens": cfg.max_tokens, "max_model_len": self.info.max_model_len,
                                  "max_total_tokens": self.pool_tokens, "dropped_lengths": dropped, "points": []}
         self.result["ttft_sweep"] = suite
-        self.progress.start("ttft-sweep", len(lengths) + 2)
+        self.progress.start("ttft-sweep", len(lengths) * cfg.repeats + 2)
         scale = self.calibrate()
         suite["tokens_per_word"] = scale.per_word
         for n, target in enumerate(lengths):
-            body = self.body(prompts.sized_prompt(scale.words_for(target), seed=n), cfg.max_tokens, speed=True)
-            sample = self.measured(body)
-            suite["points"].append(sample.to_json() | {"target_prompt_tokens": target})
-            self.progress.advance(f"{target} tokens: {_note(sample)}")
+            point: dict[str, Any] = {"target_prompt_tokens": target, "samples": []}
+            suite["points"].append(point)
+            for repeat in range(cfg.repeats):
+                words = scale.words_for(target)
+                sample = self.measured(self.body(prompts.sized_prompt(words, seed=n * 1000 + repeat), cfg.max_tokens,
+                                                 speed=True))
+                point["samples"].append(sample.to_json())
+                point.update(summarize_point(point["samples"]))
+                self.progress.advance(f"{target} tokens: {_note(sample)}")
 
     def calibrate(self) -> prompts.TokenScale:
         points = []
@@ -358,6 +363,16 @@ def summarize_speed(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "ttft_s": stats.summary(s["ttft_s"] for s in ok),
         "errors": len(samples) - len(ok),
     }
+
+
+def summarize_point(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """One sweep length: median TTFT and decode of its requests (distinct prompts, so no prefix-cache
+    hits), their spread, and the first error when none succeeded."""
+    ok = [s for s in samples if not s["error"]]
+    ttft, decode = stats.summary(s["ttft_s"] for s in ok), stats.summary(s["decode_tok_s"] for s in ok)
+    return {"prompt_tokens": ok[0]["prompt_tokens"] if ok else None, "ttft_s": ttft["median"],
+            "decode_tok_s": decode["median"], "ttft_spread": ttft, "decode_spread": decode,
+            "error": None if ok else samples[-1]["error"], "errors": len(samples) - len(ok)}
 
 
 def summarize_task(samples: list[dict[str, Any]]) -> dict[str, Any]:
