@@ -10,9 +10,33 @@
 #      command the entrypoint asks launch-args itself) with the words of $ORNITH_EXTRA_ARGS appended
 #      (shell-quoted, e.g. ORNITH_EXTRA_ARGS='--max-num-seqs 8 --served-model-name "my model"').
 #      ORNITH_DRY_RUN=1 prints that argv as one JSON list instead of executing it.
+#   The log line before exec shows the argv with secrets (--api-key VALUE, hf_... tokens) redacted;
+#   better still, pass secrets in the environment (VLLM_API_KEY, HF_TOKEN) rather than as flags.
 set -euo pipefail
 
 say() { printf 'ornith-entrypoint: %s\n' "$*" >&2; }
+# The argv as one shell-quoted line for the log, with secrets replaced by <redacted>: the value of a
+# secret flag (--api-key, --admin-api-key, --hf-token, --*-token, --*-secret, --*-password; as the next
+# word or after "="), and anything shaped like a Hugging Face token (hf_...).
+redacted() {
+  python3 - "$@" <<'PY'
+import re, shlex, sys
+SECRET_FLAG = re.compile(r"--?(?:[\w-]*-)?(?:api-keys?|token|secret|password|passwd)", re.IGNORECASE)
+HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
+out, hide_next = [], False
+for word in sys.argv[1:]:
+    flag, eq, _ = word.partition("=")
+    if hide_next:
+        out.append("<redacted>")
+        hide_next = False
+    elif SECRET_FLAG.fullmatch(flag):
+        out.append(f"{flag}=<redacted>" if eq else word)
+        hide_next = not eq
+    else:
+        out.append(HF_TOKEN.sub("<redacted>", word))
+print(shlex.join(out))
+PY
+}
 is_on() { case "${1:-}" in 1|true|yes|on) return 0 ;; *) return 1 ;; esac; }
 
 profile="${ORNITH_PROFILE:-}"
@@ -50,7 +74,8 @@ fi
 if [[ -n ${ORNITH_EXTRA_ARGS:-} ]]; then
   # Split like a shell would (quotes respected), without evaluating anything.
   if ! python3 -c 'import shlex, sys; shlex.split(sys.argv[1])' "$ORNITH_EXTRA_ARGS" 2>/dev/null; then
-    say "refusing to start: ORNITH_EXTRA_ARGS has unbalanced quotes: $ORNITH_EXTRA_ARGS"
+    # Not echoed: it may carry a secret (--api-key).
+    say "refusing to start: ORNITH_EXTRA_ARGS has unbalanced quotes (check its ' and \" pairs)"
     exit 2
   fi
   mapfile -d '' -t extra < <(python3 -c \
@@ -58,9 +83,35 @@ if [[ -n ${ORNITH_EXTRA_ARGS:-} ]]; then
   set -- "$@" "${extra[@]}"
 fi
 
+# HF_HUB_OFFLINE unset or empty: go offline when every Hub model the command names (--model,
+# --model-path, `serve MODEL`, the draft, at their --revision) is already in the Hugging Face cache, so that
+# a restart loads exactly what the first start downloaded and never re-resolves `main` against the Hub.
+# HF_HUB_OFFLINE=0 keeps the Hub; 1 is always offline (Ansible sets it after downloading the pinned revision).
+if [[ -z ${HF_HUB_OFFLINE:-} ]] && cached=$(python3 - "$@" 2>/dev/null <<'PY'
+import json, os, sys
+from huggingface_hub import try_to_load_from_cache
+
+argv = sys.argv[1:]
+value = {w: argv[i + 1] for i, w in enumerate(argv[:-1]) if w.startswith("--")}
+models = [(value.get("--model") or value.get("--model-path") or
+           (argv[argv.index("serve") + 1] if "serve" in argv[:-1] else None), value.get("--revision"))]
+models.append((value.get("--speculative-draft-model-path"), value.get("--speculative-draft-model-revision")))
+spec = json.loads(value.get("--speculative-config", "{}") or "{}")
+models.append((spec.get("model"), spec.get("revision")))
+repos = [(m, r or "main") for m, r in models if m and not m.startswith(("/", ".")) and not os.path.exists(m)
+         and m.count("/") == 1]
+if not repos or not all(isinstance(try_to_load_from_cache(m, "config.json", revision=r), str) for m, r in repos):
+    sys.exit(1)
+print(" ".join(f"{m}@{r}" for m, r in repos))
+PY
+); then
+  export HF_HUB_OFFLINE=1
+  say "$cached already in the Hugging Face cache: HF_HUB_OFFLINE=1 (set HF_HUB_OFFLINE=0 to re-resolve on the Hub)"
+fi
+
 if is_on "${ORNITH_DRY_RUN:-}"; then
   python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
   exit 0
 fi
-say "profile $profile: exec $*"
+say "profile $profile: exec $(redacted "$@")"
 exec "$@"

@@ -167,7 +167,7 @@ EOF
   rm -f "$rootfs/etc/machine-id" "$rootfs/var/lib/dbus/machine-id"
   chroot "$rootfs" apt-get clean
   rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/log/*.log \
-         "$rootfs"/var/cache/ldconfig/aux-cache "$rootfs"/dev/* "$rootfs"/proc/* "$rootfs"/sys/* "$rootfs"/tmp/*
+         "$rootfs"/var/cache/ldconfig/aux-cache "${rootfs:?}"/dev/* "$rootfs"/proc/* "$rootfs"/sys/* "$rootfs"/tmp/*
   log "packing rootfs into $out"
   tar --numeric-owner --xattrs -C "$rootfs" -czf "$out.partial" .
   find "$CACHE_DIR" -maxdepth 1 -name "debian-$SUITE-$ARCH-*.tar.gz" ! -name "${out##*/}" -delete

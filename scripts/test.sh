@@ -16,16 +16,21 @@ mkdir -p "$ORNITH_CACHE_DIR"
 
 step() { printf '\n==> %s\n' "$*"; }
 
-step "System packages (debootstrap for local base images, promtool and Prometheus, bubblewrap for the code sandbox)"
+step "System packages (debootstrap for local base images, promtool and Prometheus, bubblewrap for the code sandbox, shellcheck)"
 if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
   missing=()
-  for pkg in debootstrap prometheus bubblewrap; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  for pkg in debootstrap prometheus bubblewrap shellcheck; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
   if ((${#missing[@]})); then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
   # Debian starts the prometheus service on install; the tests start their own.
   systemctl stop prometheus 2>/dev/null || pkill -x prometheus 2>/dev/null || true
+fi
+
+step "Compose v2 (docker compose: the README's command) from Debian trixie, beside docker-compose v1"
+if [[ $EUID -eq 0 ]] && command -v docker >/dev/null; then
+  scripts/install-compose-v2.sh "$ORNITH_CACHE_DIR/compose-v2"
 fi
 
 step "Python environment (.venv) with ornith-stack and its dev tools"
@@ -50,6 +55,20 @@ import sys, zipfile, pathlib
 wheel = next(pathlib.Path(sys.argv[1]).glob("vllm-0.24.0-*.whl"))
 with zipfile.ZipFile(wheel) as archive:
     archive.extractall(sys.argv[2], [n for n in archive.namelist() if n.startswith("vllm/") and n.endswith(".py")])
+PY
+fi
+
+step "SGLang 0.5.17's Python sources (the planner's SGLang defaults and memory code are checked against them)"
+export ORNITH_SGLANG0517_SRC="${ORNITH_SGLANG0517_SRC:-$ORNITH_CACHE_DIR/sglang-0.5.17-src}"
+if [[ ! -f $ORNITH_SGLANG0517_SRC/sglang/srt/server_args.py ]]; then
+  wheel_dir="$ORNITH_CACHE_DIR/wheels/sglang-0.5.17"
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux_2_34_x86_64 -d "$wheel_dir" sglang==0.5.17
+  .venv/bin/python - "$wheel_dir" "$ORNITH_SGLANG0517_SRC" <<'PY'
+import sys, zipfile, pathlib
+wheel = next(pathlib.Path(sys.argv[1]).glob("sglang-0.5.17-*.whl"))
+with zipfile.ZipFile(wheel) as archive:
+    archive.extractall(sys.argv[2], [n for n in archive.namelist() if n.startswith("sglang/") and n.endswith(".py")])
 PY
 fi
 

@@ -45,9 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # Usage errors (unknown option, missing argument) carry their own message and exit code.
         # Typer vendors click, so match the behaviour rather than one module's class.
-        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
-            exc.show()
-            return exc.exit_code
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            return code
         raise
     return rc if isinstance(rc, int) else 0
 

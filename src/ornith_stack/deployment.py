@@ -8,7 +8,10 @@ from __future__ import annotations
 
 # The exporter: the port it serves /metrics on and the compose service that runs it.
 EXPORTER_PORT = 9400
+# Containers listen on every address of their own network namespace; a host-mode exporter listens
+# on loopback unless asked, so it is not reachable from the network by default.
 EXPORTER_LISTEN = f":{EXPORTER_PORT}"
+EXPORTER_LISTEN_HOST = f"127.0.0.1:{EXPORTER_PORT}"
 EXPORTER_SERVICE = "exporter"
 METRICS_PATH = "/metrics"
 # Prometheus HTTP service discovery on the exporter: the engines it watches, so Prometheus scrapes

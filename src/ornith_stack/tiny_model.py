@@ -260,6 +260,9 @@ def _text_kwargs(arch: Arch, ids: dict[str, int]) -> dict[str, Any]:
     return common | {
         "num_hidden_layers": 4,
         "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        # Published Qwen3.5 configs carry the interval beside layer_types; SGLang builds the layer
+        # pattern from it alone and refuses a checkpoint without it.
+        "full_attention_interval": 4,
         "shared_expert_intermediate_size": 128,
         "linear_num_key_heads": 2,
         "linear_num_value_heads": 4,

@@ -16,6 +16,15 @@ The layout is what vLLM 0.24.0 loads as a DFlash drafter (read in its wheel):
 - Weights under the checkpoint names `qwen3_dflash.py` loads: `layers.N.*`, `fc`, `hidden_norm`,
   `norm`. No `embed_tokens` and no `lm_head`: like the published drafters, it shares the target's
   (`llm_base_proposer._maybe_share_embeddings` / `_maybe_share_lm_head`).
+
+`--agree` makes greedy drafts partly right, so that the acceptance length moves above 1.0 (a random
+draft almost never matches a random target): the draft's final `norm` is zeroed, so its hidden state
+is 0, every logit through the shared `lm_head` is 0 and its greedy token is always id 0; and the
+TARGET's `lm_head` (rewritten in place) keeps two random rows (AGREE_ROWS, negated) and zeroes the
+others, so the target's greedy token is id 0 wherever both rows' logits are negative and one of
+AGREE_ROWS elsewhere. Each verify step then accepts the run of id-0 tokens the target would produce:
+with transformers on CPU the tiny target alternates between id 0 and the two rows, about 1.5 tokens
+per step, varying with the prompt (a single kept row locks into one token: acceptance 1.0 or 16).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import torch
 from safetensors.torch import save_file
 
 BLOCK_SIZE = 16
+AGREE_ROWS = (100, 101)  # the lm_head rows the --agree target keeps, negated (ordinary byte tokens)
 MASK_TOKEN_ID_KEY = "ornith_mask_token_id"  # written by ornith_stack.tiny_model
 
 
@@ -111,17 +121,39 @@ def draft_weights(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
     return w
 
 
+def agree_target_lm_head(target: Path) -> str:
+    """Zero every row of the target's lm_head but AGREE_ROWS, negated (module docstring); returns the shard."""
+    from safetensors.torch import load_file
+
+    index = json.loads((target / "model.safetensors.index.json").read_text())
+    shard = index["weight_map"]["lm_head.weight"]
+    tensors = load_file(str(target / shard))
+    head = tensors["lm_head.weight"]
+    keep = -head[list(AGREE_ROWS)]
+    head.zero_()
+    head[list(AGREE_ROWS)] = keep
+    save_file(tensors, str(target / shard), metadata={"format": "pt"})
+    return shard
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("target", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--agree", action="store_true", help="draft always id 0; target lm_head rewritten in place")
     args = ap.parse_args()
     cfg = draft_config(_text_config(args.target), args.layers)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    save_file(draft_weights(cfg, args.seed), str(args.out / "model.safetensors"), metadata={"format": "pt"})
+    weights = draft_weights(cfg, args.seed)
+    if args.agree:
+        weights["norm.weight"] = torch.zeros_like(weights["norm.weight"])
+        print(
+            f"--agree: draft norm zeroed; target lm_head keeps rows {AGREE_ROWS} only, negated ({agree_target_lm_head(args.target)})"
+        )
+    save_file(weights, str(args.out / "model.safetensors"), metadata={"format": "pt"})
     print(
         f"draft: {args.out} target_layer_ids={cfg['dflash_config']['target_layer_ids']} "
         f"mask_token_id={cfg['dflash_config']['mask_token_id']}"

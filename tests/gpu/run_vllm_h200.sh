@@ -39,7 +39,7 @@ elapsed() { echo $(( $(date +%s) - START )); }
 
 stage() {  # copy one carried folder of parts into $W/parts
     local src=$1
-    cp "$src"/* "$W/parts/" && log "staged $(ls "$src" | tr '\n' ' ')"
+    cp "$src"/* "$W/parts/" && log "staged $(cd "$src" && printf '%s ' *)"
     ls -la "$W/parts"
     if [ -f "$W/parts/deps.tar.xz" ] && [ ! -f "$W/site/.deps" ]; then
         xz -dc "$W/parts/deps.tar.xz" | tar -x -C "$W/site" && touch "$W/site/.deps" && log "deps unpacked"

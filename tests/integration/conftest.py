@@ -9,7 +9,7 @@ Use them from any integration test (exporter, benchmark, compose, Ansible):
 - `vllm_hybrid` (session): the same profile serving the tiny hybrid without speculation (with ngram
   the random hybrid seldom repeats itself, so its spec counters barely move; use `vllm_ngram` for them).
 
-The engine fixtures yield an `ornith_stack.local_engine.LocalEngine`: `.base_url`
+The engine fixtures yield a `local_engine.LocalEngine` (tests/local_engine.py): `.base_url`
 ("http://127.0.0.1:PORT", also its str()), `.model_name` (the served name to put in requests),
 `.log_path`, `.argv` and `.start_seconds`. The engine is stopped, process group and all, when the
 session ends. Starting one takes 1-3 minutes on a 2-core machine, so share them; do not stop them.
@@ -60,7 +60,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
 
 def _engine(model_dir: Path, speculative: bool, log_dir: Path) -> Iterator[object]:
     _require("vllm", "the integration tier drives a real engine")
-    from ornith_stack.local_engine import running_engine
+    from local_engine import running_engine
 
     with running_engine(model_dir, speculative=speculative, log_path=log_dir / "engine.log") as engine:
         yield engine

@@ -1,13 +1,21 @@
 """The images and compose/cpu-demo.yml for real, on a machine with Docker and no registry.
 
-Run: pytest -m integration tests/integration/test_compose.py   (needs Docker, docker-compose v1, PyPI)
+Run: pytest -m integration tests/integration/test_compose.py
+(needs Docker, Compose v2 as `docker compose` (scripts/install-compose-v2.sh), docker-compose v1, PyPI)
 
-- The exporter and cpu-demo images are built by `docker-compose build` from compose/cpu-demo.yml with
-  their BASE_IMAGE swapped (ORNITH_PYTHON_BASE_IMAGE) to the locally made Debian + Python base
-  (scripts/make-base-images.sh), then the stack is started with docker-compose v1 and Prometheus swapped
-  (ORNITH_PROMETHEUS_IMAGE) to the local Debian-packaged Prometheus.
-- Grafana is left out: its image (grafana/grafana) cannot be pulled here and Debian has no Grafana
-  package to make a stand-in from. Its compose settings are checked statically (tests/unit/test_docker.py).
+- The README's own command, read from README.md (`docker compose -f compose/cpu-demo.yml up --build`), is
+  run as printed, with Compose v2, in the foreground: it builds the exporter and cpu-demo images with their
+  BASE_IMAGE swapped (ORNITH_PYTHON_BASE_IMAGE) to the locally made Debian + Python base
+  (scripts/make-base-images.sh), and starts the stack with Prometheus swapped (ORNITH_PROMETHEUS_IMAGE)
+  to the local Debian-packaged Prometheus.
+- Grafana's image cannot be pulled here and Debian has no Grafana package: ORNITH_GRAFANA_IMAGE points at a
+  stand-in (the Python base serving an empty page on :3000) so that the README's command starts every
+  service. Nothing about Grafana itself is asserted; its settings are checked in tests/unit/test_docker.py.
+- docker-compose v1 still works, checked more cheaply than a second full start (which would add the
+  engine's 1.5-2 minute start): v1 resolves compose/cpu-demo.yml to the same services, images, commands
+  and ports as v2, and lists the containers of the stack v2 started (both select by compose's labels);
+  every profile's file passes `docker-compose config` in tests/unit/test_docker.py, and the GPU engine
+  stand-ins below are built from what v1 resolves.
 - Inside the running containers (testinfra, docker:// backend): every process runs as a non-root user and
   the ports listen; from outside: the engine answers a chat completion, published ports are on loopback,
   and Prometheus has the exporter's target up with acceptance-length and throughput series.
@@ -27,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -47,6 +56,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "compose" / "cpu-demo.yml"
 WHEELHOUSE = REPO / "docker" / "wheelhouse.sh"
 COMPOSE = shutil.which("docker-compose")
+README_COMMAND = re.compile(r"^docker compose -f compose/cpu-demo\.yml up\b.*$", re.MULTILINE)
 PROJECT = f"ornith-it-{os.getpid()}"
 BUILD_TIMEOUT_S = 2400
 # Engine start in the container: about 1-3 minutes on two cores (first start compiles); the compose
@@ -69,23 +79,48 @@ def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 600
     return result
 
 
+def compose_v2_available() -> bool:
+    return subprocess.run(["docker", "compose", "version"], check=False, capture_output=True).returncode == 0
+
+
+def readme_command() -> list[str]:
+    """The README's first command for the cpu-demo stack, split as a shell would."""
+    match = README_COMMAND.search((REPO / "README.md").read_text())
+    assert match, "README.md no longer prints `docker compose -f compose/cpu-demo.yml up`"
+    return shlex.split(match[0])
+
+
 @pytest.fixture(scope="module")
 def bases() -> dict[str, str]:
     if COMPOSE is None:
         pytest.skip("docker-compose (v1) is not installed")
+    if not compose_v2_available():
+        pytest.skip("Compose v2 (`docker compose`) is not installed: run scripts/install-compose-v2.sh")
     return ensure_base_images("python", "prometheus")
 
 
 @pytest.fixture(scope="module")
-def demo_env(bases: dict[str, str]) -> dict[str, str]:
-    """The environment docker-compose runs in: local bases, free loopback ports, nothing else set."""
+def grafana_standin(bases: dict[str, str]) -> Iterator[str]:
+    tag = f"ornith-it/grafana-standin:{os.getpid()}"
+    dockerfile = f'FROM {bases["python"]}\nCMD ["python3", "-m", "http.server", "3000", "-d", "/tmp"]\n'
+    subprocess.run(["docker", "build", "-q", "-t", tag, "-"], input=dockerfile, text=True, check=True,
+                   capture_output=True, timeout=300)
+    yield tag
+    run(["docker", "image", "rm", "-f", tag], check=False)
+
+
+@pytest.fixture(scope="module")
+def demo_env(bases: dict[str, str], grafana_standin: str) -> dict[str, str]:
+    """The environment compose runs in: local bases, free loopback ports, nothing else set."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORNITH_", "GRAFANA_", "HF_TOKEN"))}
     env.update(
         ORNITH_PYTHON_BASE_IMAGE=bases["python"],
         ORNITH_PROMETHEUS_IMAGE=bases["prometheus"],
+        ORNITH_GRAFANA_IMAGE=grafana_standin,
         ORNITH_ENGINE_PORT=str(free_port()),
         ORNITH_EXPORTER_PORT=str(free_port()),
         ORNITH_PROMETHEUS_PORT=str(free_port()),
+        ORNITH_GRAFANA_PORT=str(free_port()),
         COMPOSE_PROJECT_NAME=PROJECT,
     )
     return env
@@ -93,27 +128,12 @@ def demo_env(bases: dict[str, str]) -> dict[str, str]:
 
 def compose(env: dict[str, str], *args: str, timeout: float = 600, check: bool = True
             ) -> subprocess.CompletedProcess[str]:
-    return run([COMPOSE, "-f", str(DEMO), *args], env=env, timeout=timeout, check=check)
+    """Compose v2 (`docker compose`), the README's command, on compose/cpu-demo.yml."""
+    return run(["docker", "compose", "-f", str(DEMO), *args], env=env, timeout=timeout, check=check)
 
 
-@pytest.fixture(scope="module")
-def demo_images(demo_env: dict[str, str]) -> dict[str, float]:
-    """Build the engine and exporter images of compose/cpu-demo.yml; returns the build seconds."""
-    run(["bash", str(WHEELHOUSE), "fill"], env=demo_env)
-    try:
-        start = time.monotonic()
-        compose(demo_env, "build", "engine", "exporter", timeout=BUILD_TIMEOUT_S)
-        seconds = time.monotonic() - start
-    finally:
-        run(["bash", str(WHEELHOUSE), "clear"], env=demo_env)
-    # Keep the image's wheels for the next build (only what the cache lacks is downloaded).
-    engine_image = yaml.safe_load(DEMO.read_text())["services"]["engine"]["image"]
-    saved = run(["bash", str(WHEELHOUSE), "save", engine_image], env=demo_env, timeout=BUILD_TIMEOUT_S,
-                check=False)
-    if saved.returncode != 0:  # a cache, not a result: the next build is only slower
-        warnings.warn(f"wheelhouse.sh save failed: {saved.stderr[-500:]}", stacklevel=1)
-    print(f"cpu-demo + exporter images built in {seconds:.0f} s")
-    return {"build_seconds": seconds}
+def compose_v1(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return run([COMPOSE, "-f", str(DEMO), *args], env=env)
 
 
 def container_id(env: dict[str, str], service: str) -> str:
@@ -136,10 +156,23 @@ def wait_for(what: str, probe, timeout_s: float, env: dict[str, str]):
     raise AssertionError(f"{what} within {timeout_s:.0f} s; last logs:\n{logs[-6000:]}")
 
 
+def _save_wheelhouse(env: dict[str, str]) -> None:
+    """Keep the cpu-demo image's wheels for the next build (only what the cache lacks is downloaded)."""
+    engine_image = yaml.safe_load(DEMO.read_text())["services"]["engine"]["image"]
+    saved = run(["bash", str(WHEELHOUSE), "save", engine_image], env=env, timeout=BUILD_TIMEOUT_S, check=False)
+    if saved.returncode != 0:  # a cache, not a result: the next build is only slower
+        warnings.warn(f"wheelhouse.sh save failed: {saved.stderr[-500:]}", stacklevel=1)
+
+
 @pytest.fixture(scope="class")
-def stack(demo_images: dict[str, float], demo_env: dict[str, str]) -> Iterator[dict[str, str]]:
+def stack(demo_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The README's `docker compose -f compose/cpu-demo.yml up --build`, run as printed (foreground)."""
     env = demo_env
-    compose(env, "up", "-d", "--no-build", *SERVICES)
+    run(["bash", str(WHEELHOUSE), "fill"], env=env)
+    argv = readme_command()
+    print(f"running the README's command: {shlex.join(argv)}")
+    log = open(f"/tmp/{PROJECT}-up.log", "w")  # noqa: SIM115 - closed in finally
+    up = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     urls = {
         "engine": f"http://127.0.0.1:{env['ORNITH_ENGINE_PORT']}",
         "exporter": f"http://127.0.0.1:{env['ORNITH_EXPORTER_PORT']}",
@@ -147,15 +180,27 @@ def stack(demo_images: dict[str, float], demo_env: dict[str, str]) -> Iterator[d
     }
     try:
         started = time.monotonic()
-        wait_for("the engine answered /health", lambda: httpx.get(urls["engine"] + "/health", timeout=5)
-                 .status_code == 200, START_TIMEOUT_S, env)
-        print(f"engine healthy {time.monotonic() - started:.0f} s after `up`")
+
+        def engine_healthy() -> bool:
+            assert up.poll() is None, f"`{shlex.join(argv)}` exited {up.returncode}:\n" + Path(log.name).read_text()[-4000:]
+            return httpx.get(urls["engine"] + "/health", timeout=5).status_code == 200
+
+        wait_for("the engine answered /health", engine_healthy, BUILD_TIMEOUT_S + START_TIMEOUT_S, env)
+        print(f"images built and engine healthy {time.monotonic() - started:.0f} s after the README's command")
+        run(["bash", str(WHEELHOUSE), "clear"], env=env)
+        _save_wheelhouse(env)
         # Traffic the ngram proposer can draft from, so the acceptance series move.
         for _ in range(3):
             chat(urls["engine"], PROMPT, 48)
         yield urls
     finally:
         compose(env, "down", "-v", "--remove-orphans", timeout=300, check=False)
+        run(["bash", str(WHEELHOUSE), "clear"], env=env, check=False)
+        try:
+            up.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+        log.close()
 
 
 def chat(base_url: str, prompt: str, max_tokens: int) -> dict:
@@ -188,8 +233,28 @@ def _listening_ports(host) -> set[int]:
 
 
 class TestCpuDemoStack:
-    """compose/cpu-demo.yml up (engine, exporter, Prometheus). The stack is removed after this class, so it
-    does not hold the CPU while the engine images below build."""
+    """The README's `docker compose -f compose/cpu-demo.yml up --build` (engine, exporter, Prometheus and the
+    Grafana stand-in). The stack is removed after this class, so it does not hold the CPU while the engine
+    images below build."""
+
+    def test_every_service_of_the_readme_command_is_running(self, stack: dict[str, str],
+                                                            demo_env: dict[str, str]) -> None:
+        running = compose(demo_env, "ps", "--status", "running", "--services").stdout.split()
+        assert sorted(running) == sorted(yaml.safe_load(DEMO.read_text())["services"])
+
+    def test_docker_compose_v1_resolves_the_same_stack_and_sees_its_containers(
+        self, stack: dict[str, str], demo_env: dict[str, str]
+    ) -> None:
+        v1 = yaml.safe_load(compose_v1(demo_env, "config").stdout)["services"]
+        v2 = yaml.safe_load(compose(demo_env, "config").stdout)["services"]
+        assert v1.keys() == v2.keys()
+        for name in v1:
+            assert v1[name].get("image") == v2[name].get("image"), name
+            assert v1[name].get("command") == v2[name].get("command"), name
+            v2_ports = {f"{p['host_ip']}:{p['published']}:{p['target']}/{p['protocol']}" for p in v2[name].get("ports", [])}
+            assert set(v1[name].get("ports", [])) == v2_ports, name
+        for service in SERVICES:
+            assert compose_v1(demo_env, "ps", "-q", service).stdout.strip() == container_id(demo_env, service)
 
     def test_engine_answers_a_chat_completion(self, stack: dict[str, str]) -> None:
         answer = chat(stack["engine"], "Say hello.", 16)
@@ -235,17 +300,17 @@ class TestCpuDemoStack:
     def test_prometheus_has_acceptance_and_throughput_series(
         self, stack: dict[str, str], demo_env: dict[str, str]
     ) -> None:
-        # Prometheus scrapes every 15 s (monitoring/prometheus/prometheus.yml); the throughput gauge needs
-        # two exporter scrapes, so allow several intervals.
-        query = 'ornith_spec_acceptance_length{profile="cpu-demo"}'
-        acceptance = wait_for("an ornith_spec_acceptance_length series",
+        # Prometheus scrapes every 15 s (monitoring/prometheus/prometheus.yml); the recording rules' rate()
+        # needs two scrapes of the exporter's counters, so allow several intervals.
+        query = 'ornith:spec_acceptance_length:rate5m{profile="cpu-demo"}'
+        acceptance = wait_for("an ornith:spec_acceptance_length:rate5m series",
                               lambda: prom_query(stack["prometheus"], query), 120, demo_env)
         # 1 + accepted/steps: at least 1 (the bonus token), at most 1 + num_speculative_tokens (4, cpu-demo).
         value = float(acceptance[0]["value"][1])
         assert 1.0 <= value <= 5.0, acceptance
         assert acceptance[0]["metric"]["engine"] == "vllm"
-        throughput = wait_for("an ornith_generation_tokens_per_second series",
-                              lambda: prom_query(stack["prometheus"], "ornith_generation_tokens_per_second"),
+        throughput = wait_for("an ornith:decode_tokens:rate1m series",
+                              lambda: prom_query(stack["prometheus"], "ornith:decode_tokens:rate1m"),
                               120, demo_env)
         assert float(throughput[0]["value"][1]) >= 0.0
 

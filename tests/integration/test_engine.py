@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from local_engine import LOG_TAIL_LINES, EngineStartError, LocalEngine, running_engine
 
 from ornith_stack.engines import adapter_for
 from ornith_stack.engines.exposition import parse
-from ornith_stack.local_engine import LOG_TAIL_LINES, EngineStartError, LocalEngine, running_engine
 
 pytestmark = pytest.mark.integration
 

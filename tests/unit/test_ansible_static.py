@@ -6,7 +6,9 @@ Both tools come with the dev extras (ansible, ansible-lint); the collections the
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +24,13 @@ ROLES = sorted(p.name for p in (ANSIBLE_DIR / "roles").iterdir() if p.is_dir())
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, ANSIBLE_CONFIG=str(ANSIBLE_DIR / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-                NO_COLOR="1", PATH=f"{BIN}:{os.environ['PATH']}")
+    return dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ANSIBLE_DIR / "ansible.cfg"),
+        ANSIBLE_NOCOLOR="1",
+        NO_COLOR="1",
+        PATH=f"{BIN}:{os.environ['PATH']}",
+    )
 
 
 def _tool(name: str) -> str:
@@ -38,19 +45,24 @@ def test_the_issue_s_playbooks_and_roles_exist() -> None:
     assert ROLES == ["container_toolkit", "model_weights", "monitoring", "nvidia_driver", "ornith_service"]
 
 
+def _in_ansible_dir(*argv: str, timeout: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, cwd=ANSIBLE_DIR, env=_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def test_ansible_lint_passes_the_production_profile_offline() -> None:
-    result = subprocess.run([_tool("ansible-lint"), "-c", ".ansible-lint", "--nocolor"], cwd=ANSIBLE_DIR,
-                            env=_env(), capture_output=True, text=True, timeout=600, check=False)
+    result = _in_ansible_dir(_tool("ansible-lint"), "-c", ".ansible-lint", "--nocolor", timeout=600)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert "Profile 'production' was required, and it passed" in result.stderr + result.stdout
 
 
 @pytest.mark.parametrize("playbook", PLAYBOOKS)
 def test_playbook_passes_syntax_check(playbook: str) -> None:
-    result = subprocess.run(
-        [_tool("ansible-playbook"), "--syntax-check", "-i", "inventory/gpu-hosts.example.yml", playbook,
-         "-e", "ornith_profile=gpu96"],
-        cwd=ANSIBLE_DIR, env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    result = _in_ansible_dir(
+        _tool("ansible-playbook"), "--syntax-check", "-i", "inventory/gpu-hosts.example.yml", playbook,
+        "-e", "ornith_profile=gpu96", timeout=300,
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
@@ -66,3 +78,47 @@ def test_every_default_is_prefixed_typed_and_documented(role: str) -> None:
     assert all("type" in spec and spec.get("description") for spec in specs.values())
     undocumented = [name for name in defaults if f"`{name}`" not in readme]
     assert not undocumented, f"{role}/README.md does not document {undocumented}"
+
+
+def _tasks() -> list[tuple[Path, dict]]:
+    """Every task of every role and of tasks/, with the file it is in (blocks flattened)."""
+    found: list[tuple[Path, dict]] = []
+
+    def walk(path: Path, items: list) -> None:
+        for item in items or []:
+            if isinstance(item, dict):
+                found.append((path, item))
+                for key in ("block", "rescue", "always"):
+                    walk(path, item.get(key, []))
+
+    for path in [
+        *ANSIBLE_DIR.glob("roles/*/tasks/*.yml"),
+        *ANSIBLE_DIR.glob("roles/*/handlers/*.yml"),
+        *ANSIBLE_DIR.glob("tasks/*.yml"),
+    ]:
+        walk(path, yaml.safe_load(path.read_text()))
+    return found
+
+
+def test_no_task_installs_ornith_stack_from_a_package_index() -> None:
+    """Nobody publishes ornith-stack: a pip install by name would run whoever registers the name as root."""
+    pips = [(path.name, task) for path, task in _tasks() if "ansible.builtin.pip" in task]
+    assert pips, "the hf CLI is installed with pip"
+    assert not [name for name, task in pips if "ornith" in json.dumps(task["ansible.builtin.pip"])]
+
+
+def test_the_hub_token_never_travels_in_a_task_environment() -> None:
+    """Ansible writes `environment:` into the `sh -c` command line that -vvv prints and ps shows."""
+    defaults = (ANSIBLE_DIR / "roles/model_weights/vars/main.yml").read_text()
+    assert "'HF_TOKEN':" not in defaults and "HF_TOKEN_PATH" in defaults
+    for path, task in _tasks():
+        assert "hf_token " not in str(task.get("environment", "")), path
+        assert "HF_TOKEN" not in str(task.get("environment", "")), path
+
+
+def test_the_playbooks_hard_code_no_profile_list() -> None:
+    texts = [(ANSIBLE_DIR / name).read_text() for name in [*PLAYBOOKS, "provision.yml"]]
+    assert not [t for t in texts if re.search(r"\[\s*'a100x2'", t) or "a100x2|gpu96" in t]
+    for name in PLAYBOOKS:
+        play = yaml.safe_load((ANSIBLE_DIR / name).read_text())
+        assert [step.get("ansible.builtin.import_playbook") for step in play] == ["provision.yml"], name

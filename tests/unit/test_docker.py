@@ -42,9 +42,17 @@ def _arg_defaults(dockerfile: Path) -> dict[str, str]:
     return dict(re.findall(r"^ARG (\w+)=(.*)$", dockerfile.read_text(), flags=re.MULTILINE))
 
 
-def test_the_four_images_have_dockerfiles() -> None:
-    assert {p.name for p in DOCKERFILES} == {
-        "sglang.Dockerfile", "vllm.Dockerfile", "exporter.Dockerfile", "cpu-demo.Dockerfile"}
+def test_one_engine_dockerfile_serves_every_gpu_profile() -> None:
+    # SGLang and vLLM differ only in build args: one engine Dockerfile, no near-copies.
+    assert {p.name for p in DOCKERFILES} == {"engine.Dockerfile", "exporter.Dockerfile", "cpu-demo.Dockerfile"}
+    gpu = [n for n in profile_names() if "dockerfile" not in _engine_pin(n)]
+    assert {_compose(n)["services"]["engine"]["build"]["dockerfile"] for n in gpu} == {"docker/engine.Dockerfile"}
+    assert {load_profile(n).engine.kind for n in gpu} == {"sglang", "vllm"}
+
+
+def _engine_pin(name: str) -> dict:
+    engine = load_profile(name).engine
+    return images()["engines"][engine.kind][engine.version]
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
@@ -91,7 +99,25 @@ def test_sglang_0_5_17_keeps_the_seeds_transformers() -> None:
     # Seed 000: "Keep transformers at 5.12.1 with SGLang 0.5.17."
     args = _compose("a100x2")["services"]["engine"]["build"]["args"]
     assert args["TRANSFORMERS_VERSION"] == "5.12.1"
-    assert _arg_defaults(DOCKER / "sglang.Dockerfile")["TRANSFORMERS_VERSION"] == "5.12.1"
+    assert _arg_defaults(DOCKER / "engine.Dockerfile")["TRANSFORMERS_VERSION"] == "5.12.1"
+
+
+SGLANG_CU129 = "lmsysorg/sglang:v0.5.17-cu129"
+SGLANG_FALLBACK = "ORNITH_ENGINE_BASE_IMAGE=lmsysorg/sglang:v0.5.17"
+
+
+def test_the_seeds_sglang_pin_is_kept_and_its_plain_tag_fallback_is_named_everywhere() -> None:
+    # Seed 000 pins the -cu129 tag; SGLang's releases name CUDA 12.9 images plain v0.5.17. Where the pull
+    # fails, the user must find the exact setting: in the compose file, .env.example, the Dockerfile,
+    # docker/README.md and the README.
+    assert images()["engines"]["sglang"]["0.5.17"]["image"] == SGLANG_CU129
+    assert _arg_defaults(DOCKER / "engine.Dockerfile")["BASE_IMAGE"] == SGLANG_CU129
+    for name in profile_names():
+        text = (REPO / "compose" / f"{name}.yml").read_text()
+        assert (SGLANG_FALLBACK in text) == (load_profile(name).engine.image == SGLANG_CU129), name
+    for path in ("compose/.env.example", "docker/engine.Dockerfile", "docker/README.md", "README.md"):
+        text = (REPO / path).read_text().replace("--build-arg BASE_IMAGE=", "ORNITH_ENGINE_BASE_IMAGE=")
+        assert SGLANG_FALLBACK in text, path
 
 
 @pytest.mark.parametrize("dockerfile", ["exporter.Dockerfile", "cpu-demo.Dockerfile"])
@@ -197,7 +223,99 @@ def test_entrypoint_refuses_extra_args_it_cannot_split() -> None:
     assert "ORNITH_EXTRA_ARGS has unbalanced quotes" in result.stderr and result.stdout == ""
 
 
+SECRETS = ("sk-live-0123456789", "hf_AbCdEfGhIjKlMnOpQrStUv", "adm1n-s3cret", "pa ss")
+
+
+def test_entrypoint_log_redacts_secrets_in_the_command() -> None:
+    # The entrypoint logs the argv it execs; ORNITH_EXTRA_ARGS may carry an API key. `echo` stands in for
+    # the engine: its stdout proves the real argv still holds the secrets, the log (stderr) must not.
+    extra = (f"--api-key {SECRETS[0]} --hf-token={SECRETS[1]} --admin-api-key {SECRETS[2]} "
+             f"--max-num-batched-tokens 8 --ssl-keyfile-password '{SECRETS[3]}'")
+    result = _entrypoint("echo", "--model", "org/model", ORNITH_PROFILE="gpu96", ORNITH_SKIP_DOCTOR="1",
+                         ORNITH_EXTRA_ARGS=extra)
+    assert result.returncode == 0, result.stderr
+    assert all(s in result.stdout for s in SECRETS)
+    assert [s for s in SECRETS if s in result.stderr] == []
+    log = next(line for line in result.stderr.splitlines() if ": exec " in line)
+    # Everything else stays readable, including flags that merely contain "token".
+    assert "exec echo --model org/model --api-key '<redacted>' '--hf-token=<redacted>'" in log
+    assert "--max-num-batched-tokens 8" in log
+
+
+def test_entrypoint_does_not_echo_extra_args_it_refuses() -> None:
+    result = _entrypoint("true", ORNITH_PROFILE="gpu96", ORNITH_SKIP_DOCTOR="1",
+                         ORNITH_EXTRA_ARGS=f"--api-key '{SECRETS[0]}")
+    assert result.returncode == 2
+    assert SECRETS[0] not in result.stderr + result.stdout
+
+
 def test_entrypoint_without_a_command_runs_the_profiles_launch_args() -> None:
     result = _entrypoint(ORNITH_PROFILE="gb300x2", ORNITH_SKIP_DOCTOR="1", ORNITH_DRY_RUN="1")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == launch_args(load_profile("gb300x2"))
+
+
+def test_host_mode_exporter_listens_on_loopback_unless_told_otherwise() -> None:
+    # `ornith-stack exporter` run on a host (no container) must not expose /metrics to the network by
+    # default; the images pass --listen :9400 explicitly (the port is published on loopback by compose).
+    proc = subprocess.Popen([BIN / "ornith-stack", "exporter", "--target", "http://127.0.0.1:9"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline() if proc.stderr else ""
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert first.startswith("ornith-stack exporter on 127.0.0.1:9400/metrics"), first
+    image_cmd = (DOCKER / "exporter.Dockerfile").read_text().rsplit("\nCMD ", 1)[1]
+    assert json.loads(image_cmd)[-2:] == ["--listen", ":9400"]
+
+
+def _hf_cache_with(tmp_path: Path, repo: str, revision: str = "main") -> Path:
+    """A Hugging Face cache (HF_HOME) holding `repo` at `revision`, laid out as huggingface_hub writes it."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    folder = tmp_path / "hub" / f"models--{repo.replace('/', '--')}"
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    (folder / "snapshots" / commit / "config.json").write_text("{}")
+    (folder / "refs").mkdir()
+    (folder / "refs" / revision).write_text(commit)
+    return tmp_path
+
+
+PRINT_OFFLINE = ("sh", "-c", 'echo "offline=$HF_HUB_OFFLINE"', "engine")
+
+
+@pytest.mark.parametrize(("command", "offline"), [
+    (["--model", "org/model"], "1"),
+    (["serve", "org/model"], "1"),
+    (["--model-path", "org/model", "--revision", "v2"], ""),  # another revision: not in the cache
+    (["--model-path", "org/model", "--speculative-draft-model-path", "org/draft"], ""),  # draft missing
+    (["--model", "org/other"], ""),
+])
+def test_entrypoint_loads_offline_once_the_model_is_in_the_cache(
+    tmp_path: Path, command: list[str], offline: str
+) -> None:
+    # A restart must load exactly what the first start downloaded, without re-resolving `main` on the Hub.
+    home = _hf_cache_with(tmp_path, "org/model")
+    result = _entrypoint(*PRINT_OFFLINE, *command, ORNITH_PROFILE="gpu96", ORNITH_SKIP_DOCTOR="1",
+                         HF_HOME=str(home))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"offline={offline}"
+    assert ("HF_HUB_OFFLINE=1" in result.stderr) == (offline == "1")
+
+
+@pytest.mark.parametrize("setting", ["0", "1"])
+def test_entrypoint_keeps_an_explicit_hf_hub_offline(tmp_path: Path, setting: str) -> None:
+    result = _entrypoint(*PRINT_OFFLINE, "--model", "org/model", ORNITH_PROFILE="gpu96", ORNITH_SKIP_DOCTOR="1",
+                         HF_HOME=str(_hf_cache_with(tmp_path, "org/model")), HF_HUB_OFFLINE=setting)
+    assert result.stdout.strip() == f"offline={setting}"
+
+
+@pytest.mark.parametrize("name", profile_names())
+def test_compose_passes_hf_hub_offline_and_the_profiles_revision(name: str) -> None:
+    engine = _compose(name)["services"]["engine"]
+    profile = load_profile(name)
+    # A profile that fixes it (cpu-demo: the model is baked into the image) keeps its value.
+    expected = str(profile.serve.env.get("HF_HUB_OFFLINE", "${HF_HUB_OFFLINE:-}"))
+    assert engine["environment"]["HF_HUB_OFFLINE"] == expected
+    if profile.model.revision != "main":
+        assert engine["command"][engine["command"].index("--revision") + 1] == profile.model.revision

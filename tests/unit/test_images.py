@@ -70,6 +70,7 @@ def test_a_digest_pin_reaches_compose_ansible_and_the_helm_chart(
     root = tmp_path / "root"
     shutil.copytree(repo / "helm", root / "helm")
     shutil.copy(repo / "pyproject.toml", root / "pyproject.toml")
+    (root / "compose").mkdir()  # what `render --root` recognises a checkout by
     assert main(["render", "--root", str(root)]) == 0
     compose = yaml.safe_load((root / "compose" / "digest.yml").read_text())
     assert PINNED in str(compose["services"]["engine"]["build"]["args"]["BASE_IMAGE"])

@@ -12,16 +12,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACTS = [c["id"] for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]]
-# Broken until the engine and planner adapters stop importing each other (their shared code moves to a
-# shared module). strict: once they are fixed this xpasses and fails, so the mark is removed then.
-PENDING = {"adapters", "planner-adapters"}
 
 
-@pytest.mark.parametrize(
-    "contract",
-    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="adapters still import each other"))
-     if c in PENDING else c for c in CONTRACTS],
-)
+@pytest.mark.parametrize("contract", CONTRACTS)
 def test_import_contract_holds(contract: str) -> None:
     result = lint_imports(contract)
     assert result.returncode == 0, result.stdout + result.stderr

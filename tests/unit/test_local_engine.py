@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+import local_engine as le
 import pytest
 
-from ornith_stack import local_engine as le
 from ornith_stack.engines import adapter_for
 
 VLLM = adapter_for("vllm")

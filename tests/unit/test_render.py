@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -128,6 +129,30 @@ def test_a_mistyped_root_is_one_error_line_and_writes_nothing(
     assert not (checkout.parent / "chekcout").exists()
     if where == "empty":
         assert list(root.iterdir()) == []
+
+
+def test_a_helm_value_declared_once_reaches_the_schema_and_the_readme(checkout: Path) -> None:
+    """A key added to values.yaml with its comment and @schema line: one render puts it in both."""
+    values = checkout / "helm" / "ornith" / "values.yaml"
+    values.write_text(values.read_text() + "\n# Seconds the engine may take to drain.\n"
+                      "# @schema {minimum: 0, maximum: 3600}\ndrainSeconds: 30\n")
+    assert main(["render", "--root", str(checkout)]) == 0
+    schema = json.loads((checkout / "helm" / "ornith" / "values.schema.json").read_text())
+    assert schema["properties"]["drainSeconds"] == {
+        "type": "integer", "description": "Seconds the engine may take to drain.", "minimum": 0, "maximum": 3600}
+    readme = (checkout / "helm" / "ornith" / "README.md").read_text()
+    assert "| `drainSeconds` | `30` | Seconds the engine may take to drain. |" in readme
+    assert main(["render", "--check", "--root", str(checkout)]) == 0
+
+
+def test_a_malformed_schema_annotation_is_one_error_line(checkout: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    values = checkout / "helm" / "ornith" / "values.yaml"
+    values.write_text(values.read_text() + "\n# Broken.\n# @schema [minimum\ndrainSeconds: 30\n")
+    before = _snapshot(checkout)
+    assert main(["render", "--root", str(checkout)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: helm/ornith/values.yaml:"), err
+    assert _snapshot(checkout) == before
 
 
 def _compose(repo: Path, name: str) -> dict:

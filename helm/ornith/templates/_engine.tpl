@@ -62,6 +62,9 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 securityContext: {{- toYaml $v.engine.podSecurityContext | nindent 2 }}
+{{- with $v.engine.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
 {{- with $v.engine.nodeSelector }}
 nodeSelector: {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -97,7 +100,12 @@ containers:
     image: {{ include "ornith.engineImage" $root | quote }}
     imagePullPolicy: {{ $v.engine.image.pullPolicy }}
 {{- $multi := gt (int $v.engine.nodes) 1 }}
-{{- $args := concat $v.engine.args (ternary $v.engine.multiNode.args list $multi) $v.engine.extraArgs }}
+{{- /* The engine loads the revision the download Job fetched (offline, a commit or tag has no refs/main). */}}
+{{- $profileArgs := $v.engine.args }}
+{{- if and (ne $v.model.revision "main") (not (has "--revision" $profileArgs)) }}
+{{- $profileArgs = concat $profileArgs (list "--revision" $v.model.revision) }}
+{{- end }}
+{{- $args := concat $profileArgs (ternary $v.engine.multiNode.args list $multi) $v.engine.extraArgs }}
 {{- if $leader }}
     command: {{ required "engine.command is required (generated values-<profile>.yaml sets it)" $v.engine.command | toJson }}
     args: {{ $args | toJson }}
@@ -145,6 +153,9 @@ containers:
         mountPath: /home/ornith
       - name: tmp
         mountPath: /tmp
+{{- with $v.engine.extraVolumeMounts }}
+{{ toYaml . | indent 6 }}
+{{- end }}
 {{- if and $leader $v.exporter.enabled (eq (include "ornith.exporterMode" $root) "sidecar") }}
 {{ include "ornith.exporterContainer" (dict "root" $root "targets" (list (printf "http://127.0.0.1:%d" (int $v.engine.port)))) | indent 2 }}
 {{- end }}
@@ -164,4 +175,7 @@ volumes:
     emptyDir: {}
   - name: tmp
     emptyDir: {}
+{{- with $v.engine.extraVolumes }}
+{{ toYaml . | indent 2 }}
+{{- end }}
 {{- end }}

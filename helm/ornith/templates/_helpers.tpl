@@ -35,6 +35,21 @@ app.kubernetes.io/part-of: ornith-stack
 ornith.ai/profile: {{ .Values.profile | quote }}
 {{- end }}
 
+{{/* Metadata of an engine pod (Deployment, LeaderWorkerSet leader or worker): the chart's labels, the
+component and role, engine.podLabels and engine.podAnnotations. Called with (dict "root" . "role" ROLE). */}}
+{{- define "ornith.enginePodMetadata" -}}
+labels:
+  {{- include "ornith.labels" .root | nindent 2 }}
+  app.kubernetes.io/component: engine
+  ornith.ai/role: {{ .role }}
+  {{- with .root.Values.engine.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .root.Values.engine.podAnnotations }}
+annotations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
 {{- define "ornith.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "ornith.fullname" .) .Values.serviceAccount.name }}

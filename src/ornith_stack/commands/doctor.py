@@ -38,13 +38,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Preflight check: GPUs (NVML), checkpoint, and the plan on this machine.
 
-        Checks GPU count, memory, driver and compute capability against the
-        profile; the checkpoint's index and config (MTP tensors, visual.*
+        Checks GPU count, memory (the host's on unified-memory parts such as
+        GB10), compute capability, the driver against the image's declared
+        floor, the NVSwitch fabric state, against the profile; the checkpoint's index and config (MTP tensors, visual.*
         tensors, total bytes, DFlash mask-token row); then plans the profile
         on the GPUs found. One line per finding; problems are marked FAIL.
 
         Exit status: 0 ready (warnings allowed); 1 not ready, one FAIL line
-        per problem; 2 bad input (unknown profile, malformed flag).
+        per problem; 2 bad input (unknown profile, malformed flag, a
+        checkpoint that is not one: malformed index or header, truncated
+        shard, a weight_map entry outside the folder).
 
         Container entrypoints: run `doctor --profile "$ORNITH_PROFILE"
         --weights /models/NAME` before starting the engine and refuse to

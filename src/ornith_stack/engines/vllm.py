@@ -22,6 +22,7 @@ from ornith_stack.profiles.model import ArgValue, Profile
 class VllmAdapter(EngineAdapter):
     kind = "vllm"
     module = "vllm.entrypoints.openai.api_server"
+    language_only_flag = "language-model-only"
     model_flag = "model"
     metric_prefix = "vllm:"
     # vLLM's /version answers {"version": "0.24.0"}; the model comes from the metrics' model_name label.
@@ -81,13 +82,14 @@ class VllmAdapter(EngineAdapter):
             dtype=str_arg(first(args, "dtype")),
             block_size=int_arg(first(args, "block-size")),
             mamba_ssm_cache_dtype=str_arg(first(args, "mamba-ssm-cache-dtype")),
+            language_model_only=bool(args.get(self.language_only_flag or "", False)),
         )
 
     def parse_info(self, payload: Any) -> EngineInfo:
         version = payload.get("version") if isinstance(payload, dict) else None
         return EngineInfo(version=str(version) if version else None)
 
-    def spec_counters(self, samples: Samples) -> SpecCounters | None:
+    def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:
         drafts = samples.total("vllm:spec_decode_num_drafts_total")
         if drafts is None:
             return None

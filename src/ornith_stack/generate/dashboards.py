@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -205,4 +206,4 @@ def text(uid: str) -> str:
 
 def files(root: Path) -> Iterator[GeneratedFile]:
     for uid in DASHBOARDS:
-        yield GeneratedFile(f"{DASHBOARD_DIR}/{uid}.json", SOURCE, lambda uid=uid: text(uid))
+        yield GeneratedFile(f"{DASHBOARD_DIR}/{uid}.json", SOURCE, partial(text, uid))

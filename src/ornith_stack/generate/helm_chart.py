@@ -1,20 +1,17 @@
 """Generated files of the Helm chart (helm/ornith/), beyond the per-profile values files.
 
-- `values.schema.json`: the schema source in templates/ with the profile names and engine kinds
-  filled in, so a new profile cannot be missing from the enum.
+- `values.schema.json`: made from the annotated helm/ornith/values.yaml (see helm_values), with the
+  profile names and engine kinds as enums, so a new profile cannot be missing from them.
 - `files/prometheus-rules.yaml` and `files/grafana-dashboards.yaml`: the rule groups and dashboards
   compose provisions from monitoring/, built here again by the same builders, because Helm reads only
   files inside the chart (`.Files.Get`).
-- `README.md`: templates/helm-readme.md.j2 with the values table read from the comments of
-  helm/ornith/values.yaml, where every value is documented once.
+- `README.md`: templates/helm-readme.md.j2 with the values table from the same annotated values.yaml.
 - `ci/<scenario>.yaml`: complete values files for test scenarios that change a profile (e.g. the
   122B split over two 4-GPU nodes at tp 8), rendered through the same template as values-<profile>.yaml.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,15 +20,16 @@ from typing import Any
 import yaml
 
 from ornith_stack.engines import ADAPTERS
-from ornith_stack.generate import dashboards, prometheus
-from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, with_header
+from ornith_stack.generate import dashboards, helm_values, prometheus
+from ornith_stack.generate.core import GeneratedFile, environment, with_header
 from ornith_stack.generate.profile_files import render_profile
 from ornith_stack.merge import deep_merge
 from ornith_stack.profiles import load_profile, profile_names
 
 CHART = "helm/ornith"
-SCHEMA_SOURCE = "src/ornith_stack/templates/helm-values.schema.json"
-README_SOURCE = "src/ornith_stack/templates/helm-readme.md.j2 and helm/ornith/values.yaml"
+VALUES = f"{CHART}/values.yaml"
+SCHEMA_SOURCE = f"{VALUES} (its comments and @schema annotations)"
+README_SOURCE = f"src/ornith_stack/templates/helm-readme.md.j2 and {VALUES}"
 RULES_SOURCE = "src/ornith_stack/generate/prometheus.py (the rule groups of monitoring/prometheus/rules/)"
 DASHBOARDS_SOURCE = f"{dashboards.SOURCE} (the dashboards of {dashboards.DASHBOARD_DIR}/)"
 
@@ -117,7 +115,7 @@ SCENARIOS = (
 
 
 def files(root: Path) -> Iterator[GeneratedFile]:
-    yield GeneratedFile(f"{CHART}/values.schema.json", SCHEMA_SOURCE, _schema)
+    yield GeneratedFile(f"{CHART}/values.schema.json", SCHEMA_SOURCE, lambda: _schema(root))
     yield GeneratedFile(f"{CHART}/README.md", README_SOURCE, lambda: _readme(root))
     yield GeneratedFile(f"{CHART}/files/prometheus-rules.yaml", RULES_SOURCE, _rules)
     yield GeneratedFile(f"{CHART}/files/grafana-dashboards.yaml", DASHBOARDS_SOURCE, _dashboards)
@@ -126,8 +124,8 @@ def files(root: Path) -> Iterator[GeneratedFile]:
                             _scenario_builder(scenario))
 
 
-def _schema() -> str:
-    schema = json.loads((TEMPLATES / "helm-values.schema.json").read_text())
+def _schema(root: Path) -> str:
+    schema = helm_values.schema(helm_values.parse((root / VALUES).read_text(), VALUES), "ornith chart values")
     schema["properties"]["profile"]["enum"] = profile_names()
     schema["properties"]["engine"]["properties"]["kind"]["enum"] = sorted(ADAPTERS)
     return with_header(SCHEMA_SOURCE, schema, "json")
@@ -164,64 +162,10 @@ def _scenario_builder(scenario: Scenario) -> Callable[[], str]:
     return build
 
 
-@dataclass(frozen=True)
-class ValueDoc:
-    key: str  # dotted path
-    default: str  # JSON
-    description: str
-
-
-# A `key:` line of a values file, with its indentation.
-_KEY = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w.-]*):(\s|$)")
-
-
-def values_docs(text: str) -> list[ValueDoc]:
-    """One row per documented value of a values.yaml: the comment block above a key documents it; a
-    mapping whose children carry no comments of their own is one row (e.g. a security context)."""
-    comments: dict[str, str] = {}
-    stack: list[tuple[int, str]] = []
-    pending: list[str] = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            pending.append(stripped.lstrip("#").strip())
-            continue
-        match = _KEY.match(line)
-        if not match:
-            pending = [] if not stripped else pending
-            continue
-        indent = len(match["indent"])
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        path = ".".join([name for _, name in stack] + [match["key"]])
-        stack.append((indent, match["key"]))
-        if pending:
-            comments[path] = " ".join(pending)
-        pending = []
-    rows: list[ValueDoc] = []
-    _rows(yaml.safe_load(text), "", comments, rows)
-    return rows
-
-
-def _rows(node: Any, prefix: str, comments: dict[str, str], rows: list[ValueDoc]) -> None:
-    for key, value in node.items():
-        path = f"{prefix}{key}"
-        nested = isinstance(value, dict) and any(c.startswith(path + ".") for c in comments)
-        if nested:
-            _rows(value, path + ".", comments, rows)
-        else:
-            rows.append(ValueDoc(path, json.dumps(value), comments.get(path, "")))
-
-
 def _readme(root: Path) -> str:
-    text = (root / CHART / "values.yaml").read_text()
-    docs = values_docs(text)
+    text = (root / VALUES).read_text()
     startup = yaml.safe_load(text)["engine"]["probes"]["startup"]
-    table = ["| key | default | description |", "|---|---|---|"]
-    for doc in docs:
-        cell = doc.description.replace("|", "\\|")
-        table.append(f"| `{doc.key}` | `{doc.default}` | {cell} |")
     body = environment().get_template("helm-readme.md.j2").render(
-        values_table="\n".join(table), profiles=profile_names(), scenarios=SCENARIOS,
+        values_table=helm_values.table(helm_values.parse(text, VALUES)), profiles=profile_names(), scenarios=SCENARIOS,
         startup_minutes=startup["periodSeconds"] * startup["failureThreshold"] // 60)
     return with_header(README_SOURCE, body, "markdown")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ornith_stack.cuda_requirement import CudaRequirement, parse_requirement
+from ornith_stack.profiles.engine_args import engine_arg_problems
 from ornith_stack.profiles.images import ImageRef, parse_image, parse_pinned_image
 
 # An engine flag value: a switch (true), a scalar, or a mapping the adapter serialises as JSON
@@ -21,7 +23,8 @@ ArgValue = bool | int | float | str | dict[str, bool | int | float | str]
 class Strict(BaseModel):
     """Unknown keys and wrong types are errors: a typo must never silently become a default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `memory_gib: .inf` or `.nan` is a typo, never a GPU.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Gpu(Strict):
@@ -39,7 +42,6 @@ class Hardware(Strict):
     description: str
     gpu: Gpu | None = Field(default=None, description="None for profiles that run without a GPU.")
     cpu_arch: list[Literal["x86_64", "aarch64"]] = Field(min_length=1)
-    min_driver: str | None = Field(default=None, pattern=r"^\d+(\.\d+)*$")
     host_memory_gib: float | None = Field(default=None, gt=0, description="Unified/host memory, if it matters.")
 
 
@@ -53,6 +55,22 @@ class Engine(Strict):
     python_pins: dict[str, str] = Field(
         default_factory=dict, description="Python packages the seed pins on top of the image."
     )
+    nvidia_require_cuda: str | None = Field(
+        default=None,
+        description="The image's NVIDIA_REQUIRE_CUDA (from images.yaml): the drivers it accepts. None: no CUDA.",
+    )
+
+    @field_validator("nvidia_require_cuda")
+    @classmethod
+    def _readable_requirement(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_requirement(value)
+        return value
+
+    @property
+    def cuda_requirement(self) -> CudaRequirement | None:
+        """The drivers this image runs on (floor and datacenter branches), or None for CPU images."""
+        return parse_requirement(self.nvidia_require_cuda) if self.nvidia_require_cuda else None
 
     @field_validator("image")
     @classmethod
@@ -124,6 +142,13 @@ class Profile(Strict):
     draft: ModelRef | None = None
     serve: Serve
     expected: Expected | None = None
+
+    @model_validator(mode="after")
+    def _typed_engine_args(self) -> Profile:
+        problems = engine_arg_problems(self.engine.kind, dict(self.serve.args))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @property
     def gpu_count(self) -> int:

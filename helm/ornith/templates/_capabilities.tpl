@@ -1,0 +1,9 @@
+{{/*
+Whether the cluster serves the Prometheus Operator's API (monitoring.coreos.com/v1). `helm install` and
+`helm upgrade` ask the cluster; `helm template` knows only what --api-versions names, so there
+`--api-versions monitoring.coreos.com/v1` (or .../v1/ServiceMonitor) turns the monitoring objects on.
+*/}}
+{{- define "ornith.hasMonitoringAPI" -}}
+{{- $apis := .Capabilities.APIVersions }}
+{{- if or ($apis.Has "monitoring.coreos.com/v1/ServiceMonitor") ($apis.Has "monitoring.coreos.com/v1") }}true{{ end }}
+{{- end }}

@@ -1,0 +1,64 @@
+"""`--profile auto`: the profile whose GPU matches the detected ones and whose plan fits, and why."""
+
+from __future__ import annotations
+
+from ornith_stack.doctor.gpu import GpuInfo
+from ornith_stack.errors import UserError
+from ornith_stack.planner import plan_request, request_for_profile
+from ornith_stack.profiles import load_profile, profile_names
+from ornith_stack.profiles.model import Profile
+
+# NVML reports a little less than the marketing size on some boards; accept 3% below the profile.
+MEMORY_TOLERANCE = 0.97
+
+
+def least_memory(gpus: list[GpuInfo]) -> float | None:
+    """The smallest memory among GPUs whose memory is known; None when none is."""
+    known = [g.memory_gib for g in gpus if g.memory_gib is not None]
+    return min(known) if known else None
+
+
+def matched_name(profile: Profile, gpu_name: str) -> str | None:
+    """The profile's NVML name that `gpu_name` contains, if any."""
+    gpu = profile.hardware.gpu
+    names = gpu.nvml_names if gpu else []
+    return next((n for n in names if n.lower() in gpu_name.lower()), None)
+
+
+def choose_profile(name: str, gpus: list[GpuInfo]) -> tuple[Profile | None, str | None]:
+    """(profile, why it was picked); the reason is None when the operator named the profile.
+
+    Among matching profiles: one whose plan fits, then the most GPUs, then the first by name."""
+    if name != "auto":
+        return load_profile(name), None
+    profiles = [load_profile(n) for n in profile_names()]
+    if not gpus:
+        cpu = [p for p in profiles if p.hardware.gpu is None]
+        if cpu:
+            return cpu[0], f"auto picked {cpu[0].name!r}: no GPU detected and it is the profile that needs none"
+        return None, "auto: no GPU detected and no CPU profile exists"
+    name0, count, memory = gpus[0].name, len(gpus), least_memory(gpus)
+    if memory is None:
+        raise UserError(f"--profile auto: NVML could not read the memory of {count}x {name0}; pass --profile NAME")
+    candidates = []
+    for order, p in enumerate(profiles):
+        gpu = p.hardware.gpu
+        matched = matched_name(p, name0)
+        if gpu is None or gpu.count > count or matched is None or memory < gpu.memory_gib * MEMORY_TOLERANCE:
+            continue
+        candidates.append((_plan_fits(p, memory, count), gpu.count, -order, p, matched))
+    if not candidates:
+        known = ", ".join(p.name for p in profiles if p.hardware.gpu)
+        raise UserError(f"--profile auto: no profile matches {count}x {name0} ({memory:g} GiB); "
+                        f"pass --profile NAME (GPU profiles: {known})")
+    fits, uses, _, chosen, matched = max(candidates, key=lambda c: (c[0], c[1], c[2]))
+    verdict = "its plan fits" if fits else "no matching profile's plan fits; this one uses the most GPUs"
+    return chosen, (f"auto picked {chosen.name!r}: {count}x {name0} ({memory:g} GiB) matches NVML name "
+                    f"{matched!r}, it uses {uses} GPU(s) and {verdict}")
+
+
+def _plan_fits(profile: Profile, memory: float, count: int) -> bool:
+    try:
+        return plan_request(request_for_profile(profile, gpu_memory_gib=memory, gpu_count=count)).fits
+    except UserError:
+        return False

@@ -1,0 +1,188 @@
+"""GPU probe: what NVML (`nvidia-ml-py`) says about each GPU, asked one query at a time.
+
+Only a failure to start NVML, or zero devices, means "no GPU". Any other query may fail on its
+own (NVML raises a subclass of `pynvml.NVMLError` per return code) and is recorded with the GPU:
+- memory: unified-memory parts (DGX Spark's GB10) answer NOT_SUPPORTED because the GPU has no
+  memory of its own; the GPU then uses the host's memory, read from /proc/meminfo (MemTotal);
+- NVLink remote device types tell whether the GPU's links end at NVSwitches (HGX boards);
+- the GPU fabric state (Hopper and later) tells whether nvidia-fabricmanager has registered the
+  GPU with the NVSwitch fabric: without it CUDA fails with error 802 although NVML answers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ornith_stack.planner import GIB
+
+MEMINFO = Path("/proc/meminfo")
+NVML_MEMORY = "NVML"
+HOST_MEMORY = "host MemTotal (unified memory: NVML reports no GPU memory of its own)"
+# cuInit's answer on NVSwitch systems whose fabric manager is not running.
+CUDA_ERROR_SYSTEM_NOT_READY = 802
+
+
+class NoGpu(Exception):
+    """No NVIDIA GPU is usable: NVML missing, no driver, no permission, or zero devices."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    memory_gib: float | None  # None: NVML could not say and the host memory does not apply
+    compute_capability: str
+    driver_version: str
+    memory_source: str = NVML_MEMORY
+    nvswitch: bool = False  # an NVLink of this GPU ends at an NVSwitch
+    fabric_state: str | None = None  # "not started", "in progress", "completed", ...; None: no fabric
+    unanswered: tuple[str, ...] = ()  # NVML queries that failed, with NVML's reason
+
+    @property
+    def driver_branch(self) -> str:
+        return self.driver_version.split(".")[0]
+
+
+def probe_gpus() -> list[GpuInfo]:
+    """Every GPU NVML sees; NoGpu (never a traceback) when there is no NVML, driver or device."""
+    nvml = _nvml()
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise NoGpu(_why_nvml_failed(nvml, exc)) from None
+    try:
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:
+            raise NoGpu(f"NVML started but cannot count GPUs ({exc})") from None
+        if count == 0:
+            raise NoGpu("NVML reports 0 GPUs")
+        try:
+            driver = _text(nvml.nvmlSystemGetDriverVersion())
+        except nvml.NVMLError as exc:
+            driver = f"unknown ({exc})"
+        return [_probe_one(nvml, i, driver) for i in range(count)]
+    finally:
+        with suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+
+
+def _nvml() -> ModuleType:
+    try:
+        import pynvml  # type: ignore[import-untyped]
+    except ImportError as exc:  # the package is a dependency, but an image may lack it
+        raise NoGpu(f"nvidia-ml-py is not installed ({exc})") from None
+    return pynvml
+
+
+def _why_nvml_failed(nvml: Any, exc: Exception) -> str:
+    if isinstance(exc, nvml.NVMLError_LibraryNotFound):
+        return ("NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver on this host, or the container "
+                "runs without the NVIDIA runtime (docker --gpus all, compose 'gpus: all', Kubernetes "
+                "runtimeClassName: nvidia)")
+    if isinstance(exc, nvml.NVMLError_DriverNotLoaded):
+        return "the NVIDIA kernel driver is not loaded: install it, or reboot after installing it"
+    if isinstance(exc, nvml.NVMLError_NoPermission):
+        return "no permission to open the GPU device files (/dev/nvidia*): run as a user who may"
+    return f"NVML could not start ({exc})"
+
+
+def _probe_one(nvml: Any, index: int, driver: str) -> GpuInfo:
+    unanswered: list[str] = []
+
+    def ask(what: str, query: Any, *args: Any) -> Any:
+        try:
+            return query(*args)
+        except nvml.NVMLError as exc:
+            unanswered.append(f"{what}: {exc}")
+            return None
+
+    handle = ask("device handle", nvml.nvmlDeviceGetHandleByIndex, index)
+    if handle is None:
+        return GpuInfo(index, "unknown", None, "unknown", driver, unanswered=tuple(unanswered))
+    name = ask("name", nvml.nvmlDeviceGetName, handle)
+    capability = ask("compute capability", nvml.nvmlDeviceGetCudaComputeCapability, handle)
+    memory, source = _memory(nvml, handle, unanswered)
+    return GpuInfo(
+        index=index,
+        name=_text(name) if name is not None else "unknown",
+        memory_gib=memory,
+        compute_capability=f"{capability[0]}.{capability[1]}" if capability else "unknown",
+        driver_version=driver,
+        memory_source=source,
+        nvswitch=_links_to_nvswitch(nvml, handle),
+        fabric_state=_fabric_state(nvml, handle),
+        unanswered=tuple(unanswered),
+    )
+
+
+def _memory(nvml: Any, handle: Any, unanswered: list[str]) -> tuple[float | None, str]:
+    try:
+        total = nvml.nvmlDeviceGetMemoryInfo(handle).total
+    except nvml.NVMLError_NotSupported:
+        return host_memory_gib(), HOST_MEMORY
+    except nvml.NVMLError as exc:
+        unanswered.append(f"memory: {exc}")
+        return None, NVML_MEMORY
+    return round(total / GIB, 2), NVML_MEMORY
+
+
+def host_memory_gib(meminfo: Path | None = None) -> float | None:
+    """MemTotal of /proc/meminfo in GiB; None when it cannot be read."""
+    try:
+        for line in (meminfo or MEMINFO).read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key == "MemTotal":
+                return round(int(value.split()[0]) * 1024 / GIB, 2)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _links_to_nvswitch(nvml: Any, handle: Any) -> bool:
+    for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            if nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link) == nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                return True
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+            return False  # no NVLink on this GPU, or a driver without the query
+        except nvml.NVMLError:
+            continue  # a link index the GPU does not have, or a link that is down
+    return False
+
+
+def _fabric_state(nvml: Any, handle: Any) -> str | None:
+    info = nvml.c_nvmlGpuFabricInfo_t()
+    try:
+        nvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+    except nvml.NVMLError:
+        return None  # not supported: no NVSwitch fabric for this GPU (or a GPU before Hopper)
+    states = {
+        nvml.NVML_GPU_FABRIC_STATE_NOT_STARTED: "not started",
+        nvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS: "in progress",
+        nvml.NVML_GPU_FABRIC_STATE_COMPLETED: "completed",
+    }
+    state = states.get(info.state)
+    if state is None:
+        return None
+    if state == "completed" and info.status != nvml.NVML_SUCCESS:
+        return f"completed with error ({nvml.NVMLError(info.status)})"
+    return state
+
+
+def cuda_init_error() -> int | None:
+    """cuInit's error code on this host (0 when CUDA starts); None when libcuda cannot be loaded."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    return int(libcuda.cuInit(0))
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

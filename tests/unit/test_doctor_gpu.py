@@ -1,0 +1,201 @@
+"""The GPU probe against NVML as real hardware answers it, asked through pynvml's own functions.
+
+The build machine has no GPU, so each test replaces the pynvml functions the probe calls. What they
+return or raise is what real hardware returns: pynvml's real structures and its real exception
+classes (`pynvml.NVMLError(code)` builds the subclass NVML raises for that return code), with values
+recorded on real machines:
+- H200 (HGX board, measured on this project's GPU machine): name "NVIDIA H200", compute capability
+  9.0, memory total 150,754,820,096 bytes, driver 580.159.04, NVLinks 0-17 end at NVSwitches (remote
+  device type 2), link 18 answers INVALID_ARGUMENT;
+- DGX Spark (kubernetes-sigs/dra-driver-nvidia-gpu#1073, XuehaiPan/nvitop#208): name "NVIDIA GB10",
+  compute capability 12.1, driver 580.173.02, the memory query answers NOT_SUPPORTED and
+  /proc/meminfo says "MemTotal: 127600748 kB".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pynvml = pytest.importorskip("pynvml")
+
+from ornith_stack.cli import main  # noqa: E402
+from ornith_stack.doctor import NoGpu, Options, diagnose, probe_gpus  # noqa: E402
+from ornith_stack.doctor import gpu as gpu_probe  # noqa: E402
+
+SPARK_MEMINFO = "MemTotal:       127600748 kB\nMemFree:        118000000 kB\nMemAvailable:   118566368 kB\n"
+H200_MEMORY_BYTES = 150_754_820_096
+
+
+def nvml_error(code: int) -> Exception:
+    """The exception pynvml raises for an NVML return code (an instance of its per-code subclass)."""
+    return pynvml.NVMLError(code)
+
+
+@dataclass
+class Device:
+    name: str
+    capability: tuple[int, int]
+    memory: int | None = None  # bytes; None: the memory query answers `memory_error`
+    memory_error: int = pynvml.NVML_ERROR_NOT_SUPPORTED
+    links: list[int] = field(default_factory=list)  # remote device type per NVLink
+    links_error: int = pynvml.NVML_ERROR_NOT_SUPPORTED  # answer for links past the list
+    fabric: tuple[int, int] | None = None  # (state, status); None: the query answers NOT_SUPPORTED
+
+
+def install_nvml(monkeypatch: pytest.MonkeyPatch, devices: list[Device], driver: str) -> None:
+    """Make pynvml answer for `devices` the way the driver does."""
+
+    def handle(index: int) -> Device:
+        return devices[index]
+
+    def memory(dev: Device) -> Any:
+        if dev.memory is None:
+            raise nvml_error(dev.memory_error)
+        return pynvml.c_nvmlMemory_t(total=dev.memory, free=dev.memory, used=0)
+
+    def remote_type(dev: Device, link: int) -> int:
+        if link < len(dev.links):
+            return dev.links[link]
+        raise nvml_error(dev.links_error)
+
+    def fabric(dev: Device, ref: Any) -> int:
+        if dev.fabric is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        ref._obj.state, ref._obj.status = dev.fabric
+        return pynvml.NVML_SUCCESS
+
+    calls = {
+        "nvmlInit": lambda: None,
+        "nvmlShutdown": lambda: None,
+        "nvmlSystemGetDriverVersion": lambda: driver,
+        "nvmlDeviceGetCount": lambda: len(devices),
+        "nvmlDeviceGetHandleByIndex": handle,
+        "nvmlDeviceGetName": lambda dev: dev.name,
+        "nvmlDeviceGetCudaComputeCapability": lambda dev: dev.capability,
+        "nvmlDeviceGetMemoryInfo": memory,
+        "nvmlDeviceGetNvLinkRemoteDeviceType": remote_type,
+        "nvmlDeviceGetGpuFabricInfo": fabric,
+    }
+    for name, function in calls.items():
+        monkeypatch.setattr(pynvml, name, function)
+
+
+def hgx_h200(fabric: tuple[int, int] | None) -> Device:
+    return Device("NVIDIA H200", (9, 0), H200_MEMORY_BYTES, links=[pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH] * 18,
+                  links_error=pynvml.NVML_ERROR_INVALID_ARGUMENT, fabric=fabric)
+
+
+@pytest.fixture
+def spark_meminfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "meminfo"
+    path.write_text(SPARK_MEMINFO)
+    monkeypatch.setattr(gpu_probe, "MEMINFO", path)
+    return path
+
+
+def test_gb10_memory_not_supported_takes_the_host_memory_and_passes(
+        monkeypatch: pytest.MonkeyPatch, spark_meminfo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    install_nvml(monkeypatch, [Device("NVIDIA GB10", (12, 1))], "580.173.02")
+    (gb10,) = probe_gpus()
+    assert gb10.memory_gib == round(127600748 * 1024 / (1 << 30), 2) and "unified memory" in gb10.memory_source
+    assert main(["doctor", "--profile", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "auto picked 'spark'" in out
+    assert "from host MemTotal (unified memory" in out and "ready: profile spark" in out
+
+
+def test_a_failed_query_is_reported_not_taken_for_no_gpu(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # A discrete GPU whose memory query is refused (a container without the right capabilities).
+    h200 = Device("NVIDIA H200", (9, 0), None, memory_error=pynvml.NVML_ERROR_NO_PERMISSION)
+    install_nvml(monkeypatch, [h200], "580.159.04")
+    (gpu,) = probe_gpus()
+    assert gpu.name == "NVIDIA H200" and gpu.memory_gib is None
+    assert gpu.unanswered == ("memory: Insufficient Permissions",)
+    assert main(["doctor", "--profile", "gpu96"]) == 1
+    out = capsys.readouterr().out
+    assert "#0 did not answer memory: Insufficient Permissions" in out
+    assert "FAIL  gpu memory: #0: NVML could not read its memory" in out and "no GPU detected" not in out
+
+
+@pytest.mark.parametrize(("code", "says"), [
+    (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "libnvidia-ml.so.1) not found"),
+    (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "kernel driver is not loaded"),
+    (pynvml.NVML_ERROR_NO_PERMISSION, "no permission to open the GPU device files"),
+    (pynvml.NVML_ERROR_UNINITIALIZED, "NVML could not start (Uninitialized)"),
+])
+def test_nvml_that_cannot_start_means_no_gpu_with_the_reason(monkeypatch: pytest.MonkeyPatch, code: int,
+                                                             says: str) -> None:
+    def init() -> None:
+        raise nvml_error(code)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", init)
+    with pytest.raises(NoGpu, match=says.replace("(", r"\(").replace(")", r"\)")):
+        probe_gpus()
+
+
+def test_hgx_without_fabric_manager_fails_with_the_fix(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    not_started = (pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED, pynvml.NVML_SUCCESS)
+    install_nvml(monkeypatch, [hgx_h200(not_started) for _ in range(8)], "580.159.04")
+    gpus = probe_gpus()
+    assert all(g.nvswitch and g.fabric_state == "not started" for g in gpus)
+    assert main(["doctor", "--profile", "gpu96"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  fabric: NVSwitch fabric state not started: CUDA fails with error 802" in out
+    assert "install and start nvidia-fabricmanager of driver branch 580" in out
+
+
+def test_hgx_with_fabric_registered_is_ok(monkeypatch: pytest.MonkeyPatch) -> None:
+    done = (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_SUCCESS)
+    install_nvml(monkeypatch, [hgx_h200(done)], "580.159.04")
+    report = diagnose(Options(profile="gpu96"))
+    (fabric,) = [f for f in report.findings if f.topic == "fabric"]
+    assert fabric.level == "ok" and "state completed" in fabric.message and report.ready
+
+
+def test_fabric_registration_that_failed_is_a_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = (pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, pynvml.NVML_ERROR_NOT_READY)
+    install_nvml(monkeypatch, [hgx_h200(failed)], "580.159.04")
+    report = diagnose(Options(profile="gpu96"))
+    assert any(f.topic == "fabric" and "completed with error" in f.message for f in report.problems)
+
+
+@pytest.mark.parametrize(("cuinit", "level", "says"), [
+    (802, "problem", "CUDA answers error 802 (system not ready)"),
+    (0, "ok", "NVML shows no fabric state and CUDA starts"),
+    (None, "warn", "libcuda cannot be loaded here"),
+])
+def test_nvswitch_without_fabric_state_asks_cuda(monkeypatch: pytest.MonkeyPatch, cuinit: int | None,
+                                                 level: str, says: str) -> None:
+    # As measured on the H200 machine: links to NVSwitches, fabric state NOT_SUPPORTED (a VM whose host
+    # runs the fabric manager), cuInit 0. cuInit's answer decides: 802 = no fabric manager.
+    install_nvml(monkeypatch, [hgx_h200((pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, pynvml.NVML_SUCCESS))],
+                 "580.159.04")
+    monkeypatch.setattr(gpu_probe, "cuda_init_error", lambda: cuinit)
+    (gpu,) = probe_gpus()
+    assert gpu.nvswitch and gpu.fabric_state is None
+    (fabric,) = [f for f in diagnose(Options(profile="gpu96")).findings if f.topic == "fabric"]
+    assert fabric.level == level and says in fabric.message
+    if level == "problem":
+        assert "install and start nvidia-fabricmanager of driver branch 580" in fabric.message
+
+
+def test_real_nvml_probe_never_raises_anything_but_nogpu() -> None:
+    try:
+        gpus = probe_gpus()
+    except NoGpu as exc:
+        assert str(exc)
+    else:
+        assert gpus and all(g.memory_gib is None or g.memory_gib > 0 for g in gpus)
+
+
+def test_host_memory_reads_memtotal(tmp_path: Path) -> None:
+    path = tmp_path / "meminfo"
+    path.write_text(SPARK_MEMINFO)
+    assert gpu_probe.host_memory_gib(path) == 121.69
+    assert gpu_probe.host_memory_gib(tmp_path / "absent") is None
