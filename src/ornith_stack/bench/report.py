@@ -150,7 +150,8 @@ def _task_table(result: dict[str, Any]) -> list[str]:
     lines = ["", "## Tasks", "", *_table(head, rows), "",
              f"Prompt format: {suite.get('prompt_format', 'seed000')}; thinking "
              f"{'on' if suite.get('thinking') else 'off'}; sampling: {_sampling(suite.get('sampling'))}; "
-             f"up to {suite.get('max_tokens')} new tokens. MT-Bench has no checker (first turn only)."]
+             f"up to {suite.get('max_tokens')} new tokens."
+             + (" MT-Bench has no checker (first turn only)." if "mt-bench" in tasks else "")]
     wanted = suite.get("requested_samples")
     short = {n: t.get("n", 0) for n, t in tasks.items() if wanted and t.get("n", 0) < wanted}
     if short:
