@@ -58,6 +58,20 @@ with zipfile.ZipFile(wheel) as archive:
 PY
 fi
 
+step "SGLang 0.5.17's Python sources (the planner's SGLang defaults and memory code are checked against them)"
+export ORNITH_SGLANG0517_SRC="${ORNITH_SGLANG0517_SRC:-$ORNITH_CACHE_DIR/sglang-0.5.17-src}"
+if [[ ! -f $ORNITH_SGLANG0517_SRC/sglang/srt/server_args.py ]]; then
+  wheel_dir="$ORNITH_CACHE_DIR/wheels/sglang-0.5.17"
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux_2_34_x86_64 -d "$wheel_dir" sglang==0.5.17
+  .venv/bin/python - "$wheel_dir" "$ORNITH_SGLANG0517_SRC" <<'PY'
+import sys, zipfile, pathlib
+wheel = next(pathlib.Path(sys.argv[1]).glob("sglang-0.5.17-*.whl"))
+with zipfile.ZipFile(wheel) as archive:
+    archive.extractall(sys.argv[2], [n for n in archive.namelist() if n.startswith("sglang/") and n.endswith(".py")])
+PY
+fi
+
 # shellcheck disable=SC1091
 source .venv/bin/activate
 

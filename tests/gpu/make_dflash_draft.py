@@ -150,7 +150,9 @@ def main() -> None:
     weights = draft_weights(cfg, args.seed)
     if args.agree:
         weights["norm.weight"] = torch.zeros_like(weights["norm.weight"])
-        print(f"--agree: draft norm zeroed; target lm_head keeps rows {AGREE_ROWS} only, negated ({agree_target_lm_head(args.target)})")
+        print(
+            f"--agree: draft norm zeroed; target lm_head keeps rows {AGREE_ROWS} only, negated ({agree_target_lm_head(args.target)})"
+        )
     save_file(weights, str(args.out / "model.safetensors"), metadata={"format": "pt"})
     print(
         f"draft: {args.out} target_layer_ids={cfg['dflash_config']['target_layer_ids']} "

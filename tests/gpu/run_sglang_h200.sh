@@ -12,6 +12,10 @@
 #   bash tests/gpu/run_sglang_h200.sh serve tp1                   # pytest -m gpu -k tp1: starts SGLang
 #   bash tests/gpu/run_sglang_h200.sh serve tp2                   # and records into $W/runs/tpN
 #
+# The device tool sends the session's own checkout, not a helper's worktree: the recorded runs carried
+# this tree as a tarball (`git ls-files -co --exclude-standard | tar -czf .gpu/.../tree.tar.gz -T -`)
+# beside the parts, in an ignored folder of that checkout, and unpacked it to /tmp/wt first.
+#
 # `serve` runs tests/gpu/test_sglang_h200.py's live test, which starts the engine from the profile's
 # launch args plus the overrides tests/gpu/sglang_run.py names, records everything, and checks it.
 # What comes back ($OUT): results-tpN.tar.gz (the run folder) and the pytest output.

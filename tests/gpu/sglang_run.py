@@ -129,7 +129,9 @@ def generate(base: str, max_new_tokens: int, prompt: str = PROMPT) -> dict:
     body = {"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
     r = _post(f"{base}/generate", body)
     meta = r["meta_info"]
-    return {k: meta.get(k) for k in ("prompt_tokens", "completion_tokens", "spec_verify_ct", "e2e_latency", "finish_reason")}
+    return {
+        k: meta.get(k) for k in ("prompt_tokens", "completion_tokens", "spec_verify_ct", "e2e_latency", "finish_reason")
+    }
 
 
 def long_generation(base: str, out: Path, exporter: str | None, max_new_tokens: int, streams: int) -> list[dict]:
@@ -209,7 +211,9 @@ def record(profile: str, out: Path, target: str, draft: str, port: int = 30000, 
         _save(out / "metrics-after.txt", f"{base}/metrics")
         _save(out / "exporter-metrics-after.txt", f"{exporter}/metrics")
         _save(out / "server_info-after.json", f"{base}/server_info")
-        (out / "generate.json").write_text(json.dumps(summary["generate"] + summary["long_generation"], indent=2) + "\n")
+        (out / "generate.json").write_text(
+            json.dumps(summary["generate"] + summary["long_generation"], indent=2) + "\n"
+        )
         summary["bench_rc"] = bench(base, out)
         time.sleep(2)
         _save(out / "exporter-metrics-final.txt", f"{exporter}/metrics")

@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from pathlib import Path
 import pytest
 from hf_server import HubServer
 from images import SYSTEMD_HOST_RUN_ARGS, ensure_base_images, wait_for_systemd
+from ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -82,12 +82,6 @@ WantedBy=multi-user.target
 
 def _run(*argv: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, check=check, text=True, capture_output=True, **kwargs)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _image_id(ref: str) -> str:
@@ -176,7 +170,7 @@ def engine_archive(bases: dict[str, str], tmp_path_factory: pytest.TempPathFacto
         print(f"stand-in engine image built in {time.monotonic() - started:.0f} s")
     archive = tmp_path_factory.mktemp("archives") / "engine.tar"
     _run("docker", "save", "--output", str(archive), ENGINE_IMAGE, timeout=600)
-    _run("docker", "rmi", ENGINE_IMAGE)
+    _run("docker", "rmi", "--force", ENGINE_IMAGE)  # untag only, also when a stopped container uses it
     try:
         yield archive
     finally:
@@ -234,7 +228,7 @@ def host(bases: dict[str, str], wheelhouse: Path, shared: Path) -> Iterator[str]
 
 @pytest.fixture(scope="module")
 def ports() -> dict[str, int]:
-    return {"engine": _free_port(), "exporter": _free_port(), "prometheus": _free_port()}
+    return {"engine": free_port(), "exporter": free_port(), "prometheus": free_port()}
 
 
 @pytest.fixture(scope="module")

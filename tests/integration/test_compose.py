@@ -300,17 +300,17 @@ class TestCpuDemoStack:
     def test_prometheus_has_acceptance_and_throughput_series(
         self, stack: dict[str, str], demo_env: dict[str, str]
     ) -> None:
-        # Prometheus scrapes every 15 s (monitoring/prometheus/prometheus.yml); the throughput gauge needs
-        # two exporter scrapes, so allow several intervals.
-        query = 'ornith_spec_acceptance_length{profile="cpu-demo"}'
-        acceptance = wait_for("an ornith_spec_acceptance_length series",
+        # Prometheus scrapes every 15 s (monitoring/prometheus/prometheus.yml); the recording rules' rate()
+        # needs two scrapes of the exporter's counters, so allow several intervals.
+        query = 'ornith:spec_acceptance_length:rate5m{profile="cpu-demo"}'
+        acceptance = wait_for("an ornith:spec_acceptance_length:rate5m series",
                               lambda: prom_query(stack["prometheus"], query), 120, demo_env)
         # 1 + accepted/steps: at least 1 (the bonus token), at most 1 + num_speculative_tokens (4, cpu-demo).
         value = float(acceptance[0]["value"][1])
         assert 1.0 <= value <= 5.0, acceptance
         assert acceptance[0]["metric"]["engine"] == "vllm"
-        throughput = wait_for("an ornith_generation_tokens_per_second series",
-                              lambda: prom_query(stack["prometheus"], "ornith_generation_tokens_per_second"),
+        throughput = wait_for("an ornith:decode_tokens:rate1m series",
+                              lambda: prom_query(stack["prometheus"], "ornith:decode_tokens:rate1m"),
                               120, demo_env)
         assert float(throughput[0]["value"][1]) >= 0.0
 

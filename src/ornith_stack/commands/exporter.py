@@ -10,7 +10,7 @@ import typer
 from ornith_stack.deployment import EXPORTER_LISTEN_HOST
 from ornith_stack.errors import UserError
 from ornith_stack.exporter.scrape import Target
-from ornith_stack.exporter.server import Settings, normalise_target, parse_listen, serve
+from ornith_stack.exporter.server import Settings, check_timeout, normalise_target, parse_listen, serve
 from ornith_stack.profiles import load_profile
 
 
@@ -31,17 +31,20 @@ def register(app: typer.Typer) -> None:
         """Serve unified ornith_* metrics (acceptance, throughput, latency) scraped from vLLM/SGLang engines."""
         if not target:
             raise UserError("--target URL is required, e.g. --target http://127.0.0.1:8000 (repeat for several)")
-        if timeout <= 0 or canary_interval <= 0:
-            raise UserError("--timeout and --canary-interval must be positive numbers of seconds")
+        check_timeout(timeout)
+        if not 0 < canary_interval < float("inf"):
+            raise UserError(f"--canary-interval {canary_interval}: expected a positive number of seconds")
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         draft = ""
         if profile:
             loaded = load_profile(profile)
             draft = loaded.draft.repo or "" if loaded.draft else ""
-        targets = [Target(normalise_target(url), profile or "", draft) for url in dict.fromkeys(target)]
+        # One target per address: two URLs differing only in credentials would give duplicate series.
+        unique = {Target(normalise_target(url)).public: normalise_target(url) for url in target}
+        targets = [Target(url, profile or "", draft) for url in unique.values()]
         host, port = parse_listen(listen)
         typer.echo(f"ornith-stack exporter on {host or '*'}:{port}/metrics, "
-                   f"{len(targets)} target(s): {', '.join(t.url for t in targets)}", err=True)
+                   f"{len(targets)} target(s): {', '.join(t.public for t in targets)}", err=True)
         try:
             serve(Settings(targets, host, port, timeout=timeout, canary=canary, canary_interval=canary_interval))
         except KeyboardInterrupt:

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from ornith_stack.engines.base import ServeSettings
-from ornith_stack.errors import UserError
-from ornith_stack.planner import GIB, Plan, PlanRequest, load_shape, plan_request, request_for_profile
-from ornith_stack.profiles import load_profile
+from ornith_stack.planner import GIB, Plan, PlanOptions, build_request, plan_request
 
 out = Console()
 
@@ -25,7 +21,7 @@ def register(app: typer.Typer) -> None:
     def plan_cmd(
         profile: Annotated[str | None, typer.Argument(help="Profile to plan; flags below override it.")] = None,
         engine: Annotated[str | None, Opt(help="vllm or sglang (general form).")] = None,
-        engine_version: Annotated[str | None, Opt(help="Engine version (SGLang accounting differs by it).")] = None,
+        engine_version: Annotated[str | None, Opt(help="Engine version (shown in the plan).")] = None,
         model_config: Annotated[str | None, Opt(help="config.json path, checkpoint folder or shipped shape name.")] = None,
         draft_config: Annotated[str | None, Opt(help="Draft config.json path or shipped shape name.")] = None,
         tp: Annotated[int | None, Opt(help="Tensor parallelism.")] = None,
@@ -45,8 +41,9 @@ def register(app: typer.Typer) -> None:
         mem_fraction_static: Annotated[float | None, Opt(help="SGLang: static pool fraction.")] = None,
         max_total_tokens: Annotated[int | None, Opt(help="SGLang: cap on KV tokens.")] = None,
         max_running_requests: Annotated[int | None, Opt(help="SGLang: cap on running requests.")] = None,
-        reserve_gib: Annotated[float | None, Opt(help="CUDA-graph/activation reserve per GPU (default: "
-                                               "8.47 GiB at hidden 2048, from seed 003; scaled by hidden).")] = None,
+        reserve_gib: Annotated[float | None, Opt(help="CUDA-graph/activation reserve per GPU (default: vLLM "
+                                               "8.47 GiB at hidden 2048 from seed 003, scaled by hidden; "
+                                               "SGLang its own reserve for the GPU size).")] = None,
         as_json: Annotated[bool, Opt("--json", help="Machine-readable output with stable keys.")] = False,
     ) -> None:
         """Will a profile fit, and how much KV cache will the engine have?
@@ -61,57 +58,23 @@ def register(app: typer.Typer) -> None:
 
         Exit status: 0 fits, 1 does not fit, 2 bad input.
         """
-        overrides: dict[str, Any] = {
-            "tp": tp, "dtype": dtype, "kv_cache_dtype": kv_cache_dtype,
-            "kv_cache_memory_bytes": kv_cache_memory_bytes, "gpu_memory_utilization": gpu_memory_utilization,
-            "max_model_len": max_model_len, "enable_prefix_caching": enable_prefix_caching,
-            "mem_fraction_static": mem_fraction_static, "max_total_tokens": max_total_tokens,
-            "max_running_requests": max_running_requests, "speculative_method": speculative_method,
-        }
-        if num_speculative_tokens is not None:
-            overrides["num_speculative_tokens"] = num_speculative_tokens
-            overrides["draft_block_size"] = num_speculative_tokens + 1
-        extra = {"reserve_gib": reserve_gib}
-        if profile is not None:
-            if engine is not None:
-                raise UserError("--engine comes from the profile; drop it or drop the profile name")
-            req = request_for_profile(load_profile(profile), gpu_memory_gib=gpu_memory_gib, gpu_count=gpu_count,
-                                      model_config=model_config, draft_config=draft_config,
-                                      setting_overrides=overrides, **extra)
-            if engine_version:
-                req = replace(req, engine_version=engine_version)
-        else:
-            req = _general_request(engine, engine_version, model_config, draft_config, gpu_memory_gib,
-                                   gpu_count, overrides, reserve_gib)
-        result = plan_request(req)
+        options = PlanOptions(
+            profile=profile, engine=engine, engine_version=engine_version, model_config=model_config,
+            draft_config=draft_config, gpu_memory_gib=gpu_memory_gib, gpu_count=gpu_count,
+            reserve_gib=reserve_gib, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+            kv_cache_memory_bytes=kv_cache_memory_bytes, gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
+            num_speculative_tokens=num_speculative_tokens, speculative_method=speculative_method,
+            mem_fraction_static=mem_fraction_static, max_total_tokens=max_total_tokens,
+            max_running_requests=max_running_requests,
+        )
+        result = plan_request(build_request(options))
         if as_json:
             typer.echo(json.dumps(result.to_json(), indent=2))
         else:
             print_plan(result)
         if not result.fits:
             raise typer.Exit(1)
-
-
-def _general_request(engine: str | None, version: str | None, model_config: str | None, draft_config: str | None,
-                     gpu_memory_gib: float | None, gpu_count: int | None, overrides: dict[str, Any],
-                     reserve_gib: float | None) -> PlanRequest:
-    if engine is None or model_config is None:
-        raise UserError("give a PROFILE, or --engine vllm|sglang and --model-config PATH_OR_NAME")
-    if gpu_memory_gib is None:
-        raise UserError("--gpu-memory-gib is required without a profile")
-    draft = load_shape(draft_config) if draft_config else None
-    values = {k: v for k, v in overrides.items() if v is not None}
-    if draft is not None:
-        values.setdefault("speculative_method", "dflash")
-        if "num_speculative_tokens" not in values and draft.block_size:
-            values["num_speculative_tokens"] = draft.block_size - 1
-            values["draft_block_size"] = draft.block_size
-    elif values.get("num_speculative_tokens"):
-        values.setdefault("speculative_method", "ngram")
-    settings = ServeSettings(**values)
-    return PlanRequest(engine=engine, engine_version=version, shape=load_shape(model_config), draft=draft,
-                       settings=settings, gpu_memory_gib=gpu_memory_gib,
-                       gpu_count=gpu_count or settings.tp, reserve_gib=reserve_gib)
 
 
 def _g(n: float) -> str:

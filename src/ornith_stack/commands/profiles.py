@@ -75,5 +75,7 @@ def register(app: typer.Typer) -> None:
         port: Annotated[int | None, typer.Option(help="Port (default: the profile's).")] = None,
     ) -> None:
         """Print the engine command line of a profile: the seed's flags plus host, port and metrics."""
+        if port is not None and not 1 <= port <= 65535:
+            raise UserError(f"--port must be a TCP port from 1 to 65535, got {port}")
         argv = launch_args(load_profile(name, parse_sets(sets)), host=host, port=port)
         typer.echo(json.dumps(argv) if as_json else shell_join(argv))

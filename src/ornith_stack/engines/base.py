@@ -83,6 +83,7 @@ class EngineInfo:
     version: str | None = None
     model: str | None = None
     draft: str | None = None
+    num_draft_tokens: int | None = None  # tokens per verification block (SGLang --speculative-num-draft-tokens)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,8 @@ class EngineAdapter:
     chat_path: ClassVar[str] = "/v1/chat/completions"
     # Sample names spec_counters and reported_acceptance read (beyond `metrics`).
     spec_samples: ClassVar[tuple[str, ...]] = ()
+    # Further sample names the metric methods (decode_tokens, kv_usage, mamba_usage) read.
+    extra_samples: ClassVar[tuple[str, ...]] = ()
     # Flags added for serving in a container, beyond the seed's: listen address and metrics.
     serving_flags: ClassVar[tuple[str, ...]] = ("host", "port")
     # The flag that serves a vision-language checkpoint without its vision tower (None: the engine has none).
@@ -158,9 +161,24 @@ class EngineAdapter:
     def settings(self, profile: Profile) -> ServeSettings:
         raise NotImplementedError
 
-    def spec_counters(self, samples: Samples) -> SpecCounters | None:
-        """Speculative counters from a scrape, or None when the engine runs without speculation."""
+    def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:
+        """Speculative counters from a scrape, or None when the engine runs without speculation. `info`
+        (the engine's info endpoint) fills what the metrics lack (SGLang's draft block size)."""
         raise NotImplementedError
+
+    def decode_tokens(self, samples: Samples) -> float | None:
+        """Tokens produced by decode steps, a counter that moves every engine iteration (not only when a
+        request finishes). vLLM counts generation_tokens_total per iteration."""
+        return self.read(samples, self.metrics.generation_tokens)
+
+    def kv_usage(self, samples: Samples) -> float | None:
+        """Share of the KV cache in use: the fullest rank (data-parallel ranks each own a pool, and a
+        request fails on the full one however empty the others are)."""
+        return samples.max(self.metrics.kv_cache_usage)
+
+    def mamba_usage(self, samples: Samples) -> float | None:
+        """Share of the mamba (SSM state) slots in use, for engines that report it apart from KV."""
+        return None
 
     def owns(self, samples: Samples) -> bool:
         """Whether a scrape came from this engine (its metric names carry the engine's prefix)."""
@@ -176,7 +194,7 @@ class EngineAdapter:
 
     def sample_names(self) -> set[str]:
         """Every sample name this adapter reads from /metrics (lets a scraper skip the rest)."""
-        names = set(self.spec_samples)
+        names = set(self.spec_samples) | set(self.extra_samples)
         for field_name, value in vars(self.metrics).items():
             if field_name in HISTOGRAMS:
                 names.update(f"{value}{suffix}" for suffix in ("_bucket", "_sum", "_count"))

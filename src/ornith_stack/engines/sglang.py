@@ -25,10 +25,14 @@ class SglangAdapter(EngineAdapter):
     module = "sglang.launch_server"
     model_flag = "model-path"
     metric_prefix = "sglang:"
-    # /get_server_info (0.5.17) was renamed /server_info later; both answer the server args plus
-    # "version" and "internal_states".
-    info_paths = ("/get_server_info", "/server_info")
-    spec_samples = ("sglang:spec_verify_calls_total", "sglang:spec_accept_length", "sglang:spec_accept_rate")
+    # /server_info answers the server args plus "version" and "internal_states" (0.5.17 and 0.5.21);
+    # /get_server_info is its deprecated alias and logs a warning on every call.
+    info_paths = ("/server_info",)
+    spec_samples = ("sglang:spec_verify_calls_total", "sglang:spec_accept_length", "sglang:spec_accept_rate",
+                    "sglang:spec_num_draft_tokens")
+    # realtime_tokens_total{mode="decode"} grows every decode iteration (batch size plus accepted drafts);
+    # generation_tokens_total only when a request finishes.
+    extra_samples = ("sglang:realtime_tokens_total", "sglang:mamba_usage")
     # SGLang exports /metrics only when asked to.
     serving_flags = ("host", "port", "enable-metrics")
     metrics: ClassVar[MetricNames] = MetricNames(
@@ -36,7 +40,8 @@ class SglangAdapter(EngineAdapter):
         prompt_tokens="sglang:prompt_tokens_total",
         requests_running="sglang:num_running_reqs",
         requests_waiting="sglang:num_queue_reqs",
-        kv_cache_usage="sglang:token_usage",
+        # token_usage is the fullest of the KV, SWA and mamba pools; full_token_usage is the KV pool alone.
+        kv_cache_usage="sglang:full_token_usage",
         ttft="sglang:time_to_first_token_seconds",
         itl="sglang:inter_token_latency_seconds",
         e2e="sglang:e2e_request_latency_seconds",
@@ -87,22 +92,35 @@ class SglangAdapter(EngineAdapter):
             overlap_schedule=not args.get("disable-overlap-schedule", False),
         )
 
-    def spec_counters(self, samples: Samples) -> SpecCounters | None:
+    def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:
         # SGLang counts verification steps; every generated token is either a bonus token (one per
         # step) or an accepted draft token, so accepted = generated - steps. This is the seed's own
-        # definition: completion tokens divided by verification steps.
+        # definition: completion tokens divided by verification steps. Both counters move when a
+        # request finishes. SGLang has no drafted-token counter: each step verifies a block of
+        # num_draft_tokens, the first of which is the bonus position, so drafted = steps x (block - 1).
         steps = self.read(samples, "sglang:spec_verify_calls_total")
         if steps is None:
             return None
         generated = self.read(samples, self.metrics.generation_tokens) or 0.0
-        return SpecCounters(steps=steps, accepted=max(generated - steps, 0.0))
+        block = info.num_draft_tokens if info is not None and info.num_draft_tokens else None
+        if block is None:
+            gauge = samples.max("sglang:spec_num_draft_tokens")
+            block = int(gauge) if gauge is not None and gauge > 1 else None
+        drafted = steps * (block - 1) if block else None
+        return SpecCounters(steps=steps, accepted=max(generated - steps, 0.0), drafted=drafted)
 
-    def read(self, samples: Samples, name: str) -> float | None:
+    def read(self, samples: Samples, name: str, **match: str) -> float | None:
         # Scheduler metrics carry tp_rank; by default only rank 0 reports, but with
         # --enable-metrics-for-all-schedulers every rank of a tensor-parallel group reports the same
         # batch, and summing them would count it tp times. Data-parallel ranks still add up.
-        rank0 = samples.total(name, tp_rank="0")
-        return rank0 if rank0 is not None else samples.total(name)
+        rank0 = samples.total(name, tp_rank="0", **match)
+        return rank0 if rank0 is not None else samples.total(name, **match)
+
+    def decode_tokens(self, samples: Samples) -> float | None:
+        return self.read(samples, "sglang:realtime_tokens_total", mode="decode")
+
+    def mamba_usage(self, samples: Samples) -> float | None:
+        return samples.max("sglang:mamba_usage")
 
     def parse_info(self, payload: Any) -> EngineInfo:
         if not isinstance(payload, dict):
@@ -112,13 +130,18 @@ class SglangAdapter(EngineAdapter):
             value = payload.get(key)
             return str(value) if value not in (None, "") else None
 
+        block = payload.get("speculative_num_draft_tokens") or payload.get("speculative_dflash_block_size")
         return EngineInfo(version=text("version"), model=text("served_model_name") or text("model_path"),
-                          draft=text("speculative_draft_model_path"))
+                          draft=text("speculative_draft_model_path"),
+                          num_draft_tokens=block if isinstance(block, int) and block > 1 else None)
 
     def reported_acceptance(self, samples: Samples) -> ReportedAcceptance | None:
-        # Gauges averaged by SGLang over its log interval; per tp rank they are equal, so take the mean.
-        length = samples.mean("sglang:spec_accept_length")
-        ratio = samples.mean("sglang:spec_accept_rate")
-        if length is None and ratio is None:
+        # Gauges averaged by SGLang over its last log interval; per tp rank they are equal, so take the
+        # mean. Both read 0.0 until the first decode log: an acceptance length is at least 1 (the bonus
+        # token), so a length below 1 means "no interval yet", and the rate of that interval is unknown.
+        lengths = [s.value for s in samples.get("sglang:spec_accept_length", []) if s.value >= 1.0]
+        if not lengths:
             return None
-        return ReportedAcceptance(length=length, ratio=ratio)
+        ratio = samples.mean("sglang:spec_accept_rate")
+        return ReportedAcceptance(length=sum(lengths) / len(lengths),
+                                  ratio=ratio if ratio is not None and 0.0 <= ratio <= 1.0 else None)

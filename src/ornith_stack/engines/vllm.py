@@ -89,7 +89,7 @@ class VllmAdapter(EngineAdapter):
         version = payload.get("version") if isinstance(payload, dict) else None
         return EngineInfo(version=str(version) if version else None)
 
-    def spec_counters(self, samples: Samples) -> SpecCounters | None:
+    def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:
         drafts = samples.total("vllm:spec_decode_num_drafts_total")
         if drafts is None:
             return None

@@ -7,9 +7,11 @@ right tell a broken deployment (zeroed draft rows, wrong chat template, a stuck 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -20,6 +22,13 @@ from ornith_stack.exporter.scrape import Target
 PROMPT = "What is 17 + 25? Reply with the number only."
 ANSWER = re.compile(r"(?<!\d)42(?!\d)")
 MAX_TOKENS = 16
+# The decode-speed request: long enough that the time between its first and last token measures the
+# engine's decode, not one step's jitter. Fewer tokens than MIN_DECODE_TOKENS give no rate.
+# ignore_eos (vLLM and SGLang both take it) makes the length fixed whatever the model says.
+DECODE_PROMPT = "Count from 1 to 60 in digits, separated by spaces, and nothing else."
+DECODE_MAX_TOKENS = 64
+MIN_DECODE_TOKENS = 32
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -33,12 +42,22 @@ class CanaryState:
     error: str | None = None
 
 
-def request_body(model: str) -> dict:
+@dataclass
+class Stream:
+    """What one streamed chat answer gave: its text, tokens and when its first and last chunks came."""
+
+    text: str
+    tokens: int
+    ttft: float
+    span: float  # seconds between the first and the last chunk with output
+
+
+def request_body(model: str, prompt: str = PROMPT, max_tokens: int = MAX_TOKENS) -> dict:
     return {
         "model": model,
-        "messages": [{"role": "user", "content": PROMPT}],
+        "messages": [{"role": "user", "content": prompt}],
         "temperature": 0,
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
         # Both engines pass this to the chat template; Ornith/Qwen3.5 would otherwise think first.
@@ -46,53 +65,80 @@ def request_body(model: str) -> dict:
     }
 
 
-def run_once(client: httpx.Client, base: str, timeout: float) -> CanaryState:
-    """One canary request; any failure is a state with success False and the reason, never an exception."""
+def stream_chat(client: httpx.Client, url: str, body: dict, timeout: float) -> Stream:
+    """POST a streamed chat request and read its server-sent events; anything malformed is ValueError."""
+    start = time.monotonic()
+    first = last = None
+    text: list[str] = []
+    tokens = chunks = 0
+    with client.stream("POST", url, json=body, timeout=timeout) as response:
+        if response.status_code != 200:
+            raise ValueError(f"HTTP {response.status_code}")
+        for line in response.iter_lines():
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"no complete answer within {timeout:g}s")
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if not isinstance(chunk, dict):
+                raise ValueError(f"a stream event that is not a JSON object: {line[:80]!r}")
+            usage = chunk.get("usage")
+            if isinstance(usage, dict):
+                tokens = int(usage.get("completion_tokens") or 0)
+            # Time every chunk that carries output: a token may decode to no text on its own
+            # (a partial UTF-8 sequence), yet it was generated.
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") if isinstance(choice, dict) else None
+                if not isinstance(delta, dict):
+                    raise ValueError(f"a stream choice without a delta object: {line[:80]!r}")
+                last = time.monotonic()
+                first = first or last
+                chunks += 1
+                text.append(str(delta.get("content") or "") + str(delta.get("reasoning_content") or ""))
+    if first is None or last is None:
+        raise ValueError("the answer was empty")
+    return Stream("".join(text), tokens or chunks, first - start, last - first)
+
+
+def decode_rate(stream: Stream) -> float | None:
+    """Tokens after the first per second, only from enough tokens to mean something."""
+    if stream.tokens - 1 < MIN_DECODE_TOKENS or stream.span <= 0:
+        return None
+    return (stream.tokens - 1) / stream.span
+
+
+def run_once(client: httpx.Client, base: str, timeout: float, adapter: EngineAdapter) -> CanaryState:
+    """One canary run; any failure is a state with success False and the reason, never an exception."""
     state = CanaryState()
     try:
-        models = client.get(base + "/v1/models", timeout=timeout).json()
+        models = client.get(base + adapter.models_path, timeout=timeout).json()
         model = models["data"][0]["id"]
-        chat_path = EngineAdapter.chat_path  # OpenAI-compatible on every engine
-        start = time.monotonic()
-        first = last = None
-        text: list[str] = []
-        tokens = 0
-        with client.stream("POST", base + chat_path, json=request_body(model), timeout=timeout) as response:
-            if response.status_code != 200:
-                raise ValueError(f"HTTP {response.status_code}")
-            for line in response.iter_lines():
-                if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                if chunk.get("usage"):
-                    tokens = int(chunk["usage"].get("completion_tokens") or 0)
-                # Time every chunk that carries output: a token may decode to no text on its own
-                # (a partial UTF-8 sequence), yet it was generated.
-                for choice in chunk.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    last = time.monotonic()
-                    first = first or last
-                    text.append((delta.get("content") or "") + (delta.get("reasoning_content") or ""))
-                if time.monotonic() - start > timeout:
-                    raise TimeoutError(f"no complete answer within {timeout:g}s")
-        if first is None:
-            raise ValueError("the answer was empty")
+        if not isinstance(model, str):
+            raise ValueError(f"{adapter.models_path}: model id is not a string")
+        answer = stream_chat(client, base + adapter.chat_path, request_body(model), timeout)
         state.success = True
-        state.correct = bool(ANSWER.search("".join(text)))
-        state.ttft = first - start
-        if tokens > 1 and last is not None and last > first:
-            state.decode_rate = (tokens - 1) / (last - first)
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, TimeoutError) as exc:
+        state.correct = bool(ANSWER.search(answer.text))
+        state.ttft = answer.ttft
+        decode = stream_chat(client, base + adapter.chat_path,
+                             {**request_body(model, DECODE_PROMPT, DECODE_MAX_TOKENS), "ignore_eos": True}, timeout)
+        state.decode_rate = decode_rate(decode)
+    except Exception as exc:  # whatever a target answers, the canary reports it and runs again
         state.error = f"{type(exc).__name__}: {exc}"
     state.finished_at = time.time()
     return state
 
 
 class Canary:
-    """Background thread sending the canary to each target every `interval` seconds."""
+    """Background thread sending the canary to each target every `interval` seconds.
 
-    def __init__(self, targets: list[Target], interval: float = 30.0, timeout: float = 30.0) -> None:
+    `adapter_of` names a target's engine (its routes); a target whose engine is not known yet is
+    counted as a failed run.
+    """
+
+    def __init__(self, targets: list[Target], interval: float = 30.0, timeout: float = 30.0,
+                 adapter_of: Callable[[Target], EngineAdapter | None] | None = None) -> None:
         self.targets, self.interval, self.timeout = targets, interval, timeout
+        self.adapter_of = adapter_of or (lambda target: None)
         self._states = {t.url: CanaryState() for t in targets}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -107,16 +153,22 @@ class Canary:
 
     def run_round(self) -> None:
         for target in self.targets:
-            result = run_once(self._client, target.url, self.timeout)
+            result = self._run_target(target)
             outcome = "failed" if not result.success else "correct" if result.correct else "wrong"
             with self._lock:
-                previous = self._states[target.url]
-                if result.success and result.decode_rate is None:
-                    # An answer of one token has no decode phase: keep the last measured speed.
-                    result.decode_rate = previous.decode_rate
-                result.counts = dict(previous.counts)
+                result.counts = dict(self._states[target.url].counts)
                 result.counts[outcome] = result.counts.get(outcome, 0) + 1
                 self._states[target.url] = result
+
+    def _run_target(self, target: Target) -> CanaryState:
+        try:
+            adapter = self.adapter_of(target)
+            if adapter is None:
+                raise ValueError("the engine has not been recognised from its /metrics yet")
+            return run_once(self._client, target.url, self.timeout, adapter)
+        except Exception as exc:
+            log.warning("canary for %s: %s: %s", target.public, type(exc).__name__, exc)
+            return CanaryState(error=f"{type(exc).__name__}: {exc}", finished_at=time.time())
 
     def snapshot(self) -> list[tuple[Target, CanaryState]]:
         with self._lock:
@@ -124,5 +176,8 @@ class Canary:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.run_round()
+            try:
+                self.run_round()
+            except Exception:  # the loop must outlive any bug; the stale timestamp shows it
+                log.exception("canary round failed")
             self._stop.wait(self.interval)

@@ -3,7 +3,9 @@
 The exporter, the recording and alert rules, the dashboards and monitoring/README.md all read names
 from here, so a renamed metric cannot leave a dead panel or a silent alert. Conventions: `ornith_`
 prefix, base units (seconds, ratios 0-1), counters end in `_total` on the wire (prometheus_client adds
-it), no colons (those are for recording rules).
+it), no colons (those are for recording rules). The exporter keeps no window of its own: it passes the
+engines' counters through, and `RECORDED` holds the rate() expressions that turn them into acceptance
+length, draft-acceptance ratio and tokens/s. A gauge is exported only where the engine has nothing else.
 """
 
 from __future__ import annotations
@@ -55,49 +57,49 @@ ENGINE_INFO = _m("ornith_engine_info", "gauge", "always 1",
                  ("target", "profile", "engine", "version", "model", "draft"), "engine",
                  "Engine kind and version, served model and draft model of a target (value 1).")
 
-# -- speculative decoding ----------------------------------------------------------------------
-SPEC_ACCEPTANCE_LENGTH = _m(
-    "ornith_spec_acceptance_length", "gauge", "tokens per verification step", ENGINE, "spec",
-    "Mean tokens produced per verification step, bonus token included (1 + accepted/steps) over the "
-    "window since the previous scrape; lifetime value on the first scrape or after an engine restart; "
-    "keeps its last value while no step happens.")
-SPEC_DRAFT_ACCEPTANCE_RATIO = _m(
-    "ornith_spec_draft_acceptance_ratio", "gauge", "ratio 0-1", ENGINE, "spec",
-    "Share of drafted tokens that were accepted over the window (vLLM: accepted/draft tokens; "
-    "SGLang: its spec_accept_rate gauge).")
-SPEC_POSITION_ACCEPTANCE_RATIO = _m(
-    "ornith_spec_position_acceptance_ratio", "gauge", "ratio 0-1", (*ENGINE, "position"), "spec",
-    "Share of verification steps whose draft token at `position` (0 = first) was accepted, over the "
-    "window. Only engines that count per position (vLLM).")
+# -- speculative decoding: the engines' counters under our names ------------------------------
 SPEC_STEPS = _m("ornith_spec_verify_steps", "counter", "steps", ENGINE, "spec",
-                "Verification steps (vLLM: drafts; SGLang: verify calls), the engine's own counter.")
+                "Verification steps (vLLM: spec_decode_num_drafts; SGLang: spec_verify_calls, which moves "
+                "when a request finishes), the engine's own counter.")
 SPEC_ACCEPTED_TOKENS = _m("ornith_spec_accepted_tokens", "counter", "tokens", ENGINE, "spec",
-                          "Drafted tokens accepted, the engine's own counter (SGLang: generated - steps).")
+                          "Drafted tokens accepted (vLLM: spec_decode_num_accepted_tokens; SGLang: "
+                          "generation_tokens - spec_verify_calls, one bonus token per step).")
 SPEC_DRAFT_TOKENS = _m("ornith_spec_draft_tokens", "counter", "tokens", ENGINE, "spec",
-                       "Drafted tokens proposed for verification (engines that count them: vLLM).")
+                       "Drafted tokens proposed for verification (vLLM: spec_decode_num_draft_tokens; SGLang: "
+                       "verify steps x (num_draft_tokens - 1), the block size from /server_info).")
 SPEC_ACCEPTED_PER_POSITION = _m(
     "ornith_spec_accepted_tokens_per_position", "counter", "tokens", (*ENGINE, "position"), "spec",
-    "Accepted drafted tokens by draft position (vLLM), the engine's own counter.")
+    "Accepted drafted tokens by draft position, 0 = first (vLLM only), the engine's own counter.")
+SPEC_ENGINE_ACCEPTANCE_LENGTH = _m(
+    "ornith_spec_engine_acceptance_length", "gauge", "tokens per verification step", ENGINE, "spec",
+    "The engine's own acceptance-length gauge over its last log interval (SGLang spec_accept_length, "
+    "40 decode iterations); absent before the first interval, where SGLang shows 0.0.")
+SPEC_ENGINE_DRAFT_ACCEPTANCE_RATIO = _m(
+    "ornith_spec_engine_draft_acceptance_ratio", "gauge", "ratio 0-1", ENGINE, "spec",
+    "The engine's own draft-acceptance gauge over its last log interval (SGLang spec_accept_rate); "
+    "absent before the first interval.")
 
-# -- throughput --------------------------------------------------------------------------------
-GENERATION_TOKENS_PER_SECOND = _m(
-    "ornith_generation_tokens_per_second", "gauge", "tokens/s", ENGINE, "throughput",
-    "Generated tokens per second over the window between the last two scrapes (absent on the first).")
-PROMPT_TOKENS_PER_SECOND = _m(
-    "ornith_prompt_tokens_per_second", "gauge", "tokens/s", ENGINE, "throughput",
-    "Prompt tokens processed per second over the window between the last two scrapes.")
+# -- tokens ------------------------------------------------------------------------------------
 GENERATION_TOKENS = _m("ornith_generation_tokens", "counter", "tokens", ENGINE, "throughput",
-                       "Generated tokens, the engine's own counter.")
+                       "Generated tokens, the engine's own counter (SGLang counts a request's tokens when it "
+                       "finishes).")
 PROMPT_TOKENS = _m("ornith_prompt_tokens", "counter", "tokens", ENGINE, "throughput",
                    "Prompt tokens processed, the engine's own counter.")
+DECODE_TOKENS = _m("ornith_decode_tokens", "counter", "tokens", ENGINE, "throughput",
+                   "Tokens produced by decode steps, counted every engine iteration (SGLang "
+                   "realtime_tokens{mode=\"decode\"}; vLLM generation_tokens, which it counts per iteration).")
 
-# -- requests and KV cache ---------------------------------------------------------------------
+# -- requests and caches -----------------------------------------------------------------------
 REQUESTS_RUNNING = _m("ornith_requests_running", "gauge", "requests", ENGINE, "requests",
                       "Requests being decoded now.")
 REQUESTS_WAITING = _m("ornith_requests_waiting", "gauge", "requests", ENGINE, "requests",
                       "Requests queued, waiting to be scheduled.")
 KV_CACHE_USAGE = _m("ornith_kv_cache_usage_ratio", "gauge", "ratio 0-1", ENGINE, "requests",
-                    "Share of the KV cache in use (vLLM kv_cache_usage_perc, SGLang token_usage).")
+                    "Share of the KV cache in use on the fullest data-parallel rank (vLLM kv_cache_usage_perc, "
+                    "SGLang full_token_usage).")
+MAMBA_CACHE_USAGE = _m("ornith_mamba_cache_usage_ratio", "gauge", "ratio 0-1", ENGINE, "requests",
+                       "Share of the mamba state slots in use on the fullest rank (SGLang mamba_usage; "
+                       "engines that do not report it have no series).")
 
 # -- latency: the engine's histograms passed through under our names ---------------------------
 TTFT = _m("ornith_time_to_first_token_seconds", "histogram", "seconds", ENGINE, "latency",
@@ -116,11 +118,12 @@ CANARY_CORRECT = _m("ornith_canary_correct", "gauge", "1 or 0", TARGET, "canary"
 CANARY_TTFT = _m("ornith_canary_ttft_seconds", "gauge", "seconds", TARGET, "canary",
                  "Time to first token of the last completed canary request.")
 CANARY_DECODE_RATE = _m("ornith_canary_decode_tokens_per_second", "gauge", "tokens/s", TARGET, "canary",
-                        "Decode speed of the last completed canary request (tokens after the first / time).")
+                        "Decode speed of the last canary decode request (tokens after the first / time between "
+                        "the first and the last); absent when it produced too few tokens to time.")
 CANARY_RUNS = _m("ornith_canary_runs", "counter", "requests", (*TARGET, "outcome"), "canary",
                  "Canary requests by outcome: correct, wrong, failed.")
 CANARY_LAST_RUN = _m("ornith_canary_last_run_timestamp_seconds", "gauge", "unix seconds", TARGET, "canary",
-                     "When the last canary request finished.")
+                     "When the last canary run finished, whatever its outcome (stale: the canary stopped).")
 
 # -- the exporter itself -----------------------------------------------------------------------
 SCRAPE_DURATION = _m("ornith_exporter_scrape_duration_seconds", "gauge", "seconds", TARGET, "self",
@@ -128,19 +131,78 @@ SCRAPE_DURATION = _m("ornith_exporter_scrape_duration_seconds", "gauge", "second
 SCRAPES = _m("ornith_exporter_scrapes", "counter", "scrapes", TARGET, "self",
              "Scrapes of the target attempted.")
 SCRAPE_ERRORS = _m("ornith_exporter_scrape_errors", "counter", "scrapes", (*TARGET, "reason"), "self",
-                   "Failed scrapes by reason: timeout, connect, http_status, not_exposition, unknown_engine, "
-                   "internal (an exporter bug; logged).")
-COUNTER_RESETS = _m("ornith_exporter_counter_resets", "counter", "resets", TARGET, "self",
-                    "Times the engine's counters went down between scrapes (engine restarts).")
+                   "Failed scrapes by reason: timeout (the scrape's deadline), connect, http_status, too_large, "
+                   "not_exposition, unknown_engine, internal (an exporter bug; logged).")
+ENGINE_RESTARTS = _m("ornith_exporter_engine_restarts", "counter", "restarts", TARGET, "self",
+                     "Times the engine's counters went down between two scrapes by this exporter (a restart).")
+SKIPPED_SAMPLES = _m("ornith_exporter_skipped_samples", "counter", "samples", (*TARGET, "reason"), "self",
+                     "Engine samples left out of the unified metrics, by reason: bad_bucket (a histogram bucket "
+                     "whose le is not a number, NaN or -Inf, or whose count is not finite).")
 
 # Bounded label values: every `reason` the exporter can emit.
-ERROR_REASONS = ("timeout", "connect", "http_status", "not_exposition", "unknown_engine", "internal")
+ERROR_REASONS = ("timeout", "connect", "http_status", "too_large", "not_exposition", "unknown_engine", "internal")
+SKIP_REASONS = ("bad_bucket",)
 CANARY_OUTCOMES = ("correct", "wrong", "failed")
 # Draft positions beyond this are not exported (bounded labels even if an engine misbehaves).
 MAX_POSITIONS = 64
 
 CATALOGUE: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))
 BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOGUE}
+
+
+# -- derived series: recording rules over the counters above ------------------------------------
+@dataclass(frozen=True)
+class Recorded:
+    """A series Prometheus computes from the exported counters with rate(), so every Prometheus server
+    (and every window) sees the same figure whoever else scrapes the exporter."""
+
+    name: str  # level:metric:operation, the recording-rule convention
+    unit: str
+    help: str
+    expr: str
+
+    @property
+    def series(self) -> str:
+        return self.name
+
+
+BY = ", ".join(ENGINE)
+
+
+def _rate(metric: Metric, window: str, by: str = BY) -> str:
+    return f"sum by ({by}) (rate({metric.series}[{window}]))"
+
+
+def _per(numerator: str, denominator: str) -> str:
+    """numerator / denominator, absent (not NaN) while the denominator does not move."""
+    return f"{numerator} / ({denominator} > 0)"
+
+
+SPEC_ACCEPTANCE_LENGTH = Recorded(
+    "ornith:spec_acceptance_length:rate5m", "tokens per verification step",
+    "Mean tokens per verification step over 5 minutes, bonus token included (1 + accepted / steps); "
+    "absent while no step happens. SGLang counts both when requests finish.",
+    "1 + " + _per(_rate(SPEC_ACCEPTED_TOKENS, "5m"), _rate(SPEC_STEPS, "5m")))
+SPEC_DRAFT_ACCEPTANCE_RATIO = Recorded(
+    "ornith:spec_draft_acceptance_ratio:rate5m", "ratio 0-1",
+    "Share of drafted tokens accepted over 5 minutes (accepted / drafted); absent while nothing is drafted.",
+    _per(_rate(SPEC_ACCEPTED_TOKENS, "5m"), _rate(SPEC_DRAFT_TOKENS, "5m")))
+SPEC_POSITION_ACCEPTANCE_RATIO = Recorded(
+    "ornith:spec_position_acceptance_ratio:rate5m", "ratio 0-1",
+    "Share of verification steps whose draft token at `position` (0 = first) was accepted, over 5 minutes "
+    "(vLLM only).",
+    f"{_rate(SPEC_ACCEPTED_PER_POSITION, '5m', f'{BY}, position')} / on ({BY}) group_left () "
+    f"({_rate(SPEC_STEPS, '5m')} > 0)")
+GENERATION_TOKENS_PER_SECOND = Recorded(
+    "ornith:decode_tokens:rate1m", "tokens/s",
+    "Tokens decoded per second over 1 minute, from the per-iteration counter (smooth on long generations).",
+    _rate(DECODE_TOKENS, "1m"))
+PROMPT_TOKENS_PER_SECOND = Recorded(
+    "ornith:prompt_tokens:rate1m", "tokens/s", "Prompt tokens processed per second over 1 minute.",
+    _rate(PROMPT_TOKENS, "1m"))
+
+RECORDED: tuple[Recorded, ...] = (SPEC_ACCEPTANCE_LENGTH, SPEC_DRAFT_ACCEPTANCE_RATIO, SPEC_POSITION_ACCEPTANCE_RATIO,
+                                  GENERATION_TOKENS_PER_SECOND, PROMPT_TOKENS_PER_SECOND)
 
 
 def exported_sample_names() -> set[str]:

@@ -8,14 +8,14 @@ label sets cannot pile up.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric as Family
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from ornith_stack.engines.exposition import Samples
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.scrape import Result, Scraper, TargetState
@@ -23,14 +23,14 @@ from ornith_stack.exporter.scrape import Result, Scraper, TargetState
 Families = Iterator[Family]
 
 
-def family(metric: C.Metric) -> GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily:
+def family(metric: C.Metric) -> Any:  # a Gauge-, Counter- or HistogramMetricFamily, by the metric's kind
     """An empty family for a catalogue entry: name, help, type and labels come from the catalogue only."""
     cls = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily}[metric.kind]
     return cls(metric.name, metric.help, labels=list(metric.labels))
 
 
 def engine_labels(r: Result) -> list[str]:
-    return [r.target.url, r.target.profile, r.adapter.kind if r.adapter else "", r.model]
+    return [r.target.public, r.target.profile, r.adapter.kind if r.adapter else "", r.model]
 
 
 def _up(results: Sequence[Result]) -> list[Result]:
@@ -40,98 +40,42 @@ def _up(results: Sequence[Result]) -> list[Result]:
 def collect_engine(results: Sequence[Result]) -> Families:
     up, info = family(C.ENGINE_UP), family(C.ENGINE_INFO)
     for r in results:
-        up.add_metric([r.target.url, r.target.profile], 1.0 if r.up else 0.0)
+        up.add_metric([r.target.public, r.target.profile], 1.0 if r.up else 0.0)
     for r in _up(results):
-        info.add_metric([r.target.url, r.target.profile, r.adapter.kind, r.info.version or "", r.model,
+        assert r.adapter is not None
+        info.add_metric([r.target.public, r.target.profile, r.adapter.kind, r.info.version or "", r.model,
                          r.info.draft or r.target.draft], 1.0)
     yield from (up, info)
 
 
-def collect_spec(results: Sequence[Result]) -> Families:
-    length, ratio = family(C.SPEC_ACCEPTANCE_LENGTH), family(C.SPEC_DRAFT_ACCEPTANCE_RATIO)
-    position, steps = family(C.SPEC_POSITION_ACCEPTANCE_RATIO), family(C.SPEC_STEPS)
-    accepted, drafted = family(C.SPEC_ACCEPTED_TOKENS), family(C.SPEC_DRAFT_TOKENS)
-    per_pos = family(C.SPEC_ACCEPTED_PER_POSITION)
+def collect_figures(results: Sequence[Result]) -> Families:
+    """Every engine figure of the catalogue (counters, gauges, histograms), one family per name."""
+    metrics = [m for m in C.CATALOGUE if m.labels[: len(C.ENGINE)] == C.ENGINE]
+    families = {m.name: family(m) for m in metrics}
     for r in _up(results):
-        labels, w = engine_labels(r), r.window
-        _add(length, labels, w.acceptance_length)
-        _add(ratio, labels, w.draft_acceptance_ratio)
-        for pos, value in w.position_ratios.items():
-            _add(position, [*labels, str(pos)], value)
-        if r.spec is not None:
-            _add(steps, labels, r.spec.steps)
-            _add(accepted, labels, r.spec.accepted)
-            _add(drafted, labels, r.spec.drafted)
-            for pos, value in sorted(r.spec.accepted_per_position.items())[: C.MAX_POSITIONS]:
-                _add(per_pos, [*labels, str(pos)], value)
-    yield from (length, ratio, position, steps, accepted, drafted, per_pos)
-
-
-def collect_throughput(results: Sequence[Result]) -> Families:
-    gen_rate, prompt_rate = family(C.GENERATION_TOKENS_PER_SECOND), family(C.PROMPT_TOKENS_PER_SECOND)
-    gen, prompt = family(C.GENERATION_TOKENS), family(C.PROMPT_TOKENS)
-    for r in _up(results):
-        labels, names = engine_labels(r), r.adapter.metrics
-        _add(gen_rate, labels, r.window.generation_tps)
-        _add(prompt_rate, labels, r.window.prompt_tps)
-        _add(gen, labels, r.adapter.read(r.samples, names.generation_tokens))
-        _add(prompt, labels, r.adapter.read(r.samples, names.prompt_tokens))
-    yield from (gen_rate, prompt_rate, gen, prompt)
-
-
-def collect_requests(results: Sequence[Result]) -> Families:
-    running, waiting, kv = family(C.REQUESTS_RUNNING), family(C.REQUESTS_WAITING), family(C.KV_CACHE_USAGE)
-    for r in _up(results):
-        labels, names = engine_labels(r), r.adapter.metrics
-        _add(running, labels, r.adapter.read(r.samples, names.requests_running))
-        _add(waiting, labels, r.adapter.read(r.samples, names.requests_waiting))
-        # Several engine cores (vLLM data parallel) or tp ranks each report a share: the mean is the pool's.
-        _add(kv, labels, r.samples.mean(names.kv_cache_usage))
-    yield from (running, waiting, kv)
-
-
-def collect_latency(results: Sequence[Result]) -> Families:
-    pairs = ((C.TTFT, "ttft"), (C.ITL, "itl"), (C.E2E, "e2e"))
-    families = {metric.name: family(metric) for metric, _ in pairs}
-    for r in _up(results):
-        for metric, field_name in pairs:
-            histogram = passthrough_histogram(r.samples, getattr(r.adapter.metrics, field_name))
-            if histogram is not None:
-                buckets, total = histogram
-                families[metric.name].add_metric(engine_labels(r), buckets, total)
+        labels = engine_labels(r)
+        for name, rows in r.values.items():
+            for extra, value in rows:
+                families[name].add_metric([*labels, *extra], value)
+        for name, (buckets, total) in r.histograms.items():
+            families[name].add_metric(labels, buckets, total)
     yield from families.values()
-
-
-def passthrough_histogram(samples: Samples, name: str) -> tuple[list[tuple[str, float]], float] | None:
-    """An engine histogram summed over its own label sets (engine cores), buckets kept as the engine has them."""
-    per_le: dict[float, float] = defaultdict(float)
-    for sample in samples.get(f"{name}_bucket", []):
-        le = sample.labels.get("le")
-        try:
-            per_le[float(le)] += sample.value  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            continue
-    if not per_le or math.inf not in per_le:
-        return None
-    buckets = [("+Inf" if le == math.inf else _le(le), value) for le, value in sorted(per_le.items())]
-    return buckets, samples.total(f"{name}_sum") or 0.0
-
-
-def _le(value: float) -> str:
-    return repr(value) if value != int(value) else f"{value:.1f}"
 
 
 def collect_self(states: Sequence[TargetState], results: Sequence[Result]) -> Families:
     duration, scrapes = family(C.SCRAPE_DURATION), family(C.SCRAPES)
-    errors, resets = family(C.SCRAPE_ERRORS), family(C.COUNTER_RESETS)
+    errors, restarts, skipped = family(C.SCRAPE_ERRORS), family(C.ENGINE_RESTARTS), family(C.SKIPPED_SAMPLES)
     for state, r in zip(states, results, strict=True):
-        labels = [state.target.url, state.target.profile]
-        duration.add_metric(labels, r.duration)
-        scrapes.add_metric(labels, state.scrapes)
-        resets.add_metric(labels, state.resets)
-        for reason in C.ERROR_REASONS:
-            errors.add_metric([*labels, reason], state.errors.get(reason, 0))
-    yield from (duration, scrapes, errors, resets)
+        labels = [state.target.public, state.target.profile]
+        with state.lock:
+            duration.add_metric(labels, r.duration)
+            scrapes.add_metric(labels, state.scrapes)
+            restarts.add_metric(labels, state.restarts)
+            for reason in C.ERROR_REASONS:
+                errors.add_metric([*labels, reason], state.errors.get(reason, 0))
+            for reason in C.SKIP_REASONS:
+                skipped.add_metric([*labels, reason], state.skipped.get(reason, 0))
+    yield from (duration, scrapes, errors, restarts, skipped)
 
 
 def collect_canary(canary: Canary | None) -> Families:
@@ -141,7 +85,7 @@ def collect_canary(canary: Canary | None) -> Families:
     ttft, rate = family(C.CANARY_TTFT), family(C.CANARY_DECODE_RATE)
     runs, last = family(C.CANARY_RUNS), family(C.CANARY_LAST_RUN)
     for target, state in canary.snapshot():
-        labels = [target.url, target.profile]
+        labels = [target.public, target.profile]
         for outcome in C.CANARY_OUTCOMES:
             runs.add_metric([*labels, outcome], state.counts.get(outcome, 0))
         if state.finished_at is None:
@@ -161,21 +105,47 @@ def _add(fam: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value:
 
 
 class ExporterCollector(Collector):
-    """The registry's only collector: one round of target scrapes per Prometheus scrape."""
+    """The registry's only collector: one round of target scrapes per Prometheus scrape.
 
-    def __init__(self, scraper: Scraper, canary: Canary | None = None) -> None:
-        self.scraper, self.canary = scraper, canary
+    `budget` (seconds) is this scrape's deadline, from Prometheus' X-Prometheus-Scrape-Timeout-Seconds;
+    `with_budget` gives a collector for one request, so concurrent scrapes keep their own deadlines.
+    """
+
+    def __init__(self, scraper: Scraper, canary: Canary | None = None, budget: float | None = None) -> None:
+        self.scraper, self.canary, self.budget = scraper, canary, budget
+
+    def with_budget(self, budget: float | None) -> ExporterCollector:
+        return ExporterCollector(self.scraper, self.canary, budget)
 
     def collect(self) -> Iterable[Family]:
-        results = self.scraper.scrape_all()
+        results = self.scraper.scrape_all(self.budget)
         yield from collect_engine(results)
-        yield from collect_spec(results)
-        yield from collect_throughput(results)
-        yield from collect_requests(results)
-        yield from collect_latency(results)
+        yield from collect_figures(results)
         yield from collect_canary(self.canary)
         yield from collect_self(self.scraper.states, results)
 
     def describe(self) -> Iterable[Family]:
         # Registering must not scrape the targets.
         return []
+
+
+def render(families: Iterable[Family]) -> bytes:
+    """Families as Prometheus text exposition 0.0.4 (what prometheus_client's generate_latest writes,
+    about four times faster: 64 targets make ten thousand samples per scrape)."""
+    out: list[str] = []
+    for fam in families:
+        name = f"{fam.name}_total" if fam.type == "counter" else fam.name
+        kind = "untyped" if fam.type == "unknown" else fam.type
+        doc = fam.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
+        for sample in fam.samples:
+            if sample.name.endswith("_created"):
+                continue
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sample.labels.items())
+            out.append(f"{sample.name}{{{labels}}} {floatToGoString(sample.value)}\n" if labels
+                       else f"{sample.name} {floatToGoString(sample.value)}\n")
+    return "".join(out).encode()
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')

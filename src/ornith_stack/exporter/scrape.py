@@ -1,39 +1,45 @@
-"""Scraping engine targets: fetch with a hard deadline, recognise the engine, keep the window state.
+"""Scraping engine targets: fetch and parse under one deadline, recognise the engine, read its figures.
 
-One `TargetState` per target holds only the previous scrape's counters and the last values, so the
-exporter's memory does not grow with time or with what an engine sends.
+The exporter keeps no measurement window: every scrape reads the engines' counters afresh and passes
+them on, so two Prometheus servers (or a curl) scraping the same exporter see the same numbers.
+A `TargetState` holds only what must outlive a scrape (the engine kind, its info answer, the last
+counters for restart detection, error counts), so memory does not grow with time or input.
+Everything engine-specific runs inside one target's try block: one target cannot fail another.
 """
 
 from __future__ import annotations
 
+import base64
+import http.client
+import json
 import logging
 import math
+import socket
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import zlib
+from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-import httpx
-
-from ornith_stack.engines import (
-    ADAPTERS,
-    EngineAdapter,
-    EngineInfo,
-    SpecCounters,
-    acceptance_length,
-    detect_adapter,
-)
+from ornith_stack.engines import ADAPTERS, EngineAdapter, EngineInfo, detect_adapter
 from ornith_stack.engines.exposition import Samples, parse
 from ornith_stack.errors import UserError
-from ornith_stack.exporter.catalogue import MAX_POSITIONS
+from ornith_stack.exporter import catalogue as C
 
 log = logging.getLogger(__name__)
 # A /metrics body larger than this is not an engine's (vLLM sends ~100 KiB); stop reading.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# An info endpoint (/version, /server_info) answers a few KiB.
+MAX_INFO_BYTES = 1024 * 1024
 # Every sample name any adapter reads: the parser indexes only these.
 KEEP = frozenset(name for adapter in ADAPTERS.values() for name in adapter.sample_names())
+# An engine that did not say its version is asked again after this many scrapes.
+INFO_RETRY_SCRAPES = 20
+
+Labels = tuple[str, ...]
+Buckets = list[tuple[str, float]]
 
 
 class ScrapeError(Exception):
@@ -44,25 +50,26 @@ class ScrapeError(Exception):
 
 @dataclass(frozen=True)
 class Target:
-    url: str  # base URL, e.g. http://engine:8000
+    url: str = field(repr=False)  # base URL, e.g. http://engine:8000; may carry user:password@
     profile: str = ""
     draft: str = ""  # from the profile, when the engine does not say
 
+    @property
+    def public(self) -> str:
+        """The URL without credentials: what labels, pages and logs show."""
+        return redact(self.url)
 
-@dataclass
-class Window:
-    """Figures computed over the window between the previous good scrape and this one."""
 
-    acceptance_length: float | None = None
-    draft_acceptance_ratio: float | None = None
-    position_ratios: dict[int, float] = field(default_factory=dict)
-    generation_tps: float | None = None
-    prompt_tps: float | None = None
+def redact(url: str) -> str:
+    """`url` without a user:password@ part (whatever else it holds, even a port that is not a number)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return url if host == parts.netloc else urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
 @dataclass
 class Result:
-    """One scrape of one target, as the collectors see it."""
+    """One scrape of one target: the unified figures ready for the collectors."""
 
     target: Target
     up: bool
@@ -70,10 +77,12 @@ class Result:
     adapter: EngineAdapter | None = None
     info: EngineInfo = field(default_factory=EngineInfo)
     model: str = ""
-    samples: Samples = field(default_factory=Samples)
-    spec: SpecCounters | None = None
-    window: Window = field(default_factory=Window)
+    # Catalogue name -> (labels beyond the engine labels, value).
+    values: dict[str, list[tuple[Labels, float]]] = field(default_factory=dict)
+    # Catalogue name -> (buckets as (le, cumulative count), sum).
+    histograms: dict[str, tuple[Buckets, float]] = field(default_factory=dict)
     error: str | None = None
+    reason: str | None = None
 
 
 @dataclass
@@ -81,181 +90,280 @@ class TargetState:
     target: Target
     adapter: EngineAdapter | None = None
     info: EngineInfo | None = None
-    prev_spec: SpecCounters | None = None
-    prev_tokens: tuple[float, float, float] | None = None  # (monotonic time, generated, prompt)
-    last: Window = field(default_factory=Window)  # values kept while no draft happens
+    info_asked_at: int = 0  # scrape number of the last info request
+    last_counters: tuple[float, ...] = ()  # to see a restart (counters going down)
+    last_read_at: float = -math.inf  # when the scrape that read last_counters started
     scrapes: int = 0
     errors: dict[str, int] = field(default_factory=dict)
-    resets: int = 0
-    info_asked_at: int = 0  # scrape number of the last info request
+    skipped: dict[str, int] = field(default_factory=dict)
+    restarts: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count_error(self, reason: str) -> None:
+        with self.lock:
+            self.errors[reason] = self.errors.get(reason, 0) + 1
 
 
 class Scraper:
-    """Scrapes all targets concurrently; `scrape_all` is one exporter scrape."""
+    """Scrapes all targets concurrently; `scrape_all` is one exporter scrape.
 
-    def __init__(self, targets: list[Target], timeout: float = 3.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.timeout, self.clock = timeout, clock
+    Concurrent calls (two Prometheus servers) run side by side: nothing is serialised but the few
+    updates of one target's state.
+    """
+
+    def __init__(self, targets: list[Target], timeout: float = 3.0) -> None:
+        self.timeout = timeout
         self.states = [TargetState(t) for t in targets]
-        self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(64, len(targets))), thread_name_prefix="scrape")
-        self._client = httpx.Client(
-            timeout=httpx.Timeout(timeout),
-            limits=httpx.Limits(max_connections=max(10, len(targets) * 2)),
-            follow_redirects=False,
-            headers={"Accept": "text/plain;version=0.0.4"},
-        )
+        # Threads start on demand; room for a few overlapping scrapes of every target.
+        self._pool = ThreadPoolExecutor(max_workers=max(4, min(256, 4 * len(targets))), thread_name_prefix="scrape")
 
-    def scrape_all(self) -> list[Result]:
-        # One scrape at a time: the window state must move forward in order.
-        with self._lock:
-            return list(self._pool.map(self._scrape_one, self.states))
+    def scrape_all(self, budget: float | None = None) -> list[Result]:
+        """One round over every target, each answered within `budget` seconds (at most --timeout)."""
+        budget = self.timeout if budget is None else max(0.05, min(self.timeout, budget))
+        start = time.monotonic()
+        deadline = start + budget
+        futures = [self._pool.submit(self._scrape_one, state, deadline) for state in self.states]
+        wait(futures, timeout=budget + 0.05)
+        return [self._outcome(state, future, start) for state, future in zip(self.states, futures, strict=True)]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._client.close()
+
+    @staticmethod
+    def keep() -> frozenset[str]:
+        """The sample names the parser indexes for the exporter (what every adapter reads)."""
+        return KEEP
+
+    def adapter_of(self, target: Target) -> EngineAdapter | None:
+        """The engine adapter of a target, from its last scrape or, if none yet, one fetch of /metrics."""
+        state = next(s for s in self.states if s.target == target)
+        if state.adapter is None:
+            try:
+                _, adapter = self._fetch_metrics(state.target, time.monotonic() + self.timeout)
+            except (ScrapeError, TimeoutError):
+                return None
+            with state.lock:
+                state.adapter = state.adapter or adapter
+        return state.adapter
 
     # -- one target ---------------------------------------------------------------------------
-    def _scrape_one(self, state: TargetState) -> Result:
+    def _outcome(self, state: TargetState, future: Future[Result], start: float) -> Result:
+        if future.done():
+            result = future.result()
+        else:  # the worker is stopped by its own deadline; this scrape does not wait for it
+            result = _down(state, start, "timeout", f"{state.target.public}: no answer within the deadline")
+        if result.reason is not None:
+            state.count_error(result.reason)
+        return result
+
+    def _scrape_one(self, state: TargetState, deadline: float) -> Result:
         start = time.monotonic()
-        state.scrapes += 1
+        with state.lock:
+            state.scrapes += 1
         try:
-            return self._scrape_checked(state, start)
+            return self._scrape_checked(state, start, deadline)
         except ScrapeError as exc:
-            reason, detail = exc.reason, str(exc)
+            return _down(state, start, exc.reason, str(exc))
+        except TimeoutError as exc:
+            return _down(state, start, "timeout", f"{state.target.public}: {exc}")
         except Exception as exc:  # a bug must cost one target one scrape, never the exporter
-            reason, detail = "internal", f"{type(exc).__name__}: {exc}"
-            log.exception("scraping %s failed", state.target.url)
-        state.errors[reason] = state.errors.get(reason, 0) + 1
-        return Result(state.target, up=False, duration=time.monotonic() - start, error=detail)
+            log.exception("scraping %s failed", state.target.public)
+            return _down(state, start, "internal", f"{type(exc).__name__}: {exc}")
 
-    def _scrape_checked(self, state: TargetState, start: float) -> Result:
-        samples, adapter = self._fetch_metrics(state.target.url + "/metrics", start)
-        now = self.clock()
-        if adapter is not state.adapter:
-            state.adapter, state.info, state.prev_spec, state.prev_tokens = adapter, None, None, None
-        window, reset = self._window(state, adapter, samples, now)
-        if reset:
-            state.resets += 1
-            state.info = None  # a restart may be an upgrade: ask the version again
-        # Ask for the version once per engine start; an engine that did not say is asked again later.
-        if state.info is None or (state.info.version is None and state.scrapes - state.info_asked_at >= 20):
-            state.info = self._fetch_info(adapter, state.target.url, start)
-            state.info_asked_at = state.scrapes
-        model = adapter.served_model(samples) or state.info.model or ""
-        return Result(state.target, up=True, duration=time.monotonic() - start, adapter=adapter,
-                      info=state.info, model=model, samples=samples, spec=state.prev_spec, window=window)
+    def _scrape_checked(self, state: TargetState, start: float, deadline: float) -> Result:
+        samples, adapter = self._fetch_metrics(state.target, deadline)
+        with state.lock:
+            info = state.info if adapter is state.adapter else None
+            ask = info is None or (info.version is None and state.scrapes - state.info_asked_at >= INFO_RETRY_SCRAPES)
+            if ask:
+                state.info_asked_at = state.scrapes
+        if ask:
+            info = self._fetch_info(adapter, state.target, deadline)
+        assert info is not None
+        result = Result(state.target, up=True, duration=0.0, adapter=adapter, info=info,
+                        model=adapter.served_model(samples) or info.model or "")
+        skipped = read_figures(result, samples)
+        self._remember(state, adapter, info, result, skipped, start)
+        result.duration = time.monotonic() - start
+        return result
 
-    def _fetch_metrics(self, url: str, start: float) -> tuple[Samples, EngineAdapter]:
-        body = self._get(url, start)
+    def _remember(self, state: TargetState, adapter: EngineAdapter, info: EngineInfo, result: Result,
+                  skipped: dict[str, int], started: float) -> None:
+        counters = tuple(_first(result.values.get(m.name)) for m in RESTART_COUNTERS)
+        known: EngineInfo | None = info
+        with state.lock:
+            for reason, count in skipped.items():
+                state.skipped[reason] = state.skipped.get(reason, 0) + count
+            if started < state.last_read_at:  # a concurrent scrape that began later already finished
+                return
+            if adapter is state.adapter and any(
+                    now < before for now, before in zip(counters, state.last_counters, strict=False)):
+                state.restarts += 1
+                known = None  # a restart may be an upgrade: ask the version again
+            state.adapter, state.info, state.last_counters, state.last_read_at = adapter, known, counters, started
+
+    def _fetch_metrics(self, target: Target, deadline: float) -> tuple[Samples, EngineAdapter]:
+        status, body = http_get(target.url + "/metrics", deadline, MAX_BODY_BYTES)
+        where = target.public
+        if status != 200:
+            raise ScrapeError("http_status", f"{where}/metrics: HTTP {status}")
         try:
-            samples = parse(body, keep=KEEP)
+            samples = parse(body.decode("utf-8"), keep=KEEP, deadline=deadline)
+        except UnicodeDecodeError:
+            raise ScrapeError("not_exposition", f"{where}/metrics: body is not UTF-8 text") from None
         except UserError as exc:
-            raise ScrapeError("not_exposition", str(exc)) from None
+            raise ScrapeError("not_exposition", f"{where}/metrics: {exc}") from None
         adapter = detect_adapter(samples)
         if adapter is None:
-            raise ScrapeError("unknown_engine", f"{url}: no vLLM or SGLang metrics in the answer")
+            raise ScrapeError("unknown_engine", f"{where}/metrics: no vLLM or SGLang metrics in the answer")
         return samples, adapter
 
-    def _get(self, url: str, start: float) -> str:
-        """GET with a deadline on the whole body (a slow trickle must not hold the scrape)."""
-        deadline = start + self.timeout
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            with self._client.stream("GET", url) as response:
-                if response.status_code != 200:
-                    raise ScrapeError("http_status", f"{url}: HTTP {response.status_code}")
-                for chunk in response.iter_bytes():  # decoded: gzip from the engine is undone here
-                    size += len(chunk)
-                    if time.monotonic() > deadline:
-                        raise ScrapeError("timeout", f"{url}: body not complete after {self.timeout:g}s")
-                    if size > MAX_BODY_BYTES:
-                        raise ScrapeError("not_exposition", f"{url}: body larger than {MAX_BODY_BYTES} bytes")
-                    chunks.append(chunk)
-        except httpx.TimeoutException:
-            raise ScrapeError("timeout", f"{url}: no answer within {self.timeout:g}s") from None
-        except (httpx.TransportError, httpx.InvalidURL) as exc:
-            raise ScrapeError("connect", f"{url}: {type(exc).__name__}: {exc}") from None
-        try:
-            return b"".join(chunks).decode("utf-8")
-        except UnicodeDecodeError:
-            raise ScrapeError("not_exposition", f"{url}: body is not UTF-8 text") from None
-
-    def _fetch_info(self, adapter: EngineAdapter, base: str, start: float) -> EngineInfo:
-        """Version, model and draft from the engine's info endpoint; empty when none answers."""
+    def _fetch_info(self, adapter: EngineAdapter, target: Target, deadline: float) -> EngineInfo:
+        """Version, model and draft from the engine's info endpoint; empty when none answers in time."""
         for path in adapter.info_paths:
             try:
-                response = self._client.get(base + path, timeout=max(0.1, start + self.timeout - time.monotonic()))
-                if response.status_code == 200:
-                    return adapter.parse_info(response.json())
-            except (httpx.HTTPError, ValueError):
+                status, body = http_get(target.url + path, deadline, MAX_INFO_BYTES)
+                if status == 200:
+                    return adapter.parse_info(json.loads(body))
+            except (ScrapeError, ValueError, TimeoutError):
                 continue
         return EngineInfo()
 
-    # -- window arithmetic --------------------------------------------------------------------
-    def _window(self, state: TargetState, adapter: EngineAdapter, samples: Samples,
-                now: float) -> tuple[Window, bool]:
-        window = Window()
-        reset = False
-        spec = adapter.spec_counters(samples)
-        if spec is not None:
-            before = state.prev_spec
-            if before is not None and (spec.steps < before.steps or spec.accepted < before.accepted):
-                reset, before = True, None
-            window.acceptance_length = acceptance_length(before, spec)
-            window.draft_acceptance_ratio = _ratio_window(before, spec)
-            window.position_ratios = _position_window(before, spec)
-        state.prev_spec = spec
-        reported = adapter.reported_acceptance(samples)
-        if reported is not None:
-            if spec is None and _finite(reported.length):
-                window.acceptance_length = reported.length
-            if window.draft_acceptance_ratio is None and _finite(reported.ratio):
-                window.draft_acceptance_ratio = reported.ratio
-        # While no verification step happens the last values stay (the issue's rule).
-        for name in ("acceptance_length", "draft_acceptance_ratio"):
-            if getattr(window, name) is None:
-                setattr(window, name, getattr(state.last, name))
-        if not window.position_ratios:
-            window.position_ratios = state.last.position_ratios
-        state.last = Window(window.acceptance_length, window.draft_acceptance_ratio, window.position_ratios)
 
-        generated = adapter.read(samples, adapter.metrics.generation_tokens)
-        prompt = adapter.read(samples, adapter.metrics.prompt_tokens)
-        if generated is not None or prompt is not None:
-            tokens = (now, generated or 0.0, prompt or 0.0)
-            if state.prev_tokens is not None and tokens[0] > state.prev_tokens[0]:
-                t0, g0, p0 = state.prev_tokens
-                reset = reset or tokens[1] < g0 or tokens[2] < p0
-                window.generation_tps = _increase(g0, tokens[1]) / (now - t0)
-                window.prompt_tps = _increase(p0, tokens[2]) / (now - t0)
-            state.prev_tokens = tokens
-        return window, reset
+def _down(state: TargetState, start: float, reason: str, detail: str) -> Result:
+    return Result(state.target, up=False, duration=time.monotonic() - start, error=detail, reason=reason)
 
 
-def _increase(before: float, after: float) -> float:
-    """Counter increase; after a reset the counter restarted from zero (as Prometheus' rate assumes)."""
-    return after - before if after >= before else after
+def _first(rows: list[tuple[Labels, float]] | None) -> float:
+    return rows[0][1] if rows else 0.0
 
 
-def _ratio_window(before: SpecCounters | None, after: SpecCounters) -> float | None:
-    if after.drafted is None:
-        return None
-    drafted0 = before.drafted or 0.0 if before else 0.0
-    accepted0 = before.accepted if before else 0.0
-    drafted = after.drafted - drafted0
-    return (after.accepted - accepted0) / drafted if drafted > 0 else None
+# Counters whose going down means the engine restarted.
+RESTART_COUNTERS = (C.SPEC_STEPS, C.GENERATION_TOKENS, C.PROMPT_TOKENS, C.DECODE_TOKENS)
 
 
-def _position_window(before: SpecCounters | None, after: SpecCounters) -> dict[int, float]:
-    steps = after.steps - (before.steps if before else 0.0)
-    if steps <= 0:
-        return {}
-    old = before.accepted_per_position if before else {}
-    return {pos: (value - old.get(pos, 0.0)) / steps
-            for pos, value in sorted(after.accepted_per_position.items())[:MAX_POSITIONS]}
+# -- from engine samples to unified figures ---------------------------------------------------------
+def read_figures(result: Result, samples: Samples) -> dict[str, int]:
+    """Fill `result` with the unified figures of one scrape; returns the samples skipped, by reason."""
+    adapter, values = result.adapter, result.values
+    assert adapter is not None
+
+    def put(metric: C.Metric, value: float | None, extra: Labels = ()) -> None:
+        if value is not None and math.isfinite(value):
+            values.setdefault(metric.name, []).append((extra, value))
+
+    spec = adapter.spec_counters(samples, result.info)
+    if spec is not None:
+        put(C.SPEC_STEPS, spec.steps)
+        put(C.SPEC_ACCEPTED_TOKENS, spec.accepted)
+        put(C.SPEC_DRAFT_TOKENS, spec.drafted)
+        for position, count in sorted(spec.accepted_per_position.items())[: C.MAX_POSITIONS]:
+            put(C.SPEC_ACCEPTED_PER_POSITION, count, (str(position),))
+    reported = adapter.reported_acceptance(samples)
+    if reported is not None:
+        put(C.SPEC_ENGINE_ACCEPTANCE_LENGTH, reported.length)
+        put(C.SPEC_ENGINE_DRAFT_ACCEPTANCE_RATIO, reported.ratio)
+    names = adapter.metrics
+    put(C.GENERATION_TOKENS, adapter.read(samples, names.generation_tokens))
+    put(C.PROMPT_TOKENS, adapter.read(samples, names.prompt_tokens))
+    put(C.DECODE_TOKENS, adapter.decode_tokens(samples))
+    put(C.REQUESTS_RUNNING, adapter.read(samples, names.requests_running))
+    put(C.REQUESTS_WAITING, adapter.read(samples, names.requests_waiting))
+    put(C.KV_CACHE_USAGE, adapter.kv_usage(samples))
+    put(C.MAMBA_CACHE_USAGE, adapter.mamba_usage(samples))
+    skipped: dict[str, int] = defaultdict(int)
+    for metric, field_name in ((C.TTFT, "ttft"), (C.ITL, "itl"), (C.E2E, "e2e")):  # base.HISTOGRAMS
+        histogram, bad = passthrough_histogram(samples, getattr(names, field_name))
+        skipped["bad_bucket"] += bad
+        if histogram is not None:
+            result.histograms[metric.name] = histogram
+    return {reason: count for reason, count in skipped.items() if count}
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, float) and math.isfinite(value)
+def passthrough_histogram(samples: Samples, name: str) -> tuple[tuple[Buckets, float] | None, int]:
+    """An engine histogram summed over its own label sets (engine cores), buckets as the engine has them.
+
+    Returns the histogram (None without a +Inf bucket) and the number of buckets skipped: an `le` that is
+    not a number, NaN or -Inf, or a count that is not finite, cannot be placed, and is left out."""
+    per_le: dict[float, float] = defaultdict(float)
+    bad = 0
+    for sample in samples.get(f"{name}_bucket", []):
+        try:
+            le = float(sample.labels.get("le", "nan"))
+        except ValueError:
+            le = math.nan
+        if math.isnan(le) or le == -math.inf or not math.isfinite(sample.value):
+            bad += 1
+            continue
+        per_le[le] += sample.value
+    if math.inf not in per_le:
+        return None, bad
+    buckets = [("+Inf" if le == math.inf else _le(le), value) for le, value in sorted(per_le.items())]
+    total = samples.total(f"{name}_sum")
+    return (buckets, total if total is not None and math.isfinite(total) else 0.0), bad
+
+
+def _le(value: float) -> str:
+    return repr(value) if value != int(value) else f"{value:.1f}"
+
+
+# -- HTTP with one deadline -----------------------------------------------------------------------
+def http_get(url: str, deadline: float, limit: int) -> tuple[int, bytes]:
+    """GET `url`: connect, headers and body all done by `deadline` (time.monotonic()), at most `limit`
+    bytes after decoding. A watchdog shuts the socket at the deadline, so a server that trickles its
+    headers or body cannot hold the caller past it."""
+    parts = urlsplit(url)
+    remaining = deadline - time.monotonic()
+    where = redact(url)
+    if remaining <= 0:
+        raise ScrapeError("timeout", f"{where}: no time left in the scrape's deadline")
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    try:
+        conn = cls(parts.hostname or "", parts.port, timeout=remaining)
+    except (ValueError, http.client.InvalidURL) as exc:
+        raise ScrapeError("connect", f"{where}: {exc}") from None
+    headers = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "gzip", "User-Agent": "ornith-exporter"}
+    if parts.username is not None:
+        token = f"{parts.username}:{parts.password or ''}".encode()
+        headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
+    watchdog = threading.Timer(remaining, _shut, (conn,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers=headers)
+        response = conn.getresponse()
+        body = _read_body(response, limit, where)
+        return response.status, body
+    except ScrapeError:
+        raise
+    except (OSError, http.client.HTTPException) as exc:
+        if time.monotonic() >= deadline or isinstance(exc, TimeoutError):
+            raise ScrapeError("timeout", f"{where}: not complete within the deadline") from None
+        raise ScrapeError("connect", f"{where}: {type(exc).__name__}: {exc}") from None
+    finally:
+        watchdog.cancel()
+        conn.close()
+
+
+def _read_body(response: http.client.HTTPResponse, limit: int, where: str) -> bytes:
+    gzipped = (response.getheader("Content-Encoding") or "").strip().lower() == "gzip"
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := response.read(64 * 1024):
+        if inflate is not None:
+            chunk = inflate.decompress(chunk, limit + 1 - size)
+        size += len(chunk)
+        if size > limit:
+            raise ScrapeError("too_large", f"{where}: body larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _shut(conn: http.client.HTTPConnection) -> None:
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -11,13 +12,19 @@ from socketserver import ThreadingMixIn
 from urllib.parse import urlsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CONTENT_TYPE_LATEST, ProcessCollector
 
 from ornith_stack.deployment import EXPORTER_PORT, SD_PATH
 from ornith_stack.errors import UserError
 from ornith_stack.exporter.canary import Canary
-from ornith_stack.exporter.collectors import ExporterCollector
-from ornith_stack.exporter.scrape import Scraper, Target
+from ornith_stack.exporter.collectors import ExporterCollector, render
+from ornith_stack.exporter.scrape import Scraper, Target, redact
+
+# Seconds kept back from Prometheus' scrape timeout for writing the answer.
+ANSWER_MARGIN_S = 0.25
+TIMEOUT_HEADER = "HTTP_X_PROMETHEUS_SCRAPE_TIMEOUT_SECONDS"
+# --timeout above this is a mistake (Prometheus' own scrape timeout is seconds, not minutes).
+MAX_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,22 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise UserError(f"--listen {listen!r}: expected [HOST]:PORT, e.g. :{EXPORTER_PORT} or 127.0.0.1:{EXPORTER_PORT}")
     return host.strip("[]"), int(port)
+
+
+def check_timeout(timeout: float) -> float:
+    """--timeout as a number of seconds one scrape may take, refusing what cannot be a deadline."""
+    if not math.isfinite(timeout) or not 0 < timeout <= MAX_TIMEOUT_S:
+        raise UserError(f"--timeout {timeout}: expected seconds between 0 and {MAX_TIMEOUT_S:g}, e.g. 3")
+    return timeout
+
+
+def scrape_budget(environ: dict) -> float | None:
+    """This scrape's deadline in seconds from Prometheus' header, less a margin for the answer."""
+    try:
+        seconds = float(environ.get(TIMEOUT_HEADER, ""))
+    except ValueError:
+        return None
+    return max(0.05, seconds - ANSWER_MARGIN_S) if math.isfinite(seconds) and seconds > 0 else None
 
 
 def normalise_target(url: str) -> str:
@@ -62,10 +85,14 @@ class _QuietHandler(WSGIRequestHandler):
 
 def build_app(settings: Settings) -> tuple[Callable, Scraper, Canary | None]:
     scraper = Scraper(settings.targets, timeout=settings.timeout)
-    canary = Canary(settings.targets, interval=settings.canary_interval) if settings.canary else None
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExporterCollector(scraper, canary))
-    metrics_app = make_wsgi_app(registry)
+    canary = (Canary(settings.targets, interval=settings.canary_interval, adapter_of=scraper.adapter_of)
+              if settings.canary else None)
+    collector = ExporterCollector(scraper, canary)
+    process = ProcessCollector(registry=None)
+
+    def metrics(environ: dict) -> bytes:
+        # Each request scrapes with its own deadline and none waits for another.
+        return render([*collector.with_budget(scrape_budget(environ)).collect(), *process.collect()])
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
@@ -73,7 +100,9 @@ def build_app(settings: Settings) -> tuple[Callable, Scraper, Canary | None]:
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [landing_page(settings).encode()]
         if path == "/metrics":
-            return metrics_app(environ, start_response)
+            body = metrics(environ)
+            start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))])
+            return [body]
         if path == SD_PATH:
             start_response("200 OK", [("Content-Type", "application/json")])
             return [json.dumps(service_discovery(settings.targets)).encode()]
@@ -87,8 +116,9 @@ def service_discovery(targets: Iterable[Target]) -> list[dict]:
     """Prometheus http_sd_configs groups: one per engine, labelled like the exporter's own series."""
     groups = []
     for target in targets:
-        url = urlsplit(target.url)
-        labels = {"__scheme__": url.scheme, "target": target.url}
+        # Credentials in a target URL stay in the exporter: Prometheus gets the address only.
+        url = urlsplit(redact(target.url))
+        labels = {"__scheme__": url.scheme, "target": target.public}
         if url.path:
             labels["__metrics_path__"] = url.path + "/metrics"
         if target.profile:
@@ -98,7 +128,7 @@ def service_discovery(targets: Iterable[Target]) -> list[dict]:
 
 
 def landing_page(settings: Settings) -> str:
-    rows = "".join(f"<li><code>{html.escape(t.url)}</code> profile <code>{html.escape(t.profile or '-')}</code></li>"
+    rows = "".join(f"<li><code>{html.escape(t.public)}</code> profile <code>{html.escape(t.profile or '-')}</code></li>"
                    for t in settings.targets)
     return (
         "<!doctype html><html><head><title>ornith-stack exporter</title></head><body>"

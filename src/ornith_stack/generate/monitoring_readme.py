@@ -17,6 +17,7 @@ SOURCE = (f"src/ornith_stack/templates/{TEMPLATE}, src/ornith_stack/exporter/cat
 def readme() -> str:
     return environment().get_template(TEMPLATE).render(
         metrics=C.CATALOGUE,
+        recorded=C.RECORDED,
         error_reasons=C.ERROR_REASONS,
         canary_outcomes=C.CANARY_OUTCOMES,
         max_positions=C.MAX_POSITIONS,

@@ -31,9 +31,9 @@ KV_CACHE_FULL_RATIO = 0.95
 QUEUE_BACKLOG_REQUESTS = 5
 
 # Recording rules: the names dashboards and alerts share.
-ACCEPTANCE_5M = "ornith:spec_acceptance_length:rate5m"
-DRAFT_RATIO_5M = "ornith:spec_draft_acceptance_ratio:rate5m"
-GENERATION_RATE_1M = "ornith:generation_tokens:rate1m"
+ACCEPTANCE_5M = C.SPEC_ACCEPTANCE_LENGTH.name
+DRAFT_RATIO_5M = C.SPEC_DRAFT_ACCEPTANCE_RATIO.name
+GENERATION_RATE_1M = C.GENERATION_TOKENS_PER_SECOND.name
 TTFT_P50, TTFT_P95 = "ornith:time_to_first_token_seconds:p50_5m", "ornith:time_to_first_token_seconds:p95_5m"
 ITL_P50, ITL_P95 = "ornith:inter_token_latency_seconds:p50_5m", "ornith:inter_token_latency_seconds:p95_5m"
 EXPECTED_ACCEPTANCE = "ornith:profile_expected_acceptance_length"
@@ -48,13 +48,8 @@ def _quantile(q: float, metric: C.Metric) -> str:
 
 
 def recording_rules() -> dict[str, Any]:
-    steps, accepted = C.SPEC_STEPS.series, C.SPEC_ACCEPTED_TOKENS.series
     rules = [
-        {"record": ACCEPTANCE_5M,
-         "expr": f"1 + {_rate_sum(accepted, '5m')} / {_rate_sum(steps, '5m')}"},
-        {"record": DRAFT_RATIO_5M,
-         "expr": f"{_rate_sum(accepted, '5m')} / {_rate_sum(C.SPEC_DRAFT_TOKENS.series, '5m')}"},
-        {"record": GENERATION_RATE_1M, "expr": _rate_sum(C.GENERATION_TOKENS.series, "1m")},
+        *({"record": r.name, "expr": r.expr} for r in C.RECORDED),
         {"record": TTFT_P50, "expr": _quantile(0.5, C.TTFT)},
         {"record": TTFT_P95, "expr": _quantile(0.95, C.TTFT)},
         {"record": ITL_P50, "expr": _quantile(0.5, C.ITL)},

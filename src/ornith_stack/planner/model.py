@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -37,8 +38,24 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         s = self.settings
+        for name, number in (("GPU memory", self.gpu_memory_gib), ("--reserve-gib", self.reserve_gib),
+                             ("--mem-fraction-static", s.mem_fraction_static),
+                             ("--gpu-memory-utilization", s.gpu_memory_utilization),
+                             ("--mamba-full-memory-ratio", s.mamba_full_memory_ratio)):
+            if number is not None and not math.isfinite(number):
+                raise UserError(f"{name} must be a finite number, got {number}")
         if self.gpu_memory_gib <= 0:
             raise UserError(f"GPU memory must be positive, got {self.gpu_memory_gib} GiB")
+        if self.gpu_count < 1:
+            raise UserError(f"the plan needs at least one GPU, got {self.gpu_count}")
+        if s.mamba_full_memory_ratio is not None and s.mamba_full_memory_ratio <= 0:
+            raise UserError(f"--mamba-full-memory-ratio must be positive, got {s.mamba_full_memory_ratio}")
+        if s.max_model_len is not None and s.max_model_len > self.shape.max_position_embeddings:
+            raise UserError(
+                f"context length {s.max_model_len:,} exceeds the model's max_position_embeddings "
+                f"{self.shape.max_position_embeddings:,} ({self.shape.name}): {self.engine} refuses a longer "
+                "context than the model was trained for"
+            )
         if s.tp < 1:
             raise UserError(f"--tp must be at least 1, got {s.tp}")
         if self.gpu_count < s.tp:
@@ -54,6 +71,8 @@ class PlanRequest:
             ("--max-model-len", s.max_model_len),
             ("--max-total-tokens", s.max_total_tokens),
             ("--max-running-requests", s.max_running_requests),
+            ("--block-size/--page-size", s.block_size),
+            ("--max-mamba-cache-size", s.max_mamba_cache_size),
         ):
             if value is not None and value <= 0:
                 raise UserError(f"{name} must be positive, got {value}")

@@ -17,6 +17,7 @@ wheel (tests/unit/test_engine_defaults.py checks every default against those sou
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from ornith_stack.errors import UserError
@@ -331,8 +332,8 @@ def refuse_tp(shape: ModelShape, tp: int) -> None:
     """SGLang asserts that tp divides the attention heads (models/qwen3_5.py: `total_num_heads %
     attn_tp_size == 0`) and the linear-attention heads (distributed/utils.py `divide`)."""
     for what, n in tp_divisibility(shape, tp):
-        raise UserError(f"--tp {tp}: SGLang refuses it: {n} {what} is not divisible by {tp} "
-                        "(tensor parallelism splits heads evenly); choose a --tp that divides it")
+        raise UserError(f"--tp {tp}: SGLang refuses it: the model's {n} {what} are not divisible by {tp} "
+                        "(tensor parallelism splits heads evenly); choose a --tp that divides them")
 
 
 def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
@@ -340,7 +341,7 @@ def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
     if sp.rest <= 0:
         # _profile_available_bytes raises this ValueError before any pool exists.
         weights = req.weights_per_gpu() + req.draft_weights_per_gpu()
-        minimum = 1 - (req.gpu_memory_gib * GIB - weights) / (req.gpu_memory_gib * GIB)
+        minimum = math.ceil(weights / (req.gpu_memory_gib * GIB) * 1000) / 1000  # SGLang's suggestion
         fix = (f"--mem-fraction-static above {minimum:.3f}" if minimum < 1
                else f"--tp {s.tp * 2} (more GPUs) or a smaller checkpoint")
         return [Problem("weights", f"SGLang: loaded weights ({gib(weights)} per GPU, target + draft) leave no "

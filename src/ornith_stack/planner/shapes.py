@@ -36,6 +36,8 @@ DTYPE_BYTES = {
     "int8": 1,
 }
 LINEAR_ATTENTION = "linear_attention"
+# Larger than any real model dimension or count (vocabularies reach ~10^6, context ~10^7).
+MAX_CONFIG_INT = 1 << 40
 FULL_ATTENTION = "full_attention"
 
 
@@ -219,6 +221,8 @@ def resolve_config_path(path_or_name: str | Path) -> Path:
     """A path to a config.json (or a checkpoint folder holding one), or a shipped shape's name."""
     path = Path(path_or_name).expanduser()
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"model config {str(path_or_name)!r} is a folder without a config.json file")
         path = path / "config.json"
     if path.is_file():
         return path
@@ -234,13 +238,19 @@ def resolve_config_path(path_or_name: str | Path) -> Path:
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON file whose top level is an object (config.json, an index); errors name the file."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"{path} is missing") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder, not a JSON file") from None
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a JSON file (not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply to be a model config") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object at the top level")
     return data
@@ -252,57 +262,98 @@ def load_shape(path_or_name: str | Path) -> ModelShape:
 
 
 def shape_from_config(data: dict[str, Any], source: str = "config.json", name: str = "model") -> ModelShape:
-    """Build a shape from a parsed config; a missing required key is a UserError naming it."""
+    """Build a shape from a parsed config; a missing or impossible value is a UserError naming the key."""
     nested = data.get("text_config")
     text: dict[str, Any] = nested if isinstance(nested, dict) else data
     where = f"{source}: text_config" if text is not data else source
     get = _Getter(text, where)
-    hidden = get.int("hidden_size")
-    heads = get.int("num_attention_heads")
-    layers = get.int("num_hidden_layers")
-    layer_types = tuple(text.get("layer_types") or [FULL_ATTENTION] * layers)
-    if len(layer_types) != layers:
-        raise UserError(f"{where}: layer_types has {len(layer_types)} entries but num_hidden_layers is {layers}")
+    hidden = get.int("hidden_size", minimum=1)
+    heads = get.int("num_attention_heads", minimum=1)
+    layers = get.int("num_hidden_layers", minimum=1)
+    layer_types = _layer_types(text.get("layer_types"), layers, where)
+    hybrid = LINEAR_ATTENTION in layer_types
     dtype = str(
         text.get("dtype") or text.get("torch_dtype") or data.get("dtype") or data.get("torch_dtype") or "bfloat16"
     )
-    architectures = data.get("architectures") or ["unknown"]
+    dtype_bytes(dtype, f"{where}: dtype")
     dflash = data.get("dflash_config") if isinstance(data.get("dflash_config"), dict) else None
-    hybrid = LINEAR_ATTENTION in layer_types
+    target_layers = (dflash or {}).get("target_layer_ids") or []
+    if not isinstance(target_layers, list):
+        raise UserError(f"{source}: dflash_config.target_layer_ids must be a list, got {target_layers!r}")
     quant = data.get("quantization_config") or text.get("quantization_config")
+    model_type = text.get("model_type")
+    linear = {key: get.int(key, minimum=1) if hybrid else 0 for key in (
+        "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")}
     return ModelShape(
         name=name,
         source=source,
-        architecture=str(architectures[0]),
+        architecture=_architecture(data.get("architectures"), source),
         dtype=dtype,
         hidden_size=hidden,
-        vocab_size=get.int("vocab_size"),
+        vocab_size=get.int("vocab_size", minimum=1),
         layer_types=layer_types,
         num_attention_heads=heads,
-        num_key_value_heads=get.int("num_key_value_heads", default=heads),
-        head_dim=get.int("head_dim", default=hidden // heads),
-        max_position_embeddings=get.int("max_position_embeddings"),
-        linear_num_key_heads=get.int("linear_num_key_heads") if hybrid else 0,
-        linear_num_value_heads=get.int("linear_num_value_heads") if hybrid else 0,
-        linear_key_head_dim=get.int("linear_key_head_dim") if hybrid else 0,
-        linear_value_head_dim=get.int("linear_value_head_dim") if hybrid else 0,
-        linear_conv_kernel_dim=get.int("linear_conv_kernel_dim", default=4),
-        mamba_ssm_dtype=text.get("mamba_ssm_dtype"),
+        num_key_value_heads=get.int("num_key_value_heads", default=heads, minimum=1),
+        head_dim=get.int("head_dim", default=_default_head_dim(hidden, heads, where), minimum=1),
+        max_position_embeddings=get.int("max_position_embeddings", minimum=1),
+        **linear,
+        linear_conv_kernel_dim=get.int("linear_conv_kernel_dim", default=4, minimum=1),
+        mamba_ssm_dtype=_optional_dtype(text.get("mamba_ssm_dtype"), f"{where}: mamba_ssm_dtype"),
         num_experts=get.int("num_experts", default=0),
         num_experts_per_tok=get.int("num_experts_per_tok", default=0),
         moe_intermediate_size=get.int("moe_intermediate_size", default=0),
         shared_expert_intermediate_size=get.int("shared_expert_intermediate_size", default=0),
         intermediate_size=get.int("intermediate_size", default=0),
-        attn_output_gate=bool(text.get("attn_output_gate", text.get("model_type", "").startswith("qwen3_5"))),
+        attn_output_gate=bool(text.get("attn_output_gate", str(model_type or "").startswith("qwen3_5"))),
         tie_word_embeddings=bool(data.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
         mtp_num_hidden_layers=get.int("mtp_num_hidden_layers", default=0),
         vision=_vision(data.get("vision_config"), f"{source}: vision_config"),
         is_dflash_draft=dflash is not None,
-        dflash_target_layers=len(dflash.get("target_layer_ids") or []) if dflash else 0,
+        dflash_target_layers=len(target_layers),
         mask_token_id=(dflash or {}).get("mask_token_id", data.get("ornith_mask_token_id")),
-        block_size=data.get("block_size"),
+        block_size=_Getter(data, source).int("block_size", default=None, minimum=1),
         quantization=str(quant.get("quant_method")) if isinstance(quant, dict) else None,
     )
+
+
+def _default_head_dim(hidden: int, heads: int, where: str) -> int:
+    if hidden < heads:
+        raise UserError(f"{where}: no head_dim and hidden_size {hidden} < num_attention_heads {heads}")
+    return hidden // heads
+
+
+def _layer_types(value: Any, layers: int, where: str) -> tuple[str, ...]:
+    """`layer_types`: a list of "full_attention" / "linear_attention", one per layer, at least one full
+    attention layer (both engines size their KV cache from those); absent, every layer is full attention."""
+    if value is None:
+        return (FULL_ATTENTION,) * layers
+    if not isinstance(value, list):
+        raise UserError(f"{where}: layer_types must be a list, got {type(value).__name__}")
+    unknown = sorted({repr(t) for t in value if t not in (FULL_ATTENTION, LINEAR_ATTENTION)})
+    if unknown:
+        raise UserError(f"{where}: layer_types holds {', '.join(unknown[:3])}; known: {FULL_ATTENTION}, "
+                        f"{LINEAR_ATTENTION}")
+    if len(value) != layers:
+        raise UserError(f"{where}: layer_types has {len(value)} entries but num_hidden_layers is {layers}")
+    if FULL_ATTENTION not in value:
+        raise UserError(f"{where}: every layer is linear attention; the planner models models with at least "
+                        "one full-attention layer")
+    return tuple(value)
+
+
+def _architecture(value: Any, source: str) -> str:
+    if value is None:
+        return "unknown"
+    if not isinstance(value, list) or not value or not isinstance(value[0], str):
+        raise UserError(f"{source}: architectures must be a list of class names, got {value!r}")
+    return value[0]
+
+
+def _optional_dtype(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    dtype_bytes(str(value), where)
+    return str(value)
 
 
 def _vision(data: Any, where: str) -> VisionShape | None:
@@ -331,12 +382,15 @@ class _Getter:
     def __init__(self, data: dict[str, Any], where: str) -> None:
         self.data, self.where = data, where
 
-    def int(self, key: str, default: Any = _MISSING) -> int:
+    def int(self, key: str, default: Any = _MISSING, minimum: int = 0) -> Any:
         value = self.data.get(key)
         if value is None:
             if default is self._MISSING:
                 raise UserError(f"{self.where}: required key {key!r} is missing")
             return default
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise UserError(f"{self.where}: key {key!r} must be a non-negative integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            what = "a positive integer" if minimum == 1 else "a non-negative integer"
+            raise UserError(f"{self.where}: key {key!r} must be {what}, got {value!r}")
+        if value > MAX_CONFIG_INT:
+            raise UserError(f"{self.where}: key {key!r} is implausibly large ({value})")
         return value

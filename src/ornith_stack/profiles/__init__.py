@@ -48,7 +48,7 @@ def load_profile(name: str, overrides: dict[str, str] | None = None) -> Profile:
     data.setdefault("name", name)
     _inject_engine_image(data, path)
     for key, value in (overrides or {}).items():
-        _set_dotted(data, key, yaml.safe_load(value) if isinstance(value, str) else value)
+        _set_dotted(data, key, _set_value(key, value) if isinstance(value, str) else value)
     return validate(data, path)
 
 
@@ -118,6 +118,14 @@ def _inject_engine_image(data: dict[str, Any], path: Path) -> None:
     engine.setdefault("nvidia_require_cuda", pins.get("nvidia_require_cuda"))
 
 
+def _set_value(key: str, text: str) -> Any:
+    """A --set value read as YAML (numbers, true/false, lists), the way the profile file would say it."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UserError(f"--set {key}={text!r}: not a valid YAML value ({getattr(exc, 'problem', exc)})") from None
+
+
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node = data
     *parents, leaf = key.split(".")
@@ -137,6 +145,10 @@ def _describe(exc: ValidationError, path: Path) -> str:
         field = ".".join(str(p) for p in err["loc"]) or "(top level)"
         if err["type"] == "extra_forbidden":
             lines.append(f"  {field}: unknown key (check the spelling; see 'ornith-stack profiles show')")
+        elif err["type"] == "value_error" and not err["loc"]:
+            lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"  {field}: {err['msg']} (got {err.get('input')!r})")
+    if len(lines) == 2:  # one problem: one line
+        return f"{lines[0]}: {lines[1].strip()}"
     return "\n".join(lines)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ornith_stack.cuda_requirement import CudaRequirement, parse_requirement
+from ornith_stack.profiles.engine_args import engine_arg_problems
 from ornith_stack.profiles.images import ImageRef, parse_image, parse_pinned_image
 
 # An engine flag value: a switch (true), a scalar, or a mapping the adapter serialises as JSON
@@ -22,7 +23,8 @@ ArgValue = bool | int | float | str | dict[str, bool | int | float | str]
 class Strict(BaseModel):
     """Unknown keys and wrong types are errors: a typo must never silently become a default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `memory_gib: .inf` or `.nan` is a typo, never a GPU.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Gpu(Strict):
@@ -140,6 +142,13 @@ class Profile(Strict):
     draft: ModelRef | None = None
     serve: Serve
     expected: Expected | None = None
+
+    @model_validator(mode="after")
+    def _typed_engine_args(self) -> Profile:
+        problems = engine_arg_problems(self.engine.kind, dict(self.serve.args))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @property
     def gpu_count(self) -> int:

@@ -1,0 +1,331 @@
+"""Every default the planner assumes when a flag is absent, read in the pinned engine's own sources.
+
+vLLM 0.24.0 from $ORNITH_VLLM024_SRC and SGLang 0.5.17 from $ORNITH_SGLANG0517_SRC (the Python files of
+the released wheels; scripts/test.sh unpacks both). Field defaults are read from the class bodies with
+`ast`; SGLang's memory functions (`_handle_max_mamba_cache`, `_calculate_mamba_ratio`,
+`resolve_max_num_reqs`, the DFlash cell scaling, the prefill capture sizes, the VLM fraction) are taken
+out of its files and run on the planner's inputs, so the planner and the engine compute side by side.
+Each check names the file and line where the engine states the value (0.5.17 / 0.24.0 wheels).
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace as NS
+from typing import Any
+
+import pytest
+
+from ornith_stack.planner import plan_request, request_for_profile, sglang, vllm
+from ornith_stack.planner.common import attention_bytes_per_token
+from ornith_stack.planner.shapes import load_shape
+from ornith_stack.profiles import load_profile
+
+CACHE = Path(os.environ.get("ORNITH_CACHE_DIR", Path(__file__).resolve().parents[2] / ".cache"))
+VLLM = Path(os.environ.get("ORNITH_VLLM024_SRC", CACHE / "vllm-0.24.0-src")) / "vllm"
+SGLANG = Path(os.environ.get("ORNITH_SGLANG0517_SRC", CACHE / "sglang-0.5.17-src")) / "sglang" / "srt"
+
+
+def _source(root: Path, rel: str) -> str:
+    path = root / rel
+    if not path.is_file():
+        pytest.skip(f"{path} is missing (scripts/test.sh unpacks the engine wheels' Python files)")
+    return path.read_text()
+
+
+def class_default(root: Path, rel: str, cls: str, name: str) -> tuple[Any, int]:
+    """(default, line) of field `name` in class `cls`: `name: T = value` or `Field(default=value)`."""
+    tree = ast.parse(_source(root, rel))
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
+    for item in node.body:
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.target.id == name:
+            value = item.value
+            if isinstance(value, ast.Call):  # pydantic Field(default=...)
+                value = next(k.value for k in value.keywords if k.arg == "default")
+            assert value is not None
+            return ast.literal_eval(value), item.lineno
+    raise AssertionError(f"{rel}: {cls}.{name} not found")
+
+
+def module_constant(root: Path, rel: str, name: str) -> tuple[Any, int]:
+    for item in ast.parse(_source(root, rel)).body:
+        if isinstance(item, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in item.targets):
+            value = item.value
+            if isinstance(value, ast.Call):  # frozenset({...})
+                value = value.args[0]
+            return ast.literal_eval(value), item.lineno
+    raise AssertionError(f"{rel}: {name} not found")
+
+
+def engine_function(root: Path, rel: str, name: str, env: dict[str, Any]) -> Any:
+    """The engine's function (or method) `name`, compiled from its file with `env` as its globals."""
+    text = _source(root, rel)
+    node = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == name)
+    node.decorator_list = []
+    namespace: dict[str, Any] = {"logger": logging.getLogger("engine"), "logging": logging, **env}
+    exec(compile(ast.Module([node], []), f"{root / rel}", "exec"), namespace)  # noqa: S102
+    return namespace[name]
+
+
+def line_of(root: Path, rel: str, text: str) -> int:
+    lines = _source(root, rel).splitlines()
+    found = [i for i, line in enumerate(lines, 1) if text in line]
+    assert found, f"{rel}: {text!r} not found"
+    return found[0]
+
+
+# -- vLLM 0.24.0 ------------------------------------------------------------------------------------------
+
+
+def test_vllm_gpu_memory_utilization_default() -> None:
+    # vllm/config/cache.py:67 `gpu_memory_utilization: float = Field(default=0.92, gt=0, le=1)`
+    value, line = class_default(VLLM, "config/cache.py", "CacheConfig", "gpu_memory_utilization")
+    assert (value, line) == (vllm.DEFAULT_GPU_MEMORY_UTILIZATION, 67)
+
+
+def test_vllm_kernel_block_size_default() -> None:
+    # vllm/config/cache.py:46 `DEFAULT_BLOCK_SIZE: ClassVar[int] = 16`, used when --block-size is absent.
+    value, line = class_default(VLLM, "config/cache.py", "CacheConfig", "DEFAULT_BLOCK_SIZE")
+    assert (value, line) == (vllm.KERNEL_BLOCK_ALIGNMENT, 46)
+
+
+def test_vllm_kv_and_ssm_cache_dtypes_default_to_auto() -> None:
+    # vllm/config/cache.py:75 `cache_dtype = "auto"` (the model dtype) and :129 `mamba_ssm_cache_dtype =
+    # "auto"` (Qwen3.5: the config's mamba_ssm_dtype): the planner's ServeSettings defaults.
+    assert class_default(VLLM, "config/cache.py", "CacheConfig", "cache_dtype") == ("auto", 75)
+    assert class_default(VLLM, "config/cache.py", "CacheConfig", "mamba_ssm_cache_dtype") == ("auto", 129)
+    req = request_for_profile(load_profile("spark"))
+    assert req.settings.kv_cache_dtype == "auto" and req.kv_dtype_bytes == 2
+
+
+def test_vllm_prefix_caching_defaults_off_for_hybrid_models() -> None:
+    # vllm/engine/arg_utils.py:2462 `default_prefix_caching = model_config.is_prefix_caching_supported`
+    # and vllm/config/model.py:1832 `if attn_type == "hybrid": ... return False`.
+    assert line_of(VLLM, "engine/arg_utils.py", "default_prefix_caching = model_config.is_prefix_caching_supported") == 2462
+    model_py = _source(VLLM, "config/model.py").splitlines()
+    assert model_py[1831].strip() == 'if attn_type == "hybrid":' and "return False" in "".join(model_py[1832:1838])
+    req = request_for_profile(load_profile("spark"))
+    bare = req.with_settings(enable_prefix_caching=None)
+    assert vllm.prefix_caching(bare) is False
+    assert plan_request(bare).engine_details["mamba_cache_mode"] == "none"
+
+
+# -- SGLang 0.5.17: ServerArgs field defaults --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "line", "planner"),
+    [
+        # server_args.py:765 mem_fraction_static = None: resolved by `_handle_gpu_memory_settings`.
+        ("mem_fraction_static", 765, None),
+        # server_args.py:882 page_size = None; overrides.py `_page_size_default` resolves it to 1 on CUDA.
+        ("page_size", 882, None),
+        # server_args.py:2490 mamba_full_memory_ratio = 0.9
+        ("mamba_full_memory_ratio", 2490, sglang.DEFAULT_MAMBA_FULL_MEMORY_RATIO),
+        # server_args.py:2498 mamba_radix_cache_strategy = "auto"
+        ("mamba_radix_cache_strategy", 2498, "auto"),
+        # server_args.py:2531 linear_attn_backend = "triton" (extra_buffer needs it)
+        ("linear_attn_backend", 2531, sglang.DEFAULT_LINEAR_ATTN_BACKEND),
+        # server_args.py:923 disable_radix_cache = False, :949 disable_overlap_schedule = False
+        ("disable_radix_cache", 923, False),
+        ("disable_overlap_schedule", 949, False),
+        # server_args.py:770 max_running_requests = None (DFlash fills in 48), :2461 max_mamba_cache_size = None
+        ("max_running_requests", 770, None),
+        ("max_mamba_cache_size", 2461, None),
+    ],
+)
+def test_sglang_server_args_defaults(field: str, line: int, planner: Any) -> None:
+    assert class_default(SGLANG, "server_args.py", "ServerArgs", field) == (planner, line)
+
+
+def test_the_planner_reads_absent_sglang_flags_as_those_defaults() -> None:
+    settings = replace(request_for_profile(load_profile("gpu96")).settings, mamba_radix_cache_strategy=None)
+    assert settings.enable_prefix_caching is None and settings.overlap_schedule is True
+    assert settings.mamba_full_memory_ratio is None and settings.max_mamba_cache_size is None
+    assert settings.block_size is None  # page size: DEFAULT_PAGE_SIZE
+    assert sglang.DEFAULT_PAGE_SIZE == 1
+    # overrides.py:2298 `return {"page_size": 1}` (CUDA, not MUSA)
+    assert line_of(SGLANG, "arg_groups/overrides.py", 'return {"page_size": 1}') == 2298
+
+
+def test_sglang_dflash_defaults() -> None:
+    # arg_groups/speculative_hook.py:258 `server_args.max_running_requests = 48` (in _handle_dflash) and
+    # :239 `inferred_block_size = 16` when the draft config names no block size.
+    hook = _source(SGLANG, "arg_groups/speculative_hook.py").splitlines()
+    assert hook[257].strip() == f"server_args.max_running_requests = {sglang.DFLASH_DEFAULT_MAX_RUNNING_REQUESTS}"
+    assert hook[238].strip() == f"inferred_block_size = {sglang.DFLASH_DEFAULT_BLOCK_SIZE}"
+    assert line_of(SGLANG, "arg_groups/speculative_hook.py", "def _handle_dflash(") == 147
+    req = request_for_profile(load_profile("gpu96"))
+    bare = req.with_settings(max_running_requests=None, draft_block_size=None)
+    assert sglang.requested_running_requests(bare) == 48
+    assert sglang.draft_tokens(bare) == 16  # the shipped draft config says block_size 16
+
+
+def test_sglang_mamba_strategy_auto_resolves_to_extra_buffer_for_qwen3_5() -> None:
+    # overrides.py:1432 `_MAMBA_EXTRA_BUFFER_ARCHS` holds Qwen3_5MoeForConditionalGeneration (:1436);
+    # overrides.py:1494-1499: "auto" with the overlap scheduler on -> "extra_buffer" when supported on
+    # the triton linear-attention backend (:1456), else "no_buffer" with the overlap scheduler off.
+    archs, line = module_constant(SGLANG, "arg_groups/overrides.py", "_MAMBA_EXTRA_BUFFER_ARCHS")
+    assert line == 1432 and "Qwen3_5MoeForConditionalGeneration" in archs
+    assert sglang.MAMBA_EXTRA_BUFFER_ARCHS <= archs
+    resolution = engine_function(SGLANG, "arg_groups/overrides.py", "_mamba_radix_cache_resolution", {
+        "supports_mamba_cache_extra_buffer": engine_function(
+            SGLANG, "arg_groups/overrides.py", "supports_mamba_cache_extra_buffer",
+            {"_MAMBA_EXTRA_BUFFER_ARCHS": archs}),
+        "_MAMBA_RADIX_CACHE_ARCHS": frozenset(), "Dict": dict, "Any": Any,
+    })
+    shape = load_shape("ornith-1.5-35b-a3b")
+
+    def engine(**flags: Any) -> dict[str, Any]:
+        hf = NS(architectures=[shape.architecture])
+        defaults = {"disable_radix_cache": False, "mamba_radix_cache_strategy": "auto",
+                    "disable_overlap_schedule": False, "page_size": None, "linear_attn_backend": "triton"}
+        view = NS(get_model_config=lambda: NS(hf_config=hf), **{**defaults, **flags})
+        registry = NS(get_linear_attn_spec_by_arch=lambda arch: NS(uses_mamba_radix_cache=True))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setitem(sys.modules, "sglang.srt.configs.linear_attn_model_registry", registry)
+            return resolution(view)
+
+    req = request_for_profile(load_profile("gpu96"))
+    assert engine()["mamba_radix_cache_strategy"] == "extra_buffer"
+    assert sglang.resolve_mamba_strategy(req.with_settings(mamba_radix_cache_strategy=None)) == ("extra_buffer", True)
+    declared = engine(disable_overlap_schedule=True)
+    assert (declared["mamba_radix_cache_strategy"], declared["disable_overlap_schedule"]) == ("no_buffer", True)
+    no_overlap = req.with_settings(mamba_radix_cache_strategy=None, overlap_schedule=False)
+    assert sglang.resolve_mamba_strategy(no_overlap) == ("no_buffer", False)
+
+
+def test_sglang_mamba_ratio_constants() -> None:
+    # mem_cache/kv_cache_configurator.py:118 MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO = 3, :120 +2
+    # with the overlap scheduler, :122 +1 without.
+    rel = "mem_cache/kv_cache_configurator.py"
+    assert module_constant(SGLANG, rel, "MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO") == (3, 118)
+    assert module_constant(SGLANG, rel, "MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP") == (2, 120)
+    assert module_constant(SGLANG, rel, "MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_OVERLAP") == (1, 122)
+    assert sglang.mamba_ratio("extra_buffer", radix=True, overlap=True) == 5
+    assert sglang.mamba_ratio("extra_buffer", radix=True, overlap=False) == 4
+    assert sglang.mamba_ratio("no_buffer", radix=True, overlap=False) == 3
+    assert sglang.mamba_ratio("extra_buffer", radix=False, overlap=True) == 1
+
+
+# -- SGLang 0.5.17: the memory functions, run on the planner's inputs -------------------------------------
+
+
+class _Schedule(NS):
+    pass
+
+
+def _engine_mamba(req_rest_bytes: int, per_req: int, *, draft: int, requested: int | None, ratio_flags: dict[str, Any],
+                  max_mamba_cache_size: int | None = None, radix: bool = True) -> tuple[int, float]:
+    """(max_mamba_cache_size, rest in GB after the state pool and verify buffers) from SGLang's own
+    `_handle_max_mamba_cache` (kv_cache_configurator.py:1816) and `_calculate_mamba_ratio` (:1659)."""
+    rel = "mem_cache/kv_cache_configurator.py"
+    schedule = _Schedule(max_mamba_cache_size=max_mamba_cache_size, max_running_requests=requested,
+                         mamba_full_memory_ratio=0.9, disable_overlap_schedule=not ratio_flags["overlap"])
+    constants = {name: module_constant(SGLANG, rel, name)[0] for name in (
+        "MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO", "MAMBA_CACHE_BASE_RATIO_DROP_ON_SKIP",
+        "MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP", "MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP_LAZY",
+        "MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_OVERLAP", "MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_BUFFER")}
+    env = {
+        **constants,
+        "get_schedule": lambda: schedule,
+        "get_memory": lambda: NS(disable_radix_cache=not radix),
+        "get_spec": lambda: NS(speculative_num_draft_tokens=draft),
+        "get_exec": lambda: NS(mamba=NS(enable_linear_replayssm_spec=False)),
+        "get_context": lambda: NS(override=lambda source, **kw: schedule.__dict__.update(kw)),
+        "envs": NS(SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=NS(get=lambda: False)),
+        "kimi_linear_config": lambda config: None,
+        "get_pp_indices": None,
+    }
+    handle = engine_function(SGLANG, rel, "_handle_max_mamba_cache", env)
+    ratio = engine_function(SGLANG, rel, "_calculate_mamba_ratio", env)
+    server_args = NS(enable_mamba_extra_buffer=lambda: ratio_flags["extra_buffer"],
+                     enable_mamba_extra_buffer_lazy=lambda: False, max_speculative_num_draft_tokens=None)
+    me = NS(mambaish_config=NS(mamba2_cache_params=NS(layers=list(range(30)), mamba_cache_per_req=per_req)),
+            server_args=server_args, ps=NS(pp_size=1, attn_dp_size=1), hybrid_gdn_config=NS(),
+            spec_algorithm=NS(is_none=lambda: draft == 0), model_config=NS(num_hidden_layers=40))
+    me._calculate_mamba_ratio = lambda: ratio(me)
+    rest_gb = handle(me, req_rest_bytes / (1 << 30))
+    return schedule.max_mamba_cache_size, rest_gb
+
+
+@pytest.mark.parametrize(
+    ("profile", "gpu_gib", "changes"),
+    [
+        ("gpu96", None, {}),  # seed 000 on one GPU: 4 running requests, block 16
+        ("a100x2", None, {}),  # seed 000 on two A100s (tp 2, fraction 0.80)
+        ("gpu96", 141, {"max_running_requests": None}),  # DFlash's 48 on an H200
+        ("gpu96", 141, {"max_mamba_cache_size": 200}),
+        ("gpu96", 141, {"enable_prefix_caching": False}),  # radix cache off: slots = running requests
+        ("gpu96", 141, {"overlap_schedule": False}),  # auto -> no_buffer, 3 slots per request
+        ("gpu96", 141, {"speculative_method": None, "max_running_requests": None}),  # no speculation
+    ],
+)
+def test_sglang_state_pool_and_running_requests_equal_the_engine_functions(
+    profile: str, gpu_gib: float | None, changes: dict[str, Any]
+) -> None:
+    req = request_for_profile(load_profile(profile), gpu_memory_gib=gpu_gib).with_settings(**changes)
+    sp = sglang.split(req)
+    extra_buffer = sp.strategy == "extra_buffer"
+    requested = sglang.requested_running_requests(req)
+    slots, rest_gb = _engine_mamba(sp.rest, sp.per_request_state, draft=sp.draft_tokens, requested=requested,
+                                   ratio_flags={"overlap": sp.overlap, "extra_buffer": extra_buffer},
+                                   max_mamba_cache_size=req.settings.max_mamba_cache_size,
+                                   radix=sglang.radix_cache(req))
+    assert sp.mamba.slots == slots
+    # SGLang works in float GB; the planner in bytes: equal to the byte.
+    assert abs(sp.kv_rest - rest_gb * (1 << 30)) < 2
+    # resolve_max_num_reqs (kv_cache_configurator.py:1719) on the planner's token capacity.
+    schedule = _Schedule(max_running_requests=requested, max_mamba_cache_size=slots)
+    resolve = engine_function(SGLANG, "mem_cache/kv_cache_configurator.py", "resolve_max_num_reqs",
+                              {"get_schedule": lambda: schedule})
+    me = NS(model_config=NS(context_len=req.max_model_len), ps=NS(attn_dp_size=1), mambaish_config=NS(),
+            _calculate_mamba_ratio=lambda: sp.ratio)
+    assert sp.running == resolve(me, sp.kv_tokens)
+
+
+def test_sglang_dflash_kv_cell_equals_the_engine_scaling() -> None:
+    # speculative/dflash_utils.py:68 scale_kv_cell_size_per_token_for_dflash, called from
+    # model_executor/pool_configurator.py:163 with the target's full-attention cell and layer counts.
+    scale = engine_function(SGLANG, "speculative/dflash_utils.py", "scale_kv_cell_size_per_token_for_dflash",
+                            {"Optional": Any})
+    for profile in ("gpu96", "a100x2"):
+        req = request_for_profile(load_profile(profile))
+        target = attention_bytes_per_token(req.shape, req.settings.tp, req.kv_dtype_bytes) * 10
+        expected = scale(target_cell_size_per_token=target, target_num_layers=10, draft_num_layers=8)
+        assert sglang.kv_cell_bytes(req) == expected
+
+
+def test_sglang_prefill_capture_sizes_equal_the_engine_list() -> None:
+    # server_args.py:4990 _generate_prefill_cuda_graph_batch_sizes
+    generate = engine_function(SGLANG, "server_args.py", "_generate_prefill_cuda_graph_batch_sizes", {})
+    for max_bs in (2048, 4096, 8192, 16384):
+        assert sglang.prefill_capture_sizes(max_bs) == generate(None, max_bs)
+
+
+def test_sglang_default_mem_fraction_static_follows_the_engine_heuristic() -> None:
+    # server_args.py:4607 _handle_gpu_memory_settings: GPUs of 90-160 GiB (H200) take chunked prefill
+    # 8192 and decode max_bs 256 at tp < 4 (:4670-4678); reserved = 512 + 1.5 x activation tokens
+    # (:4773-4774) + tp/8 GiB (:4776) + graphs (reserve_for_graph_mb, :4882: 2 MiB per decode batch size,
+    # 8 MiB per prefill capture size), at least 10 GiB above 60 GiB (:4778-4779), rounded to three decimals.
+    text = _source(SGLANG, "server_args.py")
+    for snippet in ("reserved_mem += activation_tokens * 1.5", "reserved_mem = max(reserved_mem, 10 * 1024)",
+                    "round((gpu_mem - reserved_mem) / gpu_mem, 3)", "reserved_mem += decode_cuda_graph_config.max_bs * 2",
+                    "reserved_mem += len(prefill_cuda_graph_config.bs) * 8",
+                    "reserved_mem += self.tp_size * self.pp_size / 8 * 1024"):
+        assert snippet in text, snippet
+    assert sglang.chunked_prefill_and_decode_bs(141 * 1024, 1) == (8192, 256)
+    reserved = 512 + 8192 * 1.5 + 1 / 8 * 1024 + 256 * 2 + len(sglang.prefill_capture_sizes(8192)) * 8
+    assert sglang.reserved_mib(141, 1) == reserved
+    # adjust_mem_fraction_for_vlm (server_args.py:9083), run on the 35B's vision config: SGLang reads
+    # num_hidden_layers, absent from a Qwen3.5 vision config, so 24 layers of hidden 1152.
+    adjust = engine_function(SGLANG, "server_args.py", "adjust_mem_fraction_for_vlm", {})
+    me = NS(mem_fraction_static=round((141 * 1024 - reserved) / (141 * 1024), 3))
+    adjust(me, NS(hf_config=NS(vision_config=NS(hidden_size=1152, depth=27))))
+    shape = load_shape("ornith-1.5-35b-a3b")
+    assert sglang.default_mem_fraction_static(141, 1, shape.vision) == pytest.approx(me.mem_fraction_static, abs=1e-12)
