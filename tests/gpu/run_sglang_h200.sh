@@ -12,6 +12,10 @@
 #   bash tests/gpu/run_sglang_h200.sh serve tp1                   # pytest -m gpu -k tp1: starts SGLang
 #   bash tests/gpu/run_sglang_h200.sh serve tp2                   # and records into $W/runs/tpN
 #
+# The device tool sends the session's own checkout, not a helper's worktree: the recorded runs carried
+# this tree as a tarball (`git ls-files -co --exclude-standard | tar -czf .gpu/.../tree.tar.gz -T -`)
+# beside the parts, in an ignored folder of that checkout, and unpacked it to /tmp/wt first.
+#
 # `serve` runs tests/gpu/test_sglang_h200.py's live test, which starts the engine from the profile's
 # launch args plus the overrides tests/gpu/sglang_run.py names, records everything, and checks it.
 # What comes back ($OUT): results-tpN.tar.gz (the run folder) and the pytest output.
@@ -66,7 +70,7 @@ make_models() {
 }
 
 stage() {  # copy one carried folder of parts; the last one unpacks and prepares
-    cp "$1"/* "$W/parts/" && log "staged $(ls "$1" | tr '\n' ' ')"
+    cp "$1"/* "$W/parts/" && log "staged $(cd "$1" && printf '%s ' *)"
     unpack || exit 1
     if [ -f "$W/site/.sglang-payload" ]; then
         [ -f "$W/machine.txt" ] || machine_facts
@@ -77,7 +81,7 @@ stage() {  # copy one carried folder of parts; the last one unpacks and prepares
 
 serve() {  # $1 = tp1 | tp2
     local run=$1
-    [ -f "$W/site/.sglang-payload" ] && [ -f "$W/models/.done" ] || { log "not staged"; exit 1; }
+    if [ ! -f "$W/site/.sglang-payload" ] || [ ! -f "$W/models/.done" ]; then log "not staged"; exit 1; fi
     if [ "$run" = tp1 ]; then export CUDA_VISIBLE_DEVICES=0; else export CUDA_VISIBLE_DEVICES=0,1; fi
     log "pytest -m gpu -k live-$run (CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES)"
     python3 -m pytest -p no:cacheprovider -q -m gpu -k "live-$run" "$REPO/tests/gpu/test_sglang_h200.py" \

@@ -49,7 +49,7 @@ class Row:
     panels: tuple[Panel, ...] = field(default_factory=tuple)
 
 
-def sel(metric: C.Metric | str, extra: str = "") -> str:
+def sel(metric: C.Metric | C.Recorded | str, extra: str = "") -> str:
     """A series with the dashboard's profile/target selection (and `extra` matchers)."""
     name = metric if isinstance(metric, str) else metric.series
     inner = SELECT[1:-1] + (f", {extra}" if extra else "")
