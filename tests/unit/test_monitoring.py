@@ -14,8 +14,7 @@ import pytest
 import yaml
 
 from ornith_stack.exporter import catalogue as C
-from ornith_stack.generate import dashboards
-from ornith_stack.generate import prometheus as rules
+from ornith_stack.generate import alerts, dashboards
 from ornith_stack.profiles import load_all
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,7 +90,7 @@ def test_promtool_alert_unit_tests_pass() -> None:
 
 
 def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
-    alerts = {r["alert"] for g in rules.alert_rules()["groups"] for r in g["rules"]}
+    names = {a.name for a in alerts.ALERTS}
     fired, quiet = set(), set()
     for path in (PROM / "tests").glob("*.yml"):
         for case in yaml.safe_load(path.read_text())["tests"]:
@@ -105,8 +104,8 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
                 others = [s for s in series if not any(f'"{t}"' in s for t in firing_targets)]
                 if not check["exp_alerts"] or others:
                     quiet.add(check["alertname"])
-    assert alerts == fired, f"no firing case: {alerts - fired}"
-    assert alerts == quiet, f"no quiet case: {alerts - quiet}"
+    assert names == fired, f"no firing case: {names - fired}"
+    assert names == quiet, f"no quiet case: {names - quiet}"
 
 
 @needs_promtool
@@ -137,11 +136,34 @@ def test_metric_name_extraction_sees_through_promql() -> None:
 
 
 def test_acceptance_thresholds_come_from_the_profiles() -> None:
-    expected = {r["labels"]["profile"]: float(r["expr"][len("vector("):-1]) for r in rules.expectation_rules()}
+    expected = {r["labels"]["profile"]: float(r["expr"][len("vector("):-1]) for r in alerts.threshold_rules()
+                if r["record"] == alerts.EXPECTED_ACCEPTANCE}
     published = {p.name: min(p.expected.acceptance_length.values())
                  for p in load_all() if p.expected and p.expected.acceptance_length}
     assert published, "some profile publishes an acceptance length (seed 000: 6.1 GSM8K, 7.7 HumanEval)"
     assert expected == published
+
+
+def test_ttft_thresholds_follow_the_profiles_published_sweep() -> None:
+    """spark serves 262K-token prompts (122 s to the first token in its seed): its threshold is far above
+    the 10 s default that a 40K pool without a published sweep gets."""
+    thresholds = {r["labels"]["profile"]: float(r["expr"][len("vector("):-1]) for r in alerts.threshold_rules()
+                  if r["record"] == alerts.TTFT_THRESHOLD}
+    assert thresholds["spark"] > 10 * alerts.TTFT_P95_DEFAULT_S
+    assert "gpu96" not in thresholds  # no sweep: the default applies
+
+
+def test_every_alert_has_summary_description_and_a_complete_runbook() -> None:
+    for group in yaml.safe_load((PROM / "rules" / "ornith-alerts.yml").read_text())["groups"]:
+        for rule in group["rules"]:
+            notes = rule["annotations"]
+            assert notes["summary"] and notes["description"], rule["alert"]
+            runbook = REPO / notes["runbook_url"]
+            assert runbook.is_file(), runbook
+            text = runbook.read_text()
+            assert all(f"## {part}" in text for part in ("Meaning", "Check", "Fix")), runbook
+            assert rule["expr"] in text, f"{runbook} states the expression that fires"
+    assert {p.stem for p in (REPO / alerts.RUNBOOK_DIR).glob("*.md")} == {a.name for a in alerts.ALERTS}
 
 
 def test_dashboards_have_fixed_unique_uids_and_a_query_per_panel() -> None:
