@@ -20,6 +20,9 @@ from ornith_stack.profiles import load_all
 REPO = Path(__file__).resolve().parents[2]
 PROM = REPO / "monitoring" / "prometheus"
 PROMTOOL = shutil.which("promtool")
+AMTOOL = shutil.which("amtool")
+needs_amtool = pytest.mark.skipif(
+    AMTOOL is None, reason="amtool not installed (Debian: apt-get install prometheus-alertmanager)")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool not installed (Debian: apt-get install prometheus)")
 
@@ -223,3 +226,36 @@ def test_ansible_prometheus_config_scrapes_the_same_jobs_as_compose(tmp_path: Pa
         (tmp_path / "prometheus.yml").write_text(text.replace("/etc/prometheus/rules", str(PROM / "rules")))
         checked = promtool("check", "config", str(tmp_path / "prometheus.yml"))
         assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@needs_amtool
+def test_alertmanager_configs_pass_amtool(tmp_path: Path) -> None:
+    """compose's file, and the Ansible role's template filled with a webhook URL and with none."""
+    import jinja2
+
+    from ornith_stack.generate import alertmanager
+
+    template = jinja2.Template((REPO / alertmanager.ANSIBLE_TEMPLATE).read_text())
+    configs = {"compose.yml": (REPO / alertmanager.CONFIG).read_text()}
+    for name, url in (("hook.yml", "https://hooks.example.org/ornith"), ("none.yml", "")):
+        configs[name] = template.render(monitoring_alertmanager_webhook_url=url,
+                                        monitoring_alertmanager_repeat_interval="4h")
+    for name, text in configs.items():
+        (tmp_path / name).write_text(text)
+        checked = subprocess.run([AMTOOL, "check-config", str(tmp_path / name)], capture_output=True, text=True,  # type: ignore[list-item]
+                                 timeout=60, check=False)
+        assert checked.returncode == 0, name + checked.stdout + checked.stderr
+    assert "https://hooks.example.org/ornith" in configs["hook.yml"]
+
+
+def test_alertmanager_routes_alerts_to_the_webhook_and_inhibits_symptoms_of_a_starting_engine() -> None:
+    from ornith_stack.generate import alertmanager
+
+    config = yaml.safe_load((REPO / alertmanager.CONFIG).read_text())
+    assert config["route"]["receiver"] == alertmanager.RECEIVER
+    hook = next(r for r in config["receivers"] if r["name"] == alertmanager.RECEIVER)
+    assert hook["webhook_configs"][0]["url"] == alertmanager.PLACEHOLDER_URL
+    starting = next(rule for rule in config["inhibit_rules"] if "OrnithEngineStarting" in rule["source_matchers"][0])
+    assert "OrnithCanaryFailing" in starting["target_matchers"][0] and starting["equal"] == ["target"]
+    prometheus_config = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    assert prometheus_config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]

@@ -30,8 +30,6 @@ GENERATION_RATE_1M = C.GENERATION_TOKENS_PER_SECOND.name
 TTFT_P50, TTFT_P95 = A.TTFT_P50, A.TTFT_P95
 ITL_P50, ITL_P95 = "ornith:inter_token_latency_seconds:p50_5m", "ornith:inter_token_latency_seconds:p95_5m"
 EXPECTED_ACCEPTANCE = A.EXPECTED_ACCEPTANCE
-ALERTMANAGER_PORT = 9093
-ALERTMANAGER_SERVICE = "alertmanager"
 
 
 def _rate_sum(series: str, window: str) -> str:
@@ -76,14 +74,14 @@ def prometheus_config(exporter: str, alertmanager: str, scrape_interval: str = D
 
 def compose_config() -> dict[str, Any]:
     # Rules relative to this file: /etc/prometheus/rules/ in compose, beside it for promtool.
-    return prometheus_config(f"{D.EXPORTER_SERVICE}:{D.EXPORTER_PORT}", f"{ALERTMANAGER_SERVICE}:{ALERTMANAGER_PORT}")
+    return prometheus_config(f"{D.EXPORTER_SERVICE}:{D.EXPORTER_PORT}", f"{D.ALERTMANAGER_SERVICE}:{D.ALERTMANAGER_PORT}")
 
 
 def ansible_config() -> dict[str, Any]:
     """Host mode: Prometheus beside the exporter; a Jinja2 template filled with the role's variables."""
     port = "{{ monitoring_exporter_listen.rsplit(':', 1)[-1] }}"
     # Absolute rule paths: the role validates the file with promtool from a temporary copy.
-    return prometheus_config(f"127.0.0.1:{port}", f"127.0.0.1:{ALERTMANAGER_PORT}",
+    return prometheus_config(f"127.0.0.1:{port}", f"127.0.0.1:{D.ALERTMANAGER_PORT}",
                              "{{ monitoring_prometheus_scrape_interval }}", "/etc/prometheus/rules")
 
 
