@@ -28,6 +28,8 @@ needs_promtool = pytest.mark.skipif(
 
 # Grafana's variables, replaced by what they stand for so that promtool can parse the query.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$profile": ".*", "$target": ".*"}
+# Grafana unit ids the dashboards use (Grafana's valueFormats registry); custom units are "suffix:<text>".
+GRAFANA_UNITS = {"short", "none", "s", "percentunit", "bool", "ops", "reqps"}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
                 "offset", "inf", "nan"}
 
@@ -178,9 +180,13 @@ def test_dashboards_have_fixed_unique_uids_and_a_query_per_panel() -> None:
         for panel in board["panels"]:
             if panel["type"] != "row":
                 assert panel["targets"] and all(t["expr"] for t in panel["targets"]), panel["title"]
-                assert panel["datasource"]["uid"] == dashboards.DATASOURCE_UID
+                # The dashboard's datasource variable, never a fixed uid (kube-prometheus-stack has none).
+                assert panel["datasource"]["uid"] == "${datasource}"
+                assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
+                assert panel["fieldConfig"]["defaults"]["unit"] in GRAFANA_UNITS or \
+                    panel["fieldConfig"]["defaults"]["unit"].startswith("suffix:"), panel["title"]
         names = {v["name"] for v in board["templating"]["list"]}
-        assert {"profile", "target"} <= names
+        assert {"datasource", "profile", "target"} <= names
     assert uids == set(dashboards.DASHBOARDS)
 
 
