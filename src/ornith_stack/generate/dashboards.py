@@ -238,8 +238,7 @@ def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
 
 
 def _variable(name: str, query: str) -> dict[str, Any]:
-    return {"name": name, "label": name, "type": "query", "query": {"query": query, "refId": name},
-            "definition": query, "datasource": DATASOURCE,
+    return {"name": name, "label": name, "type": "query", "query": query, "datasource": DATASOURCE,
             "includeAll": True, "multi": True, "allValue": ".*", "refresh": 2, "sort": 1,
             "current": {"selected": True, "text": ["All"], "value": ["$__all"]}}
 
@@ -266,7 +265,7 @@ def dashboard(uid: str, title: str, rows: Iterable[Row]) -> dict[str, Any]:
         "time": {"from": "now-1h", "to": "now"},
         "templating": {"list": [
             {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-             "refresh": 1, "current": {}, "hide": 0, "includeAll": False, "multi": False},
+             "refresh": 1, "hide": 0, "includeAll": False, "multi": False},
             _variable("profile", f"label_values({up}, profile)"),
             _variable("target", f'label_values({up}{{profile=~"$profile"}}, target)'),
         ]},
