@@ -22,7 +22,7 @@ import yaml
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from ornith_stack.exporter.catalogue import SPEC_ACCEPTANCE_LENGTH
+from ornith_stack.exporter.catalogue import GENERATION_TOKENS_PER_SECOND, SPEC_ACCEPTANCE_LENGTH
 from ornith_stack.exporter.scrape import Scraper, Target
 from ornith_stack.generate import alertmanager, dashboards, prometheus
 
@@ -34,6 +34,7 @@ PROMETHEUS = shutil.which("prometheus")
 # Repetition gives the ngram proposer matches, so drafts are made and some accepted.
 PROMPT = "one two three four five one two three four five one two three four five one two three"
 ACCEPTANCE = SPEC_ACCEPTANCE_LENGTH.name
+GENERATION_RATE = GENERATION_TOKENS_PER_SECOND.name
 GRAFANA_VARS = {"$__rate_interval": "5m", "$profile": ".*", "$target": ".*"}
 
 
@@ -274,3 +275,101 @@ def test_a_firing_rule_reaches_the_webhook_through_alertmanager(tmp_path: Path) 
         stop(prom)
         stop(am)
         hook.shutdown()
+
+
+SGLANG_RECORDING = REPO / "tests" / "fixtures" / "engines" / "sglang-0.5.17" / "tp1"
+REPLAY = ("idle", *(f"during-{i:02d}" for i in range(1, 8)), "after")
+STEP_S = 6.0  # seconds each recorded scrape is served
+
+
+def _replay_server(started: float) -> http.server.ThreadingHTTPServer:
+    """SGLang's recorded /metrics, one recording per STEP_S seconds by the clock (whoever asks sees the
+    same counters at the same moment), and its recorded /server_info."""
+    bodies = [(SGLANG_RECORDING / f"metrics-{name}.txt").read_bytes() for name in REPLAY]
+    info = (SGLANG_RECORDING / "server_info-after.json").read_bytes()
+
+    class Replay(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            index = min(int((time.monotonic() - started) / STEP_S), len(bodies) - 1)
+            body = {"/metrics": bodies[index], "/server_info": info}.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4" if self.path == "/metrics" else
+                             "application/json")
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return http.server.ThreadingHTTPServer(("127.0.0.1", 0), Replay)
+
+
+def _instant(prom: str, expr: str, at: float) -> float:
+    body = httpx.get(f"{prom}/api/v1/query", params={"query": expr, "time": f"{at:.3f}"}, timeout=30).json()
+    assert body["status"] == "success" and body["data"]["result"], (prom, expr, body)
+    return float(body["data"]["result"][0]["value"][1])
+
+
+def test_two_prometheus_servers_and_a_curl_agree_on_acceptance_and_tokens_per_second(tmp_path: Path) -> None:
+    """HA: two real Prometheus servers scrape one exporter (pointed at SGLang's recorded scrapes, replayed)
+    while a third client fetches /metrics every second; their recording rules agree within 1%."""
+    if PROMETHEUS is None:
+        pytest.skip("prometheus is not installed (Debian: apt-get install prometheus)")
+    began = time.monotonic()
+    exporter_port, ports = free_port(), (free_port(), free_port())
+    procs: list[subprocess.Popen] = []
+    replay: http.server.ThreadingHTTPServer | None = None
+    stop_curl = threading.Event()
+    try:
+        exporter_url = f"127.0.0.1:{exporter_port}"
+        config = prometheus.prometheus_config(exporter_url, "127.0.0.1:9", "1s", str(RULES))
+        config["scrape_configs"] = config["scrape_configs"][:1]
+        config.pop("alerting")
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        for i, port in enumerate(ports):
+            procs.append(subprocess.Popen(
+                [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / f'd{i}'}",
+                 f"--web.listen-address=127.0.0.1:{port}"],
+                stdout=(tmp_path / f"prometheus{i}.log").open("w"), stderr=subprocess.STDOUT))
+        for proc, port in zip(procs, ports, strict=True):
+            wait_http(f"http://127.0.0.1:{port}/-/ready", 60, proc)
+        replay_start = time.monotonic()
+        replay = _replay_server(replay_start)
+        threading.Thread(target=replay.serve_forever, daemon=True).start()
+        wall_start = time.time() - (time.monotonic() - replay_start)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "ornith_stack.exporter", "--target", f"http://127.0.0.1:{replay.server_port}",
+             "--listen", exporter_url, "--profile", "gpu96"],
+            stdout=(tmp_path / "exporter.log").open("w"), stderr=subprocess.STDOUT))
+
+        def curl() -> None:
+            while not stop_curl.wait(1.0):
+                try:
+                    httpx.get(f"http://{exporter_url}/metrics", timeout=5)
+                except httpx.HTTPError:
+                    pass
+
+        threading.Thread(target=curl, daemon=True).start()
+        # Compare at a moment T after the last recording, with T - 60 s mid-recording: every server's
+        # 1-minute window then starts and ends on the same recorded counters, whatever its scrape phase.
+        offset = 60 + 0.5 * STEP_S  # T - 60 s falls half a step into a recording
+        while offset < (len(REPLAY) - 1) * STEP_S + 2:  # T at least 2 s after the last recording began
+            offset += STEP_S
+        at = wall_start + offset
+        time.sleep(max(0.0, at - time.time() + 1.5))
+        figures = {}
+        for port in ports:
+            prom = f"http://127.0.0.1:{port}"
+            figures[port] = (_instant(prom, ACCEPTANCE, at), _instant(prom, GENERATION_RATE, at))
+        (a1, t1), (a2, t2) = figures.values()
+        assert a1 > 1 and t1 > 0, figures
+        assert a2 == pytest.approx(a1, rel=0.01) and t2 == pytest.approx(t1, rel=0.01), figures
+        print(f"\nHA: acceptance {a1:.3f} / {a2:.3f}, decode {t1:.1f} / {t2:.1f} tok/s, "
+              f"{time.monotonic() - began:.0f} s")
+    finally:
+        stop_curl.set()
+        for proc in procs:
+            stop(proc)
+        if replay is not None:
+            replay.shutdown()
