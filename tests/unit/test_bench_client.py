@@ -128,3 +128,166 @@ def test_an_engine_that_is_down_is_one_clear_error() -> None:
         raise httpx.ConnectError("Connection refused")
     with pytest.raises(UserError, match="cannot reach .* is the engine up"):
         _client(refuse).server_info()
+
+
+# -- against a real loopback HTTP server ------------------------------------------------------------
+
+import threading  # noqa: E402
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
+
+
+def sse_ok(tokens: int = 8, chunks: int = 4, usage_tokens: int | None = None, prompt_tokens: int = 5) -> list[str]:
+    """A good stream with the `event:` and `id:` lines some servers add, and a keep-alive comment."""
+    lines = [": keep-alive\n\n", "event: message\nid: 0\n" + _event({"role": "assistant", "content": ""})]
+    lines += [f"id: {i + 1}\n" + _event({"content": f"w{i} "}) for i in range(chunks)]
+    lines += [_event(usage={"prompt_tokens": prompt_tokens, "completion_tokens": tokens if usage_tokens is None else usage_tokens}),
+              "data: [DONE]\n\n"]
+    return lines
+
+
+class LoopbackEngine(ThreadingHTTPServer):
+    """An OpenAI-shaped server on 127.0.0.1 whose chat requests behave as `script` says, in turn:
+    ok, 429, 500, garbage (a chunk that is not JSON), endless (keep-alive pings forever), trickle
+    (bytes without a line end), lies (usage fewer tokens than chunks), cut (connection closed mid-stream)."""
+
+    daemon_threads = True
+
+    def __init__(self, script: list[str]) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.script, self.calls, self.headers_seen = script, 0, []
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def next(self) -> str:
+        with self.lock:
+            self.calls += 1
+            return self.script[(self.calls - 1) % len(self.script)]
+
+    def close(self) -> None:
+        self.closing.set()
+        self.shutdown()
+        self.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: LoopbackEngine
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/models":
+            self._send(200, json.dumps({"data": [{"id": "loop", "max_model_len": 4096}]}), "application/json")
+        else:
+            self._send(404, "not found", "text/plain")
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+        self.server.headers_seen.append(dict(self.headers))
+        # Usage as a real engine counts it: the tokens asked for, a prompt that grows with its words.
+        tokens = min(int(body.get("max_tokens") or 8), 8)
+        words = sum(len(str(m.get("content", "")).split()) for m in body.get("messages") or [])
+        self.good = sse_ok(tokens, min(tokens, 4), prompt_tokens=10 + words)
+        kind = self.server.next()
+        if kind in ("429", "500"):
+            return self._send(int(kind), "slow down" if kind == "429" else "Internal Server Error", "text/plain")
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("connection", "close")
+        self.end_headers()
+        try:
+            self._stream(kind)
+        except OSError:  # the client gave up (deadline, Ctrl-C): expected
+            pass
+
+    def _stream(self, kind: str) -> None:
+        write = self.wfile.write
+        if kind == "ok":
+            for line in self.good:
+                write(line.encode())
+        elif kind == "garbage":
+            write(sse_ok()[2].encode() + b"data: {\"choices\": [{\"delta\": \n\n")
+        elif kind == "lies":
+            for line in sse_ok(usage_tokens=2):
+                write(line.encode())
+        elif kind == "cut":
+            write(sse_ok()[2].encode())
+        elif kind in ("endless", "trickle"):
+            write(sse_ok()[2].encode())
+            while not self.server.closing.wait(0.05):
+                write(b": ping\n\n" if kind == "endless" else b"x")
+                self.wfile.flush()
+        self.wfile.flush()
+
+    def _send(self, status: int, body: str, kind: str) -> None:
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def loopback(request: pytest.FixtureRequest) -> Iterator[LoopbackEngine]:
+    server = LoopbackEngine(request.param if hasattr(request, "param") else ["ok"])
+    yield server
+    server.close()
+
+
+def test_a_real_stream_with_event_and_id_lines_and_an_api_key(loopback: LoopbackEngine) -> None:
+    client = EngineClient(loopback.url, timeout_s=5, api_key="sk-test")
+    sample = client.stream_chat({"model": "loop", "messages": [], "max_tokens": 8})
+    assert sample.error is None and sample.text == "w0 w1 w2 w3 " and sample.completion_tokens == 8
+    assert sample.chunks == 4 and len(sample.itl_s) == 3
+    assert loopback.headers_seen[0]["Authorization"] == "Bearer sk-test"
+
+
+@pytest.mark.parametrize(
+    ("loopback", "message"),
+    [
+        (["429"], "HTTP 429: slow down"),
+        (["500"], "HTTP 500: Internal Server Error"),
+        (["garbage"], "a chunk that is not JSON"),
+        (["endless"], "deadline"),
+        (["trickle"], "deadline"),
+        (["lies"], "usage says 2 completion tokens but the stream carried 4 token chunks"),
+        (["cut"], "the stream carried no usage"),
+    ],
+    indirect=["loopback"],
+)
+def test_each_bad_answer_is_a_clear_error_of_that_request(loopback: LoopbackEngine, message: str) -> None:
+    client = EngineClient(loopback.url, timeout_s=1.0)
+    sample = client.stream_chat({"model": "loop", "messages": [], "max_tokens": 8})
+    assert sample.error and message in sample.error
+    # The client is still usable: the next request on the same client gets its own verdict.
+    assert client.stream_chat({"model": "loop", "messages": [], "max_tokens": 8}).error
+
+
+def test_an_endpoint_that_goes_down_is_an_error_sample() -> None:
+    from ports import free_port
+
+    sample = EngineClient(f"http://127.0.0.1:{free_port()}", timeout_s=2).stream_chat({"messages": []})
+    assert sample.error and sample.error.startswith("ConnectError")
+
+
+def test_usage_more_than_asked_for_is_a_lie() -> None:
+    lines = [_event({"content": "hi"}), _event(usage={"prompt_tokens": 3, "completion_tokens": 900}), "data: [DONE]\n\n"]
+    sample = _client(_stream(lines)).stream_chat({"max_tokens": 16})
+    assert sample.error == "usage says 900 completion tokens, more than the 16 asked for"
+
+
+def test_stop_ends_a_stream_that_never_ends() -> None:
+    server = LoopbackEngine(["endless"])
+    try:
+        stop = threading.Event()
+        client = EngineClient(server.url, timeout_s=600, stop=stop)
+        threading.Timer(0.3, stop.set).start()
+        assert client.stream_chat({"messages": []}).error == "interrupted"
+    finally:
+        server.close()

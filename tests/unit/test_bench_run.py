@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from test_bench_client import LoopbackEngine
 
 from ornith_stack.bench import BenchConfig, run_bench
 from ornith_stack.bench.report import write_outputs
@@ -100,7 +101,9 @@ def test_all_suites_write_json_markdown_and_plots_shaped_like_the_seed(tmp_path:
     assert all(s["completion_tokens"] == 16 and s["extra"]["engine_generation_tokens"] == 16
                for s in suites["decode"]["samples"])
     assert [len(t["samples"]) for t in suites["tasks"]["tasks"].values()] == [2, 2]
-    assert [len(level["samples"]) for level in suites["concurrency"]["levels"]] == [1, 3]
+    # Sustained concurrency: 4 x level requests per run, 3 recorded runs per level.
+    assert [len(level["samples"]) for level in suites["concurrency"]["levels"]] == [12, 36]
+    assert all(len(level["runs"]) == 3 for level in suites["concurrency"]["levels"])
     # 8192 does not fit a 4096-token window: it runs at the largest prompt that does.
     assert suites["ttft_sweep"]["dropped_lengths"] == [8192]
     assert [p["target_prompt_tokens"] for p in suites["ttft_sweep"]["points"]] == [256, 1024, 4096 - 16 - 40]
@@ -131,9 +134,7 @@ def test_ctrl_c_keeps_the_samples_gathered_so_far(tmp_path: Path) -> None:
     assert len(json.loads(paths["json"].read_text())["suites"]["decode"]["samples"]) == 2
 
 
-def test_an_endpoint_that_streams_errors_fails_with_one_line(tmp_path: Path) -> None:
-    from ornith_stack.errors import UserError
-
+def test_an_endpoint_that_only_fails_stops_after_the_warm_up_and_says_why(tmp_path: Path) -> None:
     def broken(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"data": [{"id": "x"}]})
@@ -141,8 +142,79 @@ def test_an_endpoint_that_streams_errors_fails_with_one_line(tmp_path: Path) -> 
             return httpx.Response(404)
         return httpx.Response(500, text="Internal Server Error")
 
-    with pytest.raises(UserError, match="warm-up request failed: HTTP 500"):
-        run_bench(_config(), None, transport=httpx.MockTransport(broken))
+    result = run_bench(_config(), None, transport=httpx.MockTransport(broken))
+    assert result["aborted"] == "every warm-up request failed: HTTP 500: Internal Server Error"
+    assert result["suites"] == {}
+    assert "**Stopped before the suites**: every warm-up request failed" in write_outputs(result, tmp_path)["markdown"].read_text()
+
+
+def test_failed_requests_are_kept_counted_and_make_the_command_fail(tmp_path: Path, capsys) -> None:
+    """A real loopback server answering, in turn, well, 429, 500, garbage, never ending, lying in usage:
+    every request gets its own verdict, the good ones are measured, the report lists what failed and
+    the exit status is 1."""
+    from ornith_stack.cli import main
+
+    script = ["ok", "429", "ok", "500", "ok", "garbage", "ok", "endless", "ok", "lies"]
+    server = LoopbackEngine(script)
+    try:
+        out = tmp_path / "out"
+        rc = main(["bench", "--url", server.url, "--suite", "decode", "--samples", "9", "--warmup", "1",
+                   "--max-tokens", "8", "--timeout", "1", "--out", str(out)])
+    finally:
+        server.close()
+    assert rc == 1 and "5 request(s) failed" in capsys.readouterr().err
+    result = json.loads((out / "bench.json").read_text())
+    decode = result["suites"]["decode"]
+    assert [s["error"] is None for s in decode["samples"]] == [False, True, False, True, False, True, False, True, False]
+    assert decode["errors"] == 5 and decode["decode_tok_s"]["n"] == 4
+    assert result["failures"]["count"] == 5
+    report = (out / "bench.md").read_text()
+    assert "**5 request(s) failed**" in report
+    for reason in ("HTTP 429: slow down", "HTTP 500", "a chunk that is not JSON", "deadline", "usage says 2"):
+        assert reason in report
+
+
+def test_a_bad_out_directory_is_refused_before_the_run(tmp_path: Path, capsys) -> None:
+    from ornith_stack.cli import main
+
+    server = LoopbackEngine(["ok"])
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    try:
+        rc = main(["bench", "--url", server.url, "--suite", "decode", "--out", str(blocker / "out")])
+        calls = server.calls
+    finally:
+        server.close()
+    assert rc == 2 and "error: --out" in capsys.readouterr().err
+    assert calls == 0  # nothing was measured and lost
+
+
+def test_ctrl_c_stops_a_concurrent_suite_within_seconds_and_keeps_finished_samples(tmp_path: Path) -> None:
+    """Streams that never end hold every concurrency slot; Ctrl-C (SIGINT to the main thread) ends the
+    run at once and the requests that finished before stay in the result."""
+    import _thread
+
+    server = LoopbackEngine(["ok", "ok", "ok", "ok", "ok", "ok", "ok", "ok", "endless", "endless"])
+    try:
+        config = _config(url=server.url, suites=("serving",), random_output_len=8, num_prompts=10,
+                         max_concurrency=(2,), repeats=1, warmup=0, timeout_s=600)
+        # Calibration takes 2 requests; Ctrl-C once both endless streams hold the two slots.
+        watcher = threading.Thread(target=_interrupt_when, args=(lambda: server.calls >= 10, _thread.interrupt_main),
+                                   daemon=True)
+        watcher.start()
+        result = run_bench(config, None)
+    finally:
+        server.close()
+    assert result["interrupted"] is True
+    samples = result["suites"]["serving"]["levels"][0]["samples"]
+    assert len(samples) == 6 and all(s["error"] is None for s in samples)
+
+
+def _interrupt_when(condition, interrupt) -> None:
+    while not condition():
+        time.sleep(0.02)
+    time.sleep(0.2)
+    interrupt()
 
 
 def test_a_busy_engine_is_called_out_in_the_report(tmp_path: Path) -> None:
@@ -169,3 +241,39 @@ def test_the_command_turns_an_engine_that_is_down_into_one_error_line(tmp_path: 
     assert rc == 2
     assert err.startswith("error: cannot reach") and "Traceback" not in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_seed004_method_reports_acceptance_per_task_and_throughput_at_1_8_32(tmp_path: Path) -> None:
+    from ornith_stack.bench.methods import apply_method
+
+    engine = FakeEngine()
+    config = apply_method(_config(task_limit=2, repeats=1), "seed004")
+    result = run_bench(config, None, transport=httpx.MockTransport(engine))
+    tasks = result["suites"]["tasks"]["tasks"]
+    assert list(tasks) == ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench"]
+    # The fake engine accepts 3 drafts per step: 4 tokens a step in both definitions.
+    assert all(t["acceptance"]["per_request_mean"] == pytest.approx(4.0) for t in tasks.values())
+    assert all(t["acceptance"]["token_weighted"] == pytest.approx(4.0) for t in tasks.values())
+    assert all([x["concurrency"] for x in t["throughput"]] == [1, 8, 32] for t in tasks.values())
+    assert tasks["mt-bench"]["checked"] == 0 and tasks["gsm8k"]["passed"] == 2
+    # Thinking on, seed 004's sampling and budget in every task request.
+    table = write_outputs(result, tmp_path)["markdown"].read_text()
+    assert "| task | acceptance length | concurrency 1 tok/s | concurrency 8 tok/s | concurrency 32 tok/s |" in table
+    assert "| acceptance (per-request mean) | acceptance (token-weighted) |" in table
+    assert "The method asks 128 samples per task" in table
+    assert "thinking on; sampling: temperature 0.6, top-p 0.95, top-k 20; up to 4096 new tokens" in table
+
+
+def test_serving_suite_reports_percentiles_and_spread(tmp_path: Path) -> None:
+    result = run_bench(_config(suites=("serving",), random_input_len=64, random_output_len=8, num_prompts=6,
+                               max_concurrency=(1, 3), repeats=3, goodput={"ttft": 10000.0}),
+                       None, transport=httpx.MockTransport(FakeEngine()))
+    levels = result["suites"]["serving"]["levels"]
+    assert [len(level["runs"]) for level in levels] == [3, 3]
+    assert all(r["completed"] == 6 and r["total_output_tokens"] == 48 for level in levels for r in level["runs"])
+    assert all(r["goodput"] == pytest.approx(r["request_throughput"]) for level in levels for r in level["runs"])
+    paths = write_outputs(result, tmp_path)
+    table = paths["markdown"].read_text()
+    assert "### rate inf, max concurrency 3: latency percentiles" in table
+    assert "| metric | mean | median | p90 | p99 | n |" in table
+    assert paths["serving_plot"].read_bytes()[:4] == b"\x89PNG"

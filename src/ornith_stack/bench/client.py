@@ -4,6 +4,9 @@ Timing follows seed 003's streaming client: the request is streamed with `stream
 so the server reports the true completion token count (speculative engines send several tokens in one
 chunk, so counting chunks would undercount), TTFT is the time to the first chunk that carries text, and
 decode tok/s = (completion_tokens - 1) / (time of last token - time of first token).
+
+The serving metrics follow `vllm bench serve` and SGLang's bench_serving: TPOT = (E2E - TTFT) /
+(completion_tokens - 1), and ITL is one gap per token chunk.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,6 +22,9 @@ import httpx
 
 from ornith_stack.engines.exposition import Samples, parse
 from ornith_stack.errors import UserError
+
+_SSE_FIELDS = {"event", "id", "retry"}
+_MAX_LINE = 1 << 22  # one SSE line of 4 MiB is not a chunk of generated text
 
 
 @dataclass
@@ -30,7 +36,8 @@ class RequestSample:
     ttft_s: float | None = None
     decode_s: float | None = None  # time of last token - time of first token
     e2e_s: float | None = None
-    chunks: int = 0
+    chunks: int = 0  # chunks that carried generated tokens
+    itl_s: list[float] = field(default_factory=list)  # gaps between token chunks
     finish_reason: str | None = None
     text: str = ""
     reasoning: str = ""
@@ -42,8 +49,16 @@ class RequestSample:
     def decode_tok_s(self) -> float | None:
         return decode_rate(self.completion_tokens, self.decode_s)
 
+    @property
+    def tpot_s(self) -> float | None:
+        """(E2E - TTFT) / (completion_tokens - 1), the peers' time per output token."""
+        n = self.completion_tokens
+        if self.error or not n or n < 2 or self.ttft_s is None or self.e2e_s is None:
+            return None
+        return (self.e2e_s - self.ttft_s) / (n - 1)
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "decode_tok_s": self.decode_tok_s}
+        return {**asdict(self), "decode_tok_s": self.decode_tok_s, "tpot_s": self.tpot_s}
 
 
 def decode_rate(completion_tokens: int | None, decode_s: float | None) -> float | None:
@@ -57,6 +72,7 @@ def decode_rate(completion_tokens: int | None, decode_s: float | None) -> float 
 class ServerInfo:
     model: str
     max_model_len: int | None
+    max_total_tokens: int | None = None  # SGLang's KV pool: prompt + output of all running requests
 
 
 class BadStream(ValueError):
@@ -72,15 +88,17 @@ class EngineClient:
 
     def __init__(self, url: str, timeout_s: float = 600.0, stop: threading.Event | None = None,
                  transport: httpx.BaseTransport | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, api_key: str | None = None) -> None:
         self.url = url.rstrip("/")
         # Injected so tests can drive token arrival times without sleeping.
         self.clock = clock
         if not self.url.startswith(("http://", "https://")):
             raise UserError(f"--url {url!r}: expected http://HOST:PORT (the engine's OpenAI-compatible address)")
         self.stop = stop or threading.Event()
+        self.deadline_s = timeout_s  # total time one request may take, first byte to last
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits, transport=transport)
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits, transport=transport,
+                                  headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
 
     def close(self) -> None:
         self._http.close()
@@ -98,6 +116,20 @@ class EngineClient:
         length = card.get("max_model_len")
         return ServerInfo(model=str(card["id"]), max_model_len=int(length) if length else None)
 
+    def pool_tokens(self, info_paths: tuple[str, ...]) -> int | None:
+        """SGLang's KV pool size (`max_total_num_tokens`, what --max-total-tokens caps) from the first
+        info endpoint that answers; None where the engine has no such endpoint or field."""
+        for path in info_paths:
+            try:
+                response = self._http.get(self.url + path)
+                payload = response.json() if response.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                continue
+            found = _find_key(payload, "max_total_num_tokens")
+            if isinstance(found, int) and found > 0:
+                return found
+        return None
+
     def metrics(self) -> Samples | None:
         """A parsed /metrics scrape, or None when the engine exports none (SGLang without the flag)."""
         try:
@@ -112,11 +144,18 @@ class EngineClient:
             raise UserError(f"{self.url}/metrics: {exc}") from None
 
     def stream_chat(self, body: dict[str, Any]) -> RequestSample:
-        """Send one streaming chat completion and time it; errors are kept in the sample, not raised."""
+        """Send one streaming chat completion and time it; errors are kept in the sample, not raised.
+
+        A request ends with an error (the run goes on) when the server refuses it, the stream is not
+        OpenAI chunks, the total deadline passes (an endless stream, keep-alive pings), Ctrl-C stops
+        the run, or `usage` contradicts the stream."""
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         sample = RequestSample(started_at=time.time())
+        if self.stop.is_set():
+            sample.error = "interrupted"
+            return sample
         t0 = self.clock()
-        t_first = t_last = None
+        arrivals: list[float] = []
         parts: list[str] = []
         thoughts: list[str] = []
         try:
@@ -125,39 +164,45 @@ class EngineClient:
                     response.read()
                     sample.error = f"HTTP {response.status_code}: {_short(response.text)}"
                     return sample
-                for chunk in _sse_events(response):
-                    if self.stop.is_set():
-                        raise Stopped
+                for chunk in self._events(response, t0):
                     now = self.clock()
-                    usage = chunk.get("usage")
-                    if isinstance(usage, dict):
-                        sample.prompt_tokens = usage.get("prompt_tokens", sample.prompt_tokens)
-                        sample.completion_tokens = usage.get("completion_tokens", sample.completion_tokens)
+                    _read_usage(chunk, sample)
                     text, reasoning, finish, tokens = _delta(chunk)
                     if finish:
                         sample.finish_reason = finish
                     # Reasoning tokens are generated tokens too: they count for timing, not as the answer.
                     if tokens:
-                        sample.chunks += 1
                         parts.append(text)
                         thoughts.append(reasoning)
-                        t_first = t_first if t_first is not None else now
-                        t_last = now
+                        arrivals.append(now)
         except Stopped:
             sample.error = "interrupted"
         except httpx.HTTPError as exc:
-            sample.error = f"{type(exc).__name__}: {exc}"
-        except ValueError as exc:  # a stream that is not JSON server-sent events
+            sample.error = f"{type(exc).__name__}: {exc or 'no detail'}"
+        except BadStream as exc:
             sample.error = f"not an OpenAI chat completion stream: {exc}"
+        except Exception as exc:  # any malformed chunk fails this request only
+            sample.error = f"not an OpenAI chat completion stream: {type(exc).__name__}: {exc}"
         sample.e2e_s = self.clock() - t0
         sample.text = "".join(parts)
         sample.reasoning = "".join(thoughts)
-        if t_first is not None and t_last is not None:
-            sample.ttft_s = t_first - t0
-            sample.decode_s = t_last - t_first
-        if sample.error is None and sample.completion_tokens is None:
-            sample.error = "the stream carried no usage (does the server support stream_options.include_usage?)"
+        _time(sample, t0, arrivals)
+        if sample.error is None:
+            sample.error = usage_problem(sample, body.get("max_tokens"))
         return sample
+
+    def _events(self, response: httpx.Response, t0: float) -> Iterator[dict[str, Any]]:
+        """The stream's JSON events, stopping at the total deadline or on Ctrl-C even while the server
+        sends only keep-alive comments or trickles bytes without a line end."""
+        yield from sse_events(_lines(response.iter_raw(), self._expired(t0)))
+
+    def _expired(self, t0: float) -> Callable[[], None]:
+        def check() -> None:
+            if self.stop.is_set():
+                raise Stopped
+            if self.clock() - t0 > self.deadline_s:
+                raise BadStream(f"no end after the {self.deadline_s:g} s deadline (--timeout)")
+        return check
 
     def _get_json(self, path: str) -> Any:
         try:
@@ -173,23 +218,80 @@ class EngineClient:
             raise UserError(f"{self.url}{path} did not answer JSON: {_short(response.text)}") from None
 
 
-def _sse_events(response: httpx.Response):
-    """Decoded JSON events of a server-sent-events stream, up to `[DONE]`."""
-    for line in response.iter_lines():
-        line = line.strip()
-        if not line or line.startswith(":"):
+def _lines(raw: Iterable[bytes], check: Callable[[], None]) -> Iterator[str]:
+    """Lines of a byte stream; `check` runs on every read, so deadlines hold between line ends."""
+    buffer = b""
+    for piece in raw:
+        check()
+        buffer += piece
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+        if len(buffer) > _MAX_LINE:
+            raise BadStream(f"a line longer than {_MAX_LINE} bytes")
+    if buffer.strip():
+        yield buffer.decode("utf-8", errors="replace")
+
+
+def sse_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """Decoded JSON `data:` events of a server-sent-events stream, up to `[DONE]`. Comments (keep-alive
+    pings) and the `event:`, `id:` and `retry:` fields are accepted and skipped."""
+    for raw in lines:
+        line = raw.strip()
+        if not line or line.startswith(":") or line.split(":", 1)[0] in _SSE_FIELDS:
             continue
         if not line.startswith("data:"):
             raise BadStream(f"unexpected line {_short(line)!r}")
         payload = line[5:].strip()
         if payload == "[DONE]":
             return
-        event = json.loads(payload)
+        try:
+            event = json.loads(payload)
+        except ValueError as exc:
+            raise BadStream(f"a chunk that is not JSON ({exc}): {_short(payload)!r}") from None
         if not isinstance(event, dict):
             raise BadStream(f"unexpected event {_short(payload)!r}")
         if "error" in event and "choices" not in event:
             raise BadStream(f"server error {_short(json.dumps(event['error']))}")
         yield event
+
+
+def _read_usage(chunk: dict[str, Any], sample: RequestSample) -> None:
+    """Token counts from `usage`, and SGLang's verification steps of this request where the chunk
+    carries its `meta_info` (`spec_verify_ct`)."""
+    meta = chunk.get("meta_info")
+    if isinstance(meta, dict) and isinstance(meta.get("spec_verify_ct"), int):
+        sample.extra["spec_verify_ct"] = meta["spec_verify_ct"]
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        sample.prompt_tokens = usage.get("prompt_tokens", sample.prompt_tokens)
+        sample.completion_tokens = usage.get("completion_tokens", sample.completion_tokens)
+
+
+def _time(sample: RequestSample, t0: float, arrivals: list[float]) -> None:
+    """TTFT, decode interval and the gaps between token chunks (ITL: one gap per chunk, as vLLM and
+    SGLang count it, since a speculative step delivers several tokens at once)."""
+    sample.chunks = len(arrivals)
+    if arrivals:
+        sample.ttft_s = arrivals[0] - t0
+        sample.decode_s = arrivals[-1] - arrivals[0]
+        sample.itl_s = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+
+
+def usage_problem(sample: RequestSample, max_tokens: Any) -> str | None:
+    """Why the usage the server reported cannot be true of the stream it sent, or None."""
+    completion, prompt = sample.completion_tokens, sample.prompt_tokens
+    if completion is None:
+        return "the stream carried no usage (does the server support stream_options.include_usage?)"
+    if not isinstance(completion, int) or isinstance(completion, bool) or completion < 0:
+        return f"usage.completion_tokens is {completion!r}, not a token count"
+    if prompt is not None and (not isinstance(prompt, int) or isinstance(prompt, bool) or prompt < 0):
+        return f"usage.prompt_tokens is {prompt!r}, not a token count"
+    if completion < sample.chunks:
+        return f"usage says {completion} completion tokens but the stream carried {sample.chunks} token chunks"
+    if isinstance(max_tokens, int) and completion > max_tokens:
+        return f"usage says {completion} completion tokens, more than the {max_tokens} asked for"
+    return None
 
 
 def _delta(chunk: dict[str, Any]) -> tuple[str, str, str | None, bool]:
@@ -209,6 +311,24 @@ def _delta(chunk: dict[str, Any]) -> tuple[str, str, str | None, bool]:
         "role" not in delta and any(delta.get(k) is not None for k in keys)
     )
     return content, reasoning, choices[0].get("finish_reason"), tokens
+
+
+def _find_key(payload: Any, key: str) -> Any:
+    """`key` at the top of a JSON object or inside its nested objects and lists (SGLang moved the pool
+    size into `internal_states` in later versions)."""
+    if isinstance(payload, dict):
+        if key in payload:
+            return payload[key]
+        children: Iterable[Any] = payload.values()
+    elif isinstance(payload, list):
+        children = payload
+    else:
+        return None
+    for child in children:
+        found = _find_key(child, key)
+        if found is not None:
+            return found
+    return None
 
 
 def _short(text: str, limit: int = 160) -> str:

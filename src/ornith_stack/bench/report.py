@@ -7,7 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-TASK_LABELS = {"gsm8k": "GSM8K", "humaneval": "HumanEval"}
+from ornith_stack.bench.serving import serving_metrics
+
+TASK_LABELS = {"gsm8k": "GSM8K", "humaneval": "HumanEval", "math500": "MATH-500", "mbpp": "MBPP",
+               "mt-bench": "MT-Bench"}
+LATENCIES = (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms"), ("itl_ms", "ITL ms"), ("e2el_ms", "E2E ms"))
 
 
 def write_outputs(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
@@ -28,11 +32,24 @@ def render_markdown(result: dict[str, Any]) -> str:
     lines.append(_header(result))
     if result.get("interrupted"):
         lines += ["", "**Interrupted**: the tables hold the samples gathered before Ctrl-C."]
+    if result.get("aborted"):
+        lines += ["", f"**Stopped before the suites**: {result['aborted']}."]
+    lines += _failures(result)
     lines += ["", *main_table(result)]
     lines += _decode_notes(result)
-    for section in (_task_table, _sweep_table, _concurrency_table):
+    for section in (_task_table, _acceptance_table, _seed004_table, _sweep_table, _concurrency_table,
+                    _serving_tables):
         lines += section(result)
     return "\n".join(lines) + "\n"
+
+
+def _failures(result: dict[str, Any]) -> list[str]:
+    failures = result.get("failures") or {}
+    if not failures.get("count"):
+        return []
+    rows = [[str(n), f"`{reason}`"] for reason, n in sorted(failures["reasons"].items(), key=lambda kv: -kv[1])]
+    return ["", f"**{failures['count']} request(s) failed**; the tables are over the requests that finished.", "",
+            *_table(["requests", "error"], rows)]
 
 
 def main_table(result: dict[str, Any]) -> list[str]:
@@ -65,7 +82,7 @@ def main_table(result: dict[str, Any]) -> list[str]:
 
 
 def _header(result: dict[str, Any]) -> str:
-    parts = [f"suites: {', '.join(result.get('suites_requested', []))}"]
+    parts = [f"method: {result.get('method') or 'custom'}", f"suites: {', '.join(result.get('suites_requested', []))}"]
     if result.get("profile"):
         parts.append(f"profile: {result['profile']}")
     if result.get("engine"):
@@ -83,7 +100,8 @@ def _decode_notes(result: dict[str, Any]) -> list[str]:
         rate, ttft = decode.get("decode_tok_s", {}), decode.get("ttft_s", {})
         if rate.get("n"):
             notes.append(
-                f"Decode: single stream, {decode.get('max_tokens')} generated tokens, median of {rate['n']} "
+                f"Essay prompts (ignore_eos, a separate figure from the task runs): single stream, "
+                f"{decode.get('max_tokens')} generated tokens, median of {rate['n']} "
                 f"(min {_num(rate['min'])}, max {_num(rate['max'])}, stdev {_num(rate['stdev'])}) tok/s; "
                 f"TTFT median {_num(ttft.get('median'), 3)} s."
             )
@@ -95,6 +113,11 @@ def _decode_notes(result: dict[str, Any]) -> list[str]:
             )
         if decode.get("acceptance_length"):
             notes.append(f"Accepted tokens per verification step while decoding: {_num(decode['acceptance_length'], 2)}.")
+    source = comparison.get("this_run", {}).get("decode_source")
+    if source:
+        notes.append("This run's decode tok/s: " + ("all task answers' decode tokens over their decode time "
+                                                  "(seed 000's method)." if source == "tasks" else
+                                                  "the essay prompts' median (no task runs)."))
     if comparison.get("percent_of_seed_decode") is not None:
         notes.append(f"{_num(comparison['percent_of_seed_decode'])}% of the seed's "
                      f"{_num(comparison['seed']['decode_tok_s'])} tok/s.")
@@ -111,18 +134,80 @@ def _decode_notes(result: dict[str, Any]) -> list[str]:
 
 
 def _task_table(result: dict[str, Any]) -> list[str]:
-    tasks = result.get("suites", {}).get("tasks", {}).get("tasks", {})
+    suite = result.get("suites", {}).get("tasks", {})
+    tasks = suite.get("tasks", {})
     if not tasks:
         return []
     comparison = result.get("comparison", {})
     speedups = comparison.get("speedup_per_task_vs_baseline") or comparison.get("speedup_per_task_vs_seed_baseline") or {}
     against = "baseline" if comparison.get("speedup_per_task_vs_baseline") else "seed base model"
     rows = [[TASK_LABELS.get(name, name), str(t.get("n", 0)), _accuracy(result, name),
-             _num(t.get("acceptance_length"), 2), _num((t.get("decode_tok_s") or {}).get("median")),
-             _x(speedups.get(name)), f"`{t.get('source')}`"] for name, t in tasks.items()]
-    head = ["task", "problems", "pass rate", "accepted tokens/step", "decode tok/s",
-            f"speedup vs {against}" if speedups else "speedup", "problems from"]
-    return ["", "## Tasks", "", *_table(head, rows)]
+             _num((t.get("acceptance") or {}).get("per_request_mean") or t.get("acceptance_length"), 2),
+             _num(t.get("task_decode_tok_s") or (t.get("decode_tok_s") or {}).get("median")),
+             _x(speedups.get(name)), str(t.get("errors", 0)), f"`{t.get('source')}`"] for name, t in tasks.items()]
+    head = ["task", "problems", "pass rate", "accepted tokens/step", "decode tok/s (total/total)",
+            f"speedup vs {against}" if speedups else "speedup", "errors", "problems from"]
+    lines = ["", "## Tasks", "", *_table(head, rows), "",
+             f"Prompt format: {suite.get('prompt_format', 'seed000')}; thinking "
+             f"{'on' if suite.get('thinking') else 'off'}; sampling: {_sampling(suite.get('sampling'))}; "
+             f"up to {suite.get('max_tokens')} new tokens."
+             + (" MT-Bench has no checker (first turn only)." if "mt-bench" in tasks else "")]
+    wanted = suite.get("requested_samples")
+    short = {n: t.get("n", 0) for n, t in tasks.items() if wanted and t.get("n", 0) < wanted}
+    if short:
+        have = ", ".join(f"{TASK_LABELS.get(n, n)} {k}" for n, k in short.items())
+        lines += ["", f"The method asks {wanted} samples per task; the problem sets hold fewer and all of them "
+                      f"ran: {have} (pass --tasks-dir with the full datasets for {wanted})."]
+    return lines
+
+
+def _acceptance_table(result: dict[str, Any]) -> list[str]:
+    tasks = result.get("suites", {}).get("tasks", {}).get("tasks", {})
+    rows = []
+    for name, t in tasks.items():
+        acc = t.get("acceptance")
+        if not acc:
+            continue
+        positions = " / ".join(f"{100 * v:.0f}%" for v in acc.get("per_position", {}).values()) or "—"
+        rows.append([TASK_LABELS.get(name, name), str(acc["requests"]), _num(acc["per_request_mean"], 2),
+                     _num(acc["token_weighted"], 2), _pct(acc.get("draft_acceptance_rate")), positions])
+    if not rows:
+        return []
+    head = ["task", "requests", "acceptance (per-request mean)", "acceptance (token-weighted)",
+            "draft acceptance rate", "accepted per draft position"]
+    return ["", "## Acceptance", "", *_table(head, rows), "",
+            "Per-request mean: the mean over requests of completion tokens / verification steps, each request "
+            "alone on the engine (seed 004). Token-weighted: all accepted tokens over all steps, plus the bonus "
+            "token. Both from the engine's counters around each request."]
+
+
+def _seed004_table(result: dict[str, Any]) -> list[str]:
+    """Seed 004's shape: per task, acceptance and output tok/s at each concurrency (speedup vs baseline)."""
+    tasks = result.get("suites", {}).get("tasks", {}).get("tasks", {})
+    levels = sorted({x["concurrency"] for t in tasks.values() for x in t.get("throughput") or []})
+    if not levels:
+        return []
+    speedups = result.get("comparison", {}).get("task_throughput_speedup_vs_baseline") or {}
+    rows = []
+    for name, t in tasks.items():
+        by_level = {x["concurrency"]: x for x in t.get("throughput") or []}
+        cells = []
+        for level in levels:
+            x = by_level.get(level) or {}
+            speedup = (speedups.get(name) or {}).get(str(level))
+            cells.append(_num(x.get("output_tok_s")) + (f" ({_x(speedup)})" if speedup else ""))
+        rows.append([TASK_LABELS.get(name, name),
+                     _num((t.get("acceptance") or {}).get("per_request_mean") or t.get("acceptance_length"), 2), *cells])
+    head = ["task", "acceptance length", *(f"concurrency {c} tok/s" for c in levels)]
+    return ["", "## Throughput per task", "", *_table(head, rows), "",
+            "Throughput: total output tokens / end-to-end wall time of all the task's problems at that concurrency "
+            "(speedup vs the baseline run in brackets)."]
+
+
+def _sampling(sampling: Any) -> str:
+    if isinstance(sampling, dict):
+        return f"temperature {sampling.get('temperature')}, top-p {sampling.get('top_p')}, top-k {sampling.get('top_k')}"
+    return str(sampling or "greedy")
 
 
 def _sweep_table(result: dict[str, Any]) -> list[str]:
@@ -133,10 +218,12 @@ def _sweep_table(result: dict[str, Any]) -> list[str]:
     rows = []
     for point in sweep.get("points", []):
         ref = _nearest(seed, point.get("prompt_tokens"))
-        rows.append([_int(point.get("prompt_tokens")), _num(point.get("ttft_s"), 3), _num(point.get("decode_tok_s")),
+        rows.append([_int(point.get("prompt_tokens")), _spread(point.get("ttft_spread"), 3),
+                     _spread(point.get("decode_spread")),
                      _int(ref.get("prompt_tokens")) if ref else "—", _num(ref.get("ttft_s"), 2) if ref else "—",
                      _num(ref.get("decode_tok_s")) if ref else "—", point.get("error") or ""])
-    head = ["prompt tokens", "TTFT s", "decode tok/s", "seed prompt tokens", "seed TTFT s", "seed decode tok/s", "error"]
+    head = ["prompt tokens", "TTFT s (median [min–max])", "decode tok/s", "seed prompt tokens", "seed TTFT s",
+            "seed decode tok/s", "error"]
     lines = ["", "## TTFT and decode against prompt length", "", *_table(head, rows)]
     if sweep.get("dropped_lengths"):
         dropped = ", ".join(str(n) for n in sweep["dropped_lengths"])
@@ -150,11 +237,64 @@ def _concurrency_table(result: dict[str, Any]) -> list[str]:
     if not levels:
         return []
     speedups = result.get("comparison", {}).get("concurrency_speedup_vs_baseline") or {}
-    rows = [[str(level["concurrency"]), _num(level.get("output_tok_s")),
+    rows = [[str(level["concurrency"]), _spread(level.get("spread", {}).get("output_tok_s")),
              _num((level.get("decode_tok_s") or {}).get("median")), _x(speedups.get(str(level["concurrency"]))),
              str(level.get("errors", 0))] for level in levels]
-    head = ["streams", "output tok/s", "decode tok/s per stream (median)", "vs baseline", "errors"]
-    return ["", "## Concurrency", "", *_table(head, rows)]
+    head = ["streams", "output tok/s (median [min–max] of runs)", "decode tok/s per stream (median)", "vs baseline",
+            "errors"]
+    lines = ["", "## Concurrency (essay prompts, ignore_eos)", "", *_table(head, rows)]
+    for level in levels:
+        lines += _percentiles(f"{level['concurrency']} streams", level)
+    return lines
+
+
+def _serving_tables(result: dict[str, Any]) -> list[str]:
+    suite = result.get("suites", {}).get("serving")
+    if not suite:
+        return []
+    lines = ["", "## Serving (random workload)", "",
+             f"{suite['num_prompts']} prompts of {suite['input_len']} tokens, {suite['output_len']} output tokens "
+             f"each, seed {suite['seed']}, burstiness {suite['burstiness']}, {suite['repeats']} recorded runs per "
+             "level after unrecorded warm-ups. Figures: median [min–max] over the runs."]
+    rows = []
+    for level in suite.get("levels", []):
+        spread = level.get("spread", {})
+        goodput = [r.get("goodput") for r in level.get("runs", [])]
+        rows.append([level["load"], _spread(spread.get("request_throughput"), 2), _spread(spread.get("output_tok_s")),
+                     _spread(spread.get("ttft_ms_median")), _spread(spread.get("tpot_ms_median"), 2),
+                     _spread(spread.get("itl_ms_median"), 2), _num(_mid(goodput), 2) if any(goodput) else "—",
+                     str(level.get("errors", 0)) + (" (exceeds SGLang's token pool)" if level.get("exceeds_pool") else "")])
+    head = ["load", "requests/s", "output tok/s", "median TTFT ms", "median TPOT ms", "median ITL ms", "goodput req/s",
+            "failed"]
+    lines += ["", *_table(head, rows)]
+    for level in suite.get("levels", []):
+        lines += _percentiles(level["load"], level)
+    return lines
+
+
+def _percentiles(title: str, level: dict[str, Any]) -> list[str]:
+    """Mean, median, p90 and p99 of each latency over every recorded request of the level."""
+    runs = level.get("runs") or []
+    if not runs:
+        return []
+    samples = [s for s in level.get("samples", []) if not s.get("error")]
+    pooled = serving_metrics(samples, sum(r["duration_s"] for r in runs))
+    rows = [[label, *(_num(pooled[key].get(q), 2) for q in ("mean", "median", "p90", "p99")), str(pooled[key]["n"])]
+            for key, label in LATENCIES]
+    return ["", f"### {title}: latency percentiles", "", *_table(["metric", "mean", "median", "p90", "p99", "n"], rows)]
+
+
+def _spread(summary: dict[str, Any] | None, digits: int = 1) -> str:
+    if not summary or summary.get("median") is None:
+        return "—"
+    if summary.get("n", 0) < 2:
+        return _num(summary["median"], digits)
+    return f"{_num(summary['median'], digits)} [{_num(summary['min'], digits)}–{_num(summary['max'], digits)}]"
+
+
+def _mid(values: list[Any]) -> float | None:
+    found = sorted(v for v in values if v is not None)
+    return found[len(found) // 2] if found else None
 
 
 def _task_names(result: dict[str, Any], comparison: dict[str, Any]) -> list[str]:
@@ -175,9 +315,10 @@ def _run_speedup(comparison: dict[str, Any]) -> str:
 
 def _accuracy(result: dict[str, Any], task: str) -> str:
     entry = result.get("suites", {}).get("tasks", {}).get("tasks", {}).get(task)
-    if not entry or not entry.get("n"):
+    checked = entry.get("checked", entry.get("n")) if entry else 0
+    if not entry or not checked:
         return "—"
-    return f"{_pct(entry.get('accuracy'))} ({entry['passed']}/{entry['n']})"
+    return f"{_pct(entry.get('accuracy'))} ({entry['passed']}/{checked})"
 
 
 def _acceptance(values: dict[str, Any], tasks: list[str]) -> str:
@@ -226,7 +367,31 @@ def write_plots(result: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         paths["sweep_plot"] = _plot_sweep(result, sweep, out_dir / "ttft-sweep.png")
     if result.get("suites", {}).get("tasks", {}).get("tasks"):
         paths["tasks_plot"] = _plot_tasks(result, out_dir / "tasks.png")
+    levels = result.get("suites", {}).get("serving", {}).get("levels") or []
+    if any(level.get("output_tok_s") for level in levels):
+        paths["serving_plot"] = _plot_serving(levels, out_dir / "serving.png")
     return paths
+
+
+def _plot_serving(levels: list[dict[str, Any]], path: Path) -> Path:
+    """Output tok/s and median TPOT per load level, with the min–max of the repeated runs as error bars."""
+    import matplotlib.pyplot as plt
+
+    labels = [level["load"].replace(", ", "\n") for level in levels]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, ylabel in ((axes[0], "output_tok_s", "output tok/s"), (axes[1], "tpot_ms_median", "median TPOT (ms)")):
+        spreads = [level.get("spread", {}).get(key) or {} for level in levels]
+        mids = [float(sp.get("median") or 0.0) for sp in spreads]
+        low = [m - float(sp.get("min") or m) for m, sp in zip(mids, spreads, strict=True)]
+        high = [float(sp.get("max") or m) - m for m, sp in zip(mids, spreads, strict=True)]
+        ax.bar(labels, mids, yerr=[low, high], capsize=4, color="#4c72b0")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("serving: random workload per load level")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _plot_sweep(result: dict[str, Any], sweep: dict[str, Any], path: Path) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ def run_bench(config: BenchConfig, profile: Profile | None = None, baseline: dic
     Engine down or not OpenAI-compatible: UserError before any suite starts. Ctrl-C: the suites stop,
     `interrupted` is set, and the result holds every request that finished."""
     stop = threading.Event()
-    client = EngineClient(config.url, timeout_s=config.timeout_s, stop=stop, transport=transport)
+    client = EngineClient(config.url, timeout_s=config.timeout_s, stop=stop, transport=transport,
+                          api_key=config.api_key)
     try:
         info = client.server_info(config.model)
         if info.max_model_len is None and profile is not None:
@@ -37,18 +39,43 @@ def run_bench(config: BenchConfig, profile: Profile | None = None, baseline: dic
         result["suites"] = runner.result
         started = time.perf_counter()
         try:
-            if config.suites:
-                runner.warm_up()
-            for suite in config.suites:
+            problem = runner.warm_up() if config.suites else None
+            if problem:
+                result["aborted"] = f"every warm-up request failed: {problem}"
+            for suite in config.suites if not problem else ():
                 getattr(runner, suite.replace("-", "_"))()
         except KeyboardInterrupt:
             stop.set()
             result["interrupted"] = True
         result["duration_s"] = time.perf_counter() - started
+        result["failures"] = failures(runner.result)
         result["comparison"] = compare(result, profile, baseline, str(baseline_path or ""))
         return result
     finally:
         client.close()
+
+
+def failures(suites: dict[str, Any]) -> dict[str, Any]:
+    """Failed requests of the whole run: their count, and how many failed for each reason."""
+    reasons: dict[str, int] = {}
+    for sample in _samples(suites):
+        if sample.get("error") and sample["error"] != "interrupted":
+            key = str(sample["error"])[:160]
+            reasons[key] = reasons.get(key, 0) + 1
+    return {"count": sum(reasons.values()), "reasons": reasons}
+
+
+def _samples(node: Any) -> Iterator[dict[str, Any]]:
+    """Every request sample recorded anywhere in the suites' results."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "samples" and isinstance(value, list):
+                yield from (s for s in value if isinstance(s, dict))
+            elif isinstance(value, dict | list):
+                yield from _samples(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _samples(item)
 
 
 def _header(config: BenchConfig, profile: Profile | None, model: str, max_model_len: int | None,
@@ -65,7 +92,25 @@ def _header(config: BenchConfig, profile: Profile | None, model: str, max_model_
         "started_at": now.timestamp(),
         "started_at_iso": now.isoformat(timespec="seconds"),
         "interrupted": False,
+        "method": config.method,
+        "aborted": None,
         "settings": {
+            "method": config.method,
+            "tasks": list(config.tasks),
+            "prompt_format": config.prompt_format,
+            "thinking": config.thinking,
+            "task_concurrency": list(config.task_concurrency),
+            "requested_task_samples": config.requested_task_samples,
+            "random_input_len": config.random_input_len,
+            "random_output_len": config.random_output_len,
+            "num_prompts": config.num_prompts,
+            "max_concurrency": list(config.max_concurrency),
+            "request_rate": [r if r != float("inf") else "inf" for r in config.request_rate],
+            "burstiness": config.burstiness,
+            "seed": config.seed,
+            "repeats": config.repeats,
+            "goodput_slos_ms": config.goodput,
+            "timeout_s": config.timeout_s,
             "max_tokens": config.max_tokens,
             "samples": config.samples,
             "warmup": config.warmup,

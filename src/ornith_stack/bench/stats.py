@@ -36,3 +36,31 @@ def throughput(tokens: Iterable[int | None], start: float, end: float) -> float 
     (seed 004: 'total output tokens divided by end-to-end wall time')."""
     total = sum(t for t in tokens if t)
     return total / (end - start) if end > start and total else None
+
+
+def percentile(found: list[float], q: float) -> float:
+    """The q-th percentile with linear interpolation between ranks (numpy's default, as the peers use)."""
+    ordered = sorted(found)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def distribution(values: Iterable[float | None]) -> dict[str, Any]:
+    """Mean, median, p90 and p99 (with stdev, min and max) of the values that exist, as the peers'
+    serving benchmarks report latencies."""
+    found = clean(values)
+    if not found:
+        return {"n": 0, "mean": None, "median": None, "p90": None, "p99": None, "stdev": None,
+                "min": None, "max": None}
+    return {
+        "n": len(found),
+        "mean": statistics.fmean(found),
+        "median": percentile(found, 50),
+        "p90": percentile(found, 90),
+        "p99": percentile(found, 99),
+        "stdev": statistics.pstdev(found),
+        "min": min(found),
+        "max": max(found),
+    }

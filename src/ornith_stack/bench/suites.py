@@ -1,28 +1,33 @@
-"""The benchmark suites: decode, tasks, ttft-sweep, concurrency.
+"""The benchmark suites: decode, tasks, ttft-sweep, concurrency, serving.
 
 Every suite appends raw samples to the shared result as it goes, so an interrupted run (Ctrl-C) still
-holds every finished request; summaries are computed from whatever samples exist.
+holds every finished request; summaries are computed from whatever samples exist. A failed request is
+a sample with its error: the run goes on, and the summaries count it.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from ornith_stack.bench import prompts, stats
+from ornith_stack.bench.acceptance import per_request, summarize_acceptance
 from ornith_stack.bench.checkers import check
 from ornith_stack.bench.client import EngineClient, RequestSample, ServerInfo, decode_rate
-from ornith_stack.bench.datasets import Problem, load_tasks
+from ornith_stack.bench.datasets import SEED000_TASKS, Problem, load_tasks
 from ornith_stack.bench.sandbox import Limits, require_sandbox
+from ornith_stack.bench.serving import Load, run_load, serving_metrics, spread
 from ornith_stack.engines import EngineAdapter, SpecCounters, acceptance_length, detect_adapter
 from ornith_stack.engines.exposition import Samples
 from ornith_stack.errors import UserError
 from ornith_stack.profiles.model import Sampling
 
-SUITES = ("decode", "tasks", "ttft-sweep", "concurrency")
+SUITES = ("decode", "tasks", "ttft-sweep", "concurrency", "serving")
 # Seed 003's sweep: 0.5K, 2K, 8K, 32K, 131K and 250K prompt tokens.
 DEFAULT_PROMPT_LENGTHS = (512, 2048, 8192, 32768, 131072, 250000)
 # Seed 004 reports throughput at concurrency 1, 8 and 32.
@@ -48,6 +53,23 @@ class BenchConfig:
     ignore_eos: bool = True
     timeout_s: float = 900.0
     sandbox: Limits = field(default_factory=Limits)
+    method: str = "custom"  # seed000, seed004: the seed's settings (methods.py)
+    api_key: str | None = None
+    tasks: tuple[str, ...] = SEED000_TASKS
+    prompt_format: str = "seed000"
+    thinking: bool = False  # chat_template_kwargs.enable_thinking of task requests
+    task_concurrency: tuple[int, ...] = ()  # seed 004: each task's problems again at these concurrencies
+    requested_task_samples: int | None = None  # what the method asks for (seed 004: 128 per task)
+    # The serving suite's random workload, as `vllm bench serve --dataset-name random` takes it.
+    random_input_len: int = 1024
+    random_output_len: int = 128
+    num_prompts: int = 64
+    max_concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
+    request_rate: tuple[float, ...] = (math.inf,)
+    burstiness: float = 1.0
+    seed: int = 0
+    repeats: int = 3  # runs per load level (at least 3 gives a spread)
+    goodput: dict[str, float] = field(default_factory=dict)  # SLOs in ms: ttft, tpot, e2el
 
 
 class Progress(Protocol):
@@ -76,16 +98,21 @@ class Runner:
         # The endpoint's own metric names tell which adapter reads its counters (no --profile needed).
         scrape = client.metrics()
         self.adapter: EngineAdapter | None = detect_adapter(scrape) if scrape else None
+        # SGLang caps prompt + output of everything running by its KV pool (--max-total-tokens).
+        self.pool_tokens = client.pool_tokens(self.adapter.info_paths) if self.adapter else None
+        self.rng = random.Random(config.seed)
 
     # -- requests ---------------------------------------------------------------------------------
     def body(self, content: str, max_tokens: int, *, speed: bool) -> dict[str, Any]:
-        """A chat request as the seeds send it: thinking off; speed suites are greedy and ignore EOS so
-        every request generates exactly max_tokens; tasks use the profile's sampling if it has one."""
+        """A chat request as the seeds send it: speed suites are greedy with thinking off and ignore EOS
+        so every request generates exactly max_tokens; tasks use the method's (or the profile's)
+        sampling and thinking setting."""
+        thinking = self.config.thinking and not speed
         body: dict[str, Any] = {
             "model": self.info.model,
             "messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens,
-            "chat_template_kwargs": {"enable_thinking": False},
+            "chat_template_kwargs": {"enable_thinking": thinking},
         }
         sampling = None if speed else self.config.sampling
         if sampling is None:
@@ -117,6 +144,7 @@ class Runner:
         spec_before, spec_after = self.spec(before), self.spec(after)
         if spec_after is not None:
             sample.extra["acceptance_length"] = acceptance_length(spec_before, spec_after)
+            sample.extra["spec"] = per_request(spec_before, spec_after)
         return sample
 
     def settled(self, before: Samples | None, expected: int | None, patience_s: float = 2.0) -> Samples | None:
@@ -133,16 +161,23 @@ class Runner:
         return after
 
     def require_ok(self, sample: RequestSample, what: str) -> RequestSample:
-        """The first request of a run tells whether the endpoint works at all: fail loudly, once."""
+        """A request the suite cannot go on without (prompt-size calibration): fail loudly, once."""
         if sample.error:
             raise UserError(f"{self.client.url}: {what} failed: {sample.error}")
         return sample
 
     # -- suites -----------------------------------------------------------------------------------
-    def warm_up(self) -> None:
+    def warm_up(self) -> str | None:
+        """Unrecorded requests first; the error of the last one when none of them succeeded (the
+        endpoint does not work: the run stops and the report says why)."""
+        errors = []
         for i in range(self.config.warmup):
             body = self.body(prompts.decode_prompt(i), min(self.config.max_tokens, 64), speed=True)
-            self.require_ok(self.client.stream_chat(body), "the warm-up request")
+            sample = self.client.stream_chat(body)
+            if not sample.error:
+                return None
+            errors.append(sample.error)
+        return errors[-1] if errors else None
 
     def decode(self) -> None:
         cfg = self.config
@@ -152,24 +187,26 @@ class Runner:
         first_spec = self.spec(self.scrape())
         for i in range(cfg.samples):
             sample = self.measured(self.body(prompts.decode_prompt(i), cfg.max_tokens, speed=True))
-            if i == 0:
-                self.require_ok(sample, "the first decode request")
             suite["samples"].append(sample.to_json())
             suite.update(summarize_speed(suite["samples"]))
             suite["acceptance_length"] = self.window_acceptance(first_spec)
             self.progress.advance(_note(sample))
 
     def tasks(self) -> None:
+        """Each task's problems one at a time (decode, pass rate, acceptance per request), then again at
+        each of the method's concurrencies for throughput (seed 004: 1, 8, 32)."""
         cfg = self.config
         require_sandbox(cfg.sandbox)
-        sets = load_tasks(cfg.tasks_dir, cfg.task_limit)
-        suite: dict[str, Any] = {"max_tokens": cfg.task_max_tokens,
+        sets = load_tasks(cfg.tasks_dir, cfg.task_limit, cfg.tasks, cfg.prompt_format)
+        suite: dict[str, Any] = {"max_tokens": cfg.task_max_tokens, "prompt_format": cfg.prompt_format,
+                                 "thinking": cfg.thinking, "requested_samples": cfg.requested_task_samples,
                                  "sampling": cfg.sampling.model_dump() if cfg.sampling else "greedy",
                                  "tasks": {}}
         self.result["tasks"] = suite
-        self.progress.start("tasks", sum(len(s.problems) for s in sets))
+        loads = [c for c in cfg.task_concurrency if c > 1]
+        self.progress.start("tasks", sum(len(s.problems) * (1 + len(loads)) for s in sets))
         for task_set in sets:
-            entry: dict[str, Any] = {"source": task_set.source, "samples": []}
+            entry: dict[str, Any] = {"source": task_set.source, "samples": [], "throughput": []}
             suite["tasks"][task_set.task] = entry
             first_spec = self.spec(self.scrape())
             for problem in task_set.problems:
@@ -178,7 +215,20 @@ class Runner:
                 entry["samples"].append(record)
                 entry.update(summarize_task(entry["samples"]))
                 entry["acceptance_length"] = self.window_acceptance(first_spec)
-                self.progress.advance(f"{problem.id} {'pass' if record['passed'] else 'fail'}")
+                entry["acceptance"] = summarize_acceptance(entry["samples"])
+                self.progress.advance(f"{problem.id} {_verdict_word(record['passed'])}")
+            if 1 in cfg.task_concurrency:
+                # At concurrency 1 the measured pass is the throughput run; its wall time is the
+                # requests' own (one after another), not the checking and scraping between them.
+                wall = sum(x["e2e_s"] or 0.0 for x in entry["samples"])
+                entry["throughput"].append(_throughput(1, entry["samples"], wall))
+            for level in loads:
+                bodies = [self.body(p.message, cfg.task_max_tokens, speed=False) for p in task_set.problems]
+                run = run_load(self.client.stream_chat, bodies, Load(max_concurrency=level), self.rng,
+                               self.client.stop, on_done=lambda s: self.progress.advance(_note(s)))
+                entry["throughput"].append(_throughput(level, [x.to_json() for x in run.samples], run.duration_s))
+                if run.interrupted:
+                    raise KeyboardInterrupt
 
     def verdict(self, problem: Problem, sample: RequestSample) -> dict[str, Any]:
         if sample.error:
@@ -190,18 +240,25 @@ class Runner:
 
     def ttft_sweep(self) -> None:
         cfg = self.config
-        lengths, dropped = prompts.sweep_lengths(list(cfg.prompt_lengths), self.info.max_model_len, cfg.max_tokens)
+        window = min(n for n in (self.info.max_model_len, self.pool_tokens, 10**12) if n)
+        lengths, dropped = prompts.sweep_lengths(list(cfg.prompt_lengths), window if window < 10**12 else None,
+                                                 cfg.max_tokens)
         suite: dict[str, Any] = {"max_tokens": cfg.max_tokens, "max_model_len": self.info.max_model_len,
-                                 "dropped_lengths": dropped, "points": []}
+                                 "max_total_tokens": self.pool_tokens, "dropped_lengths": dropped, "points": []}
         self.result["ttft_sweep"] = suite
-        self.progress.start("ttft-sweep", len(lengths) + 2)
+        self.progress.start("ttft-sweep", len(lengths) * cfg.repeats + 2)
         scale = self.calibrate()
         suite["tokens_per_word"] = scale.per_word
         for n, target in enumerate(lengths):
-            body = self.body(prompts.sized_prompt(scale.words_for(target), seed=n), cfg.max_tokens, speed=True)
-            sample = self.measured(body)
-            suite["points"].append(sample.to_json() | {"target_prompt_tokens": target})
-            self.progress.advance(f"{target} tokens: {_note(sample)}")
+            point: dict[str, Any] = {"target_prompt_tokens": target, "samples": []}
+            suite["points"].append(point)
+            for repeat in range(cfg.repeats):
+                words = scale.words_for(target)
+                sample = self.measured(self.body(prompts.sized_prompt(words, seed=n * 1000 + repeat), cfg.max_tokens,
+                                                 speed=True))
+                point["samples"].append(sample.to_json())
+                point.update(summarize_point(point["samples"]))
+                self.progress.advance(f"{target} tokens: {_note(sample)}")
 
     def calibrate(self) -> prompts.TokenScale:
         points = []
@@ -215,35 +272,77 @@ class Runner:
         return prompts.TokenScale(points)
 
     def concurrency(self) -> None:
+        """Essay prompts with ignore_eos at each concurrency, sustained over 4 x level requests: a new
+        request starts when one ends, so every level keeps `level` streams busy."""
         cfg = self.config
-        suite: dict[str, Any] = {"max_tokens": cfg.max_tokens, "levels": []}
+        suite: dict[str, Any] = {"max_tokens": cfg.max_tokens, "repeats": cfg.repeats, "levels": []}
         self.result["concurrency"] = suite
-        self.progress.start("concurrency", sum(cfg.concurrency))
+        self.progress.start("concurrency", sum(4 * c * cfg.repeats for c in cfg.concurrency))
         for level in cfg.concurrency:
-            entry: dict[str, Any] = {"concurrency": level, "samples": []}
+            bodies = [self.body(prompts.decode_prompt(i), cfg.max_tokens, speed=True) for i in range(4 * level)]
+            entry: dict[str, Any] = {"concurrency": level}
             suite["levels"].append(entry)
-            self.wave(level, entry)
+            self.level(entry, Load(max_concurrency=level), _fixed(bodies))
 
-    def wave(self, level: int, entry: dict[str, Any]) -> None:
-        """`level` streams started together; total output tok/s over the wave's wall time."""
-        bodies = [self.body(prompts.decode_prompt(i), self.config.max_tokens, speed=True) for i in range(level)]
-        start = time.time()
-        pool = ThreadPoolExecutor(max_workers=level)
-        futures = [pool.submit(self.client.stream_chat, body) for body in bodies]
-        try:
-            for future in futures:
-                wait([future])
-                sample = future.result()
-                entry["samples"].append(sample.to_json())
-                self.progress.advance(_note(sample))
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-            done = [s for s in entry["samples"] if not s["error"]]
-            end = max((s["started_at"] + s["e2e_s"] for s in done), default=start)
-            entry["output_tok_s"] = stats.throughput((s["completion_tokens"] for s in done), start, end)
-            entry["wall_s"] = end - start
-            entry["decode_tok_s"] = stats.summary(s["decode_tok_s"] for s in done)
-            entry["errors"] = len(entry["samples"]) - len(done)
+    def serving(self) -> None:
+        """The random workload of `vllm bench serve --dataset-name random`: fixed prompt and output
+        lengths, at each request rate and max concurrency, repeated for a spread."""
+        cfg = self.config
+        suite: dict[str, Any] = {"input_len": cfg.random_input_len, "output_len": cfg.random_output_len,
+                                 "num_prompts": cfg.num_prompts, "repeats": cfg.repeats, "seed": cfg.seed,
+                                 "burstiness": cfg.burstiness, "goodput_slos_ms": cfg.goodput,
+                                 "max_total_tokens": self.pool_tokens, "levels": []}
+        self.result["serving"] = suite
+        loads = [Load(rate, c, cfg.burstiness) for rate in cfg.request_rate for c in cfg.max_concurrency]
+        self.progress.start("serving", 2 + len(loads) * cfg.num_prompts * cfg.repeats)
+        scale = self.calibrate()
+        suite["tokens_per_word"] = scale.per_word
+        words = scale.words_for(cfg.random_input_len)
+        seeds = random.Random(cfg.seed)
+
+        def bodies() -> list[dict[str, Any]]:
+            return [self.random_body(prompts.sized_prompt(words, seed=seeds.randrange(1 << 30)))
+                    for _ in range(cfg.num_prompts)]
+
+        for load in loads:
+            entry: dict[str, Any] = {"request_rate": load.rate if not math.isinf(load.rate) else "inf",
+                                     "max_concurrency": load.max_concurrency}
+            if self.pool_tokens and load.max_concurrency:
+                need = load.max_concurrency * (cfg.random_input_len + cfg.random_output_len)
+                entry["exceeds_pool"] = need > self.pool_tokens
+            suite["levels"].append(entry)
+            self.level(entry, load, bodies)
+
+    def random_body(self, content: str) -> dict[str, Any]:
+        """A request of the random workload as `vllm bench serve --backend openai-chat` sends it."""
+        body: dict[str, Any] = {"model": self.info.model, "messages": [{"role": "user", "content": content}],
+                                "max_tokens": self.config.random_output_len, "temperature": 0.0}
+        if self.config.ignore_eos:
+            body["ignore_eos"] = True
+        return body
+
+    def level(self, entry: dict[str, Any], load: Load, bodies: Callable[[], list[dict[str, Any]]]) -> None:
+        """One load level into `entry`: unrecorded warm-up requests, then `repeats` recorded runs, each
+        summarized as the peers do, with the spread of the headline figures across runs. Ctrl-C keeps
+        the requests of the current run that finished."""
+        cfg = self.config
+        entry |= {"load": load.label, "runs": [], "samples": []}
+        warm = bodies()[: max(cfg.warmup, 0) * (load.max_concurrency or 1)]
+        if warm and run_load(self.client.stream_chat, warm, Load(max_concurrency=load.max_concurrency),
+                             self.rng, self.client.stop).interrupted:
+            raise KeyboardInterrupt
+        for repeat in range(cfg.repeats):
+            run = run_load(self.client.stream_chat, bodies(), load, self.rng, self.client.stop,
+                           on_done=lambda s: self.progress.advance(_note(s)))
+            samples = [s.to_json() | {"repeat": repeat} for s in run.samples]
+            entry["samples"] += samples
+            entry["runs"].append(serving_metrics(samples, run.duration_s, cfg.goodput))
+            entry["spread"] = spread(entry["runs"])
+            entry["output_tok_s"] = entry["spread"]["output_tok_s"]["median"]
+            entry["errors"] = sum(r["failed"] for r in entry["runs"])
+            entry["decode_tok_s"] = stats.summary(s["decode_tok_s"] for s in entry["samples"] if not s["error"])
+            if run.interrupted:
+                raise KeyboardInterrupt
 
     def window_acceptance(self, first: SpecCounters | None) -> float | None:
         """Acceptance over the suite so far (only this suite's requests ran in that window)."""
@@ -266,14 +365,52 @@ def summarize_speed(samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def summarize_point(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """One sweep length: median TTFT and decode of its requests (distinct prompts, so no prefix-cache
+    hits), their spread, and the first error when none succeeded."""
+    ok = [s for s in samples if not s["error"]]
+    ttft, decode = stats.summary(s["ttft_s"] for s in ok), stats.summary(s["decode_tok_s"] for s in ok)
+    return {"prompt_tokens": ok[0]["prompt_tokens"] if ok else None, "ttft_s": ttft["median"],
+            "decode_tok_s": decode["median"], "ttft_spread": ttft, "decode_spread": decode,
+            "error": None if ok else samples[-1]["error"], "errors": len(samples) - len(ok)}
+
+
 def summarize_task(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pass rate over the checked problems (MT-Bench has no checker) and the task's decode rate: total
+    decode tokens over total decode time (seed 000's per-task figure), with the per-request spread."""
+    ok = [s for s in samples if not s["error"]]
+    checked = [s for s in samples if s["passed"] is not None]
+    tokens = sum(s["completion_tokens"] - 1 for s in ok if s["decode_tok_s"])
+    seconds = sum(s["decode_s"] for s in ok if s["decode_tok_s"])
     return {
         "n": len(samples),
-        "passed": sum(1 for s in samples if s["passed"]),
-        "accuracy": stats.ratio(sum(1 for s in samples if s["passed"]), len(samples)),
-        "decode_tok_s": stats.summary(s["decode_tok_s"] for s in samples if not s["error"]),
-        "errors": sum(1 for s in samples if s["error"]),
+        "checked": len(checked),
+        "passed": sum(1 for s in checked if s["passed"]),
+        "accuracy": stats.ratio(sum(1 for s in checked if s["passed"]), len(checked)),
+        "decode_tok_s": stats.summary(s["decode_tok_s"] for s in ok),
+        "task_decode_tok_s": stats.ratio(tokens, seconds),
+        "decode_tokens": tokens,
+        "decode_seconds": seconds,
+        "completion_tokens": sum(s["completion_tokens"] or 0 for s in ok),
+        "errors": len(samples) - len(ok),
     }
+
+
+def _throughput(level: int, samples: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    """Seed 004's throughput: total output tokens over end-to-end wall time at one concurrency."""
+    ok = [s for s in samples if not s["error"]]
+    output = sum(s["completion_tokens"] or 0 for s in ok)
+    return {"concurrency": level, "requests": len(samples), "errors": len(samples) - len(ok),
+            "output_tokens": output, "wall_s": wall_s, "output_tok_s": stats.ratio(output, wall_s)}
+
+
+def _fixed(bodies: list[dict[str, Any]]) -> Callable[[], list[dict[str, Any]]]:
+    """The same requests for every run of a level."""
+    return lambda: bodies
+
+
+def _verdict_word(passed: bool | None) -> str:
+    return "unchecked" if passed is None else "pass" if passed else "fail"
 
 
 def _note(sample: RequestSample) -> str:

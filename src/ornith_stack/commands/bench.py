@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -11,8 +14,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from ornith_stack.bench import SUITES, BenchConfig, run_bench
 from ornith_stack.bench.compare import load_result
+from ornith_stack.bench.datasets import PROMPT_FORMATS, SEED000_TASKS, TASKS
+from ornith_stack.bench.methods import METHODS, apply_method
 from ornith_stack.bench.report import write_outputs
 from ornith_stack.bench.sandbox import UNSAFE_FLAG, Limits, require_sandbox
+from ornith_stack.bench.serving import parse_goodput
 from ornith_stack.bench.suites import DEFAULT_CONCURRENCY, DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_LENGTHS
 from ornith_stack.errors import UserError
 from ornith_stack.profiles import load_profile
@@ -63,12 +69,57 @@ def parse_ints(flag: str, value: str) -> tuple[int, ...]:
     return numbers
 
 
+def parse_rates(value: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(float(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"--request-rate {value!r}: expected requests per second, comma-separated, or inf") from None
+    if not rates or min(rates) <= 0:
+        raise UserError(f"--request-rate {value!r}: expected positive rates or inf")
+    return rates
+
+
+def parse_tasks(value: str) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in value.split(",") if v.strip())
+    if names == ("all",):
+        return TASKS
+    unknown = [n for n in names if n not in TASKS]
+    if unknown or not names:
+        raise UserError(f"--tasks {value!r}: choose from {', '.join(TASKS)} or all (comma-separated)")
+    return names
+
+
+@contextlib.contextmanager
+def output_dir(path: Path) -> Iterator[Path]:
+    """`--out` made and proven writable before the run starts (a bad path must not lose a finished run);
+    a directory made here is removed again when the run fails before writing into it."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--out {path}: exists and is not a directory")
+    created = not path.exists()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise UserError(f"--out {path}: cannot write there ({exc.strerror or exc})") from None
+    try:
+        yield path
+    except UserError:
+        if created and not any(path.iterdir()):
+            path.rmdir()
+        raise
+
+
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
         url: Annotated[str, typer.Option(help="The engine's OpenAI-compatible address, e.g. http://127.0.0.1:8000.")],
         profile: Annotated[str | None, typer.Option(help="Compare with this profile's seed figures and roofline.")] = None,
         suite: Annotated[str, typer.Option(help=f"{', '.join(SUITES)} or all; comma-separated.")] = "all",
+        method: Annotated[str, typer.Option(help=f"{', '.join(METHODS)}: a seed's whole method (suites, tasks, "
+                                            "prompts, sampling); custom: the flags as given.")] = "custom",
+        api_key: Annotated[str | None, typer.Option(envvar="ORNITH_BENCH_API_KEY",
+                                                    help="Sent as Authorization: Bearer KEY.")] = None,
         baseline: Annotated[Path | None, typer.Option(help="A previous bench.json to compute speedups against.")] = None,
         out_dir: Annotated[Path, typer.Option("--out", help="Directory for bench.json, bench.md and the plots.")] = Path("bench-results"),
         model: Annotated[str | None, typer.Option(help="Served model name (default: the first in /v1/models).")] = None,
@@ -80,6 +131,18 @@ def register(app: typer.Typer) -> None:
         task_limit: Annotated[int | None, typer.Option(min=1, help="At most this many problems per task.")] = None,
         task_max_tokens: Annotated[int, typer.Option(min=16, help="Token budget of a task answer.")] = 1024,
         tasks_dir: Annotated[Path | None, typer.Option(help="Folder with gsm8k.jsonl / humaneval.jsonl[.gz].")] = None,
+        tasks: Annotated[str, typer.Option(help=f"Task sets, comma-separated: {', '.join(TASKS)} or all.")] = ",".join(SEED000_TASKS),
+        prompt_format: Annotated[str, typer.Option(help=f"Task prompts: {' or '.join(PROMPT_FORMATS)}.")] = "seed000",
+        thinking: Annotated[bool, typer.Option(help="enable_thinking for task requests.")] = False,
+        random_input_len: Annotated[int, typer.Option(min=1, help="serving: prompt tokens of each request.")] = 1024,
+        random_output_len: Annotated[int, typer.Option(min=2, help="serving: output tokens of each request.")] = 128,
+        num_prompts: Annotated[int, typer.Option(min=1, help="serving: requests per run.")] = 64,
+        max_concurrency: Annotated[str, typer.Option(help="serving: concurrency caps, comma-separated.")] = ",".join(map(str, DEFAULT_CONCURRENCY)),
+        request_rate: Annotated[str, typer.Option(help="serving: requests per second, comma-separated; inf: no pacing.")] = "inf",
+        burstiness: Annotated[float, typer.Option(min=0.01, help="serving: gamma shape of arrivals (1: Poisson).")] = 1.0,
+        seed: Annotated[int, typer.Option(help="serving: seed of prompts and arrival times.")] = 0,
+        repeats: Annotated[int, typer.Option(min=1, help="Recorded runs per load level (3 or more gives a spread).")] = 3,
+        goodput: Annotated[str, typer.Option(help="SLOs for goodput, e.g. 'ttft:500 tpot:50 e2el:10000' (ms).")] = "",
         ignore_eos: Annotated[bool, typer.Option(help="Send ignore_eos so speed requests generate max-tokens.")] = True,
         timeout: Annotated[float, typer.Option(min=1, help="Seconds one request may take.")] = 900.0,
         code_timeout: Annotated[float, typer.Option(min=0.5, help="Seconds one HumanEval program may run.")] = 10.0,
@@ -95,16 +158,25 @@ def register(app: typer.Typer) -> None:
             task_max_tokens=task_max_tokens, tasks_dir=tasks_dir,
             sampling=chosen.serve.sampling if chosen else None, ignore_eos=ignore_eos, timeout_s=timeout,
             sandbox=Limits(wall_s=code_timeout, unsafe_without_sandbox=unsafe_run_code_without_sandbox),
+            api_key=api_key, tasks=parse_tasks(tasks), prompt_format=prompt_format, thinking=thinking,
+            random_input_len=random_input_len, random_output_len=random_output_len, num_prompts=num_prompts,
+            max_concurrency=parse_ints("--max-concurrency", max_concurrency),
+            request_rate=parse_rates(request_rate), burstiness=burstiness, seed=seed, repeats=repeats,
+            goodput=parse_goodput(goodput.replace(",", " ").split()),
         )
+        if prompt_format not in PROMPT_FORMATS:
+            raise UserError(f"--prompt-format {prompt_format!r}: choose from {', '.join(PROMPT_FORMATS)}")
+        config = apply_method(config, method)
         if "tasks" in config.suites:
             require_sandbox(config.sandbox)
         base = load_result(baseline) if baseline else None
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         bar = Progress(*columns, console=err, transient=False)
-        try:
-            result = run_bench(config, chosen, base, baseline, RichProgress(bar))
-        finally:
-            bar.stop()
+        with output_dir(out_dir):
+            try:
+                result = run_bench(config, chosen, base, baseline, RichProgress(bar))
+            finally:
+                bar.stop()
         paths = write_outputs(result, out_dir)
         # Plain Markdown, so the tables paste into an issue or a README as they are.
         out.print(paths["markdown"].read_text(), markup=False, highlight=False, soft_wrap=True)
@@ -113,4 +185,8 @@ def register(app: typer.Typer) -> None:
         if result.get("interrupted"):
             err.print("[yellow]interrupted:[/] wrote the samples gathered so far")
             raise typer.Exit(130)
+        if result.get("aborted") or result["failures"]["count"]:
+            failed = result["failures"]["count"]
+            err.print(f"[red]failed:[/] {result.get('aborted') or f'{failed} request(s) failed'} (see the report)")
+            raise typer.Exit(1)
 

@@ -1,0 +1,196 @@
+"""Load generation and serving metrics as `vllm bench serve` and SGLang's bench_serving define them.
+
+Load: requests arrive at a rate (Poisson when burstiness is 1; gamma inter-arrival times with
+shape = burstiness and scale = 1 / (rate x burstiness) otherwise, rescaled so N requests span N / rate
+seconds as vLLM does), and at most `max_concurrency` are in flight: with an infinite rate that is a
+sustained concurrency over N prompts, a new request starting as soon as one ends.
+
+Metrics over one run of N requests: TTFT, TPOT = (E2E - TTFT) / (output tokens - 1), ITL (one value per
+gap between token chunks), E2E; request throughput = completed / duration, output tok/s = total output
+tokens / duration (duration: first request sent to last request done); goodput = requests meeting
+every SLO per second.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ornith_stack.bench import stats
+from ornith_stack.bench.client import RequestSample
+from ornith_stack.errors import UserError
+
+SLO_KEYS = ("ttft", "tpot", "e2el")
+# The figures of a run compared across repeats (median and spread).
+RUN_FIGURES = ("output_tok_s", "request_throughput", "ttft_ms_median", "tpot_ms_median", "itl_ms_median",
+               "e2el_ms_median")
+
+
+@dataclass(frozen=True)
+class Load:
+    """How requests of one level arrive: `rate` per second (inf: all at once) and a concurrency cap."""
+
+    rate: float = math.inf
+    max_concurrency: int | None = None
+    burstiness: float = 1.0
+
+    @property
+    def label(self) -> str:
+        rate = "inf" if math.isinf(self.rate) else f"{self.rate:g}/s"
+        cap = "unbounded" if self.max_concurrency is None else str(self.max_concurrency)
+        return f"rate {rate}, max concurrency {cap}"
+
+
+@dataclass
+class LoadRun:
+    """The samples of the requests that finished, in the order they were sent, and the duration."""
+
+    samples: list[RequestSample] = field(default_factory=list)
+    duration_s: float = 0.0
+    interrupted: bool = False  # Ctrl-C came during the run: the caller records it, then stops
+
+
+def parse_goodput(words: list[str]) -> dict[str, float]:
+    """`ttft:MS tpot:MS e2el:MS` (any subset), as `vllm bench serve --goodput` takes them."""
+    slos: dict[str, float] = {}
+    for word in words:
+        key, _, value = word.partition(":")
+        try:
+            number = float(value)
+        except ValueError:
+            number = -1.0
+        if key not in SLO_KEYS or number <= 0:
+            raise UserError(f"--goodput {word!r}: expected KEY:MILLISECONDS with KEY one of {', '.join(SLO_KEYS)}")
+        slos[key] = number
+    return slos
+
+
+def arrival_offsets(n: int, rate: float, burstiness: float, rng: random.Random) -> list[float]:
+    """Seconds after the start at which each of n requests is sent."""
+    if burstiness <= 0:
+        raise UserError(f"--burstiness {burstiness}: expected a positive number")
+    if math.isinf(rate):
+        return [0.0] * n
+    if rate <= 0:
+        raise UserError(f"--request-rate {rate}: expected a positive rate (requests per second) or inf")
+    gaps = [rng.gammavariate(burstiness, 1.0 / (rate * burstiness)) for _ in range(n)]
+    offsets = [sum(gaps[: i + 1]) for i in range(n)]
+    # vLLM rescales so the N requests span exactly N / rate seconds, whatever the draw.
+    scale = (n / rate) / offsets[-1] if offsets and offsets[-1] > 0 else 1.0
+    return [o * scale for o in offsets]
+
+
+def run_load(send: Callable[[dict[str, Any]], RequestSample], bodies: list[dict[str, Any]], load: Load,
+             rng: random.Random, stop: threading.Event,
+             on_done: Callable[[RequestSample], None] | None = None) -> LoadRun:
+    """Send every body under `load` and wait for all of them. Requests run in daemon threads, so
+    Ctrl-C in the main thread ends the run at once; the samples that finished stay in the result."""
+    offsets = arrival_offsets(len(bodies), load.rate, load.burstiness, rng)
+    slots = threading.Semaphore(load.max_concurrency or len(bodies) or 1)
+    run = LoadRun()
+    done: list[RequestSample | None] = [None] * len(bodies)
+    finished = threading.Event()
+    lock = threading.Lock()
+    remaining = [len(bodies)]
+    start = time.perf_counter()
+    last_end = [start]
+
+    def worker(index: int, body: dict[str, Any]) -> None:
+        try:
+            sample = send(body)
+        except Exception as exc:  # a bug in one request must not hang the run
+            sample = RequestSample(error=f"{type(exc).__name__}: {exc}")
+        with lock:
+            done[index] = sample
+            last_end[0] = time.perf_counter()
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                finished.set()
+        slots.release()
+        if on_done is not None:
+            on_done(sample)
+
+    try:
+        for index, (body, offset) in enumerate(zip(bodies, offsets, strict=True)):
+            _sleep_until(start + offset, stop)
+            while not slots.acquire(timeout=0.2):
+                if stop.is_set():
+                    raise KeyboardInterrupt
+            threading.Thread(target=worker, args=(index, body), daemon=True).start()
+        while bodies and not finished.wait(0.2):
+            if stop.is_set():
+                raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        stop.set()
+        run.interrupted = True
+    finally:
+        with lock:
+            run.duration_s = last_end[0] - start
+            run.samples = [s for s in done if s is not None]
+    return run
+
+
+def _sleep_until(moment: float, stop: threading.Event) -> None:
+    while (left := moment - time.perf_counter()) > 0:
+        if stop.wait(min(left, 0.2)):
+            raise KeyboardInterrupt
+
+
+def serving_metrics(samples: list[dict[str, Any]], duration_s: float,
+                    slos: dict[str, float] | None = None) -> dict[str, Any]:
+    """The peers' table over one run's samples (JSON form, as `RequestSample.to_json` writes them)."""
+    ok = [s for s in samples if not s["error"]]
+    output = sum(s["completion_tokens"] or 0 for s in ok)
+    prompt = sum(s["prompt_tokens"] or 0 for s in ok)
+    good = sum(1 for s in ok if _meets(s, slos)) if slos else None
+    ms = 1000.0
+    return {
+        "completed": len(ok),
+        "failed": len(samples) - len(ok),
+        "duration_s": duration_s,
+        "total_input_tokens": prompt,
+        "total_output_tokens": output,
+        "request_throughput": stats.ratio(len(ok), duration_s),
+        "output_tok_s": stats.ratio(output, duration_s),
+        "total_tok_s": stats.ratio(output + prompt, duration_s),
+        "goodput": stats.ratio(good, duration_s) if good is not None else None,
+        "slos_ms": slos or {},
+        "ttft_ms": stats.distribution(_scaled(ok, "ttft_s", ms)),
+        "tpot_ms": stats.distribution(_scaled(ok, "tpot_s", ms)),
+        "itl_ms": stats.distribution(float(g) * ms for s in ok for g in s.get("itl_s") or []),
+        "e2el_ms": stats.distribution(_scaled(ok, "e2e_s", ms)),
+        "errors": _error_counts(samples),
+    }
+
+
+def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each headline figure across repeated runs of one level: median, min, max, stdev."""
+    flat = [run | {f"{key}_median": (run.get(key) or {}).get("median") for key in ("ttft_ms", "tpot_ms", "itl_ms",
+                                                                                    "e2el_ms")} for run in runs]
+    return {name: stats.summary(run.get(name) for run in flat) for name in RUN_FIGURES}
+
+
+def _scaled(samples: list[dict[str, Any]], key: str, factor: float) -> list[float]:
+    return [s[key] * factor for s in samples if s.get(key) is not None]
+
+
+def _meets(sample: dict[str, Any], slos: dict[str, float]) -> bool:
+    """vLLM's rule: a request is good when each of its latencies is within its SLO (TPOT 0 for a
+    one-token answer)."""
+    values: dict[str, float | None] = {"ttft": sample.get("ttft_s"), "tpot": sample.get("tpot_s") or 0.0,
+                                       "e2el": sample.get("e2e_s")}
+    return all((v := values[key]) is not None and v * 1000.0 <= limit for key, limit in slos.items())
+
+
+def _error_counts(samples: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for sample in samples:
+        if sample["error"]:
+            key = str(sample["error"])[:120]
+            counts[key] = counts.get(key, 0) + 1
+    return counts
