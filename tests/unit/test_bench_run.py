@@ -194,12 +194,12 @@ def test_ctrl_c_stops_a_concurrent_suite_within_seconds_and_keeps_finished_sampl
     run at once and the requests that finished before stay in the result."""
     import _thread
 
-    server = LoopbackEngine(["ok", "ok", "ok", "ok", "ok", "ok", "ok", "ok", "endless", "endless"])
+    server = LoopbackEngine(["ok"] * 9 + ["endless", "endless"])
     try:
         config = _config(url=server.url, suites=("serving",), random_output_len=8, num_prompts=10,
                          max_concurrency=(2,), repeats=1, warmup=0, timeout_s=600)
-        # Calibration takes 2 requests; Ctrl-C once both endless streams hold the two slots.
-        watcher = threading.Thread(target=_interrupt_when, args=(lambda: server.calls >= 10, _thread.interrupt_main),
+        # Sizing the prompts takes 3 requests; Ctrl-C once both endless streams hold the two slots.
+        watcher = threading.Thread(target=_interrupt_when, args=(lambda: server.calls >= 11, _thread.interrupt_main),
                                    daemon=True)
         watcher.start()
         result = run_bench(config, None)

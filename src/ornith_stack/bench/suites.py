@@ -260,16 +260,21 @@ class Runner:
                 point.update(summarize_point(point["samples"]))
                 self.progress.advance(f"{target} tokens: {_note(sample)}")
 
-    def calibrate(self) -> prompts.TokenScale:
+    def calibrate(self, body: Callable[[str], dict[str, Any]] | None = None) -> prompts.TokenScale:
+        """Prompt tokens per filler word, measured with requests shaped as `body` makes them (the chat
+        template and its arguments count towards the prompt)."""
+        make = body or (lambda content: self.body(content, 2, speed=True))
         points = []
         for words in (100, 400):
-            sample = self.client.stream_chat(self.body(prompts.sized_prompt(words), 2, speed=True))
-            self.require_ok(sample, "a prompt-size calibration request")
-            if sample.prompt_tokens is None:
-                raise UserError(f"{self.client.url} reports no prompt_tokens in usage; cannot size prompts")
-            points.append((words, sample.prompt_tokens))
+            points.append((words, self.prompt_tokens(make(prompts.sized_prompt(words)))))
             self.progress.advance("calibrating prompt size")
         return prompts.TokenScale(points)
+
+    def prompt_tokens(self, body: dict[str, Any]) -> int:
+        sample = self.require_ok(self.client.stream_chat(body), "a prompt-size calibration request")
+        if sample.prompt_tokens is None:
+            raise UserError(f"{self.client.url} reports no prompt_tokens in usage; cannot size prompts")
+        return int(sample.prompt_tokens)
 
     def concurrency(self) -> None:
         """Essay prompts with ignore_eos at each concurrency, sustained over 4 x level requests: a new
@@ -295,9 +300,15 @@ class Runner:
         self.result["serving"] = suite
         loads = [Load(rate, c, cfg.burstiness) for rate in cfg.request_rate for c in cfg.max_concurrency]
         self.progress.start("serving", 2 + len(loads) * cfg.num_prompts * cfg.repeats)
-        scale = self.calibrate()
-        suite["tokens_per_word"] = scale.per_word
-        words = scale.words_for(cfg.random_input_len)
+        # `vllm bench serve --dataset-name random` makes the message content input_len tokens long and the
+        # chat template comes on top, so the prompt is sized to input_len plus the template's own tokens.
+        def sizing(content: str) -> dict[str, Any]:
+            return self.random_body(content) | {"max_tokens": 2}
+
+        scale = self.calibrate(sizing)
+        template = self.prompt_tokens(sizing(""))
+        suite |= {"tokens_per_word": scale.per_word, "template_tokens": template}
+        words = scale.words_for(cfg.random_input_len + template)
         seeds = random.Random(cfg.seed)
 
         def bodies() -> list[dict[str, Any]]:
