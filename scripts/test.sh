@@ -16,16 +16,17 @@ mkdir -p "$ORNITH_CACHE_DIR"
 
 step() { printf '\n==> %s\n' "$*"; }
 
-step "System packages (debootstrap for local base images, promtool and Prometheus, bubblewrap for the code sandbox, shellcheck)"
+step "System packages (debootstrap for local base images, promtool and Prometheus, amtool and Alertmanager, bubblewrap for the code sandbox, shellcheck)"
 if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
   missing=()
-  for pkg in debootstrap prometheus bubblewrap shellcheck; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  for pkg in debootstrap prometheus prometheus-alertmanager bubblewrap shellcheck; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
   if ((${#missing[@]})); then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
-  # Debian starts the prometheus service on install; the tests start their own.
+  # Debian starts the prometheus and alertmanager services on install; the tests start their own.
   systemctl stop prometheus 2>/dev/null || pkill -x prometheus 2>/dev/null || true
+  systemctl stop prometheus-alertmanager 2>/dev/null || pkill -x prometheus-alert 2>/dev/null || true
 fi
 
 step "Compose v2 (docker compose: the README's command) from Debian trixie, beside docker-compose v1"

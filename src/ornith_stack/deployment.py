@@ -23,6 +23,12 @@ EXPORTER_JOB = "ornith-exporter"
 ENGINE_JOB = "engine"
 SCRAPE_INTERVAL = "15s"
 
+# Alertmanager: its compose service and port, and the webhook URL of the generated configuration until
+# the operator's replaces it (a reserved name, RFC 2606, that never resolves: nothing leaves unasked).
+ALERTMANAGER_SERVICE = "alertmanager"
+ALERTMANAGER_PORT = 9093
+ALERT_WEBHOOK_PLACEHOLDER = "http://ornith-webhook.invalid/alerts"
+
 # Grafana: the provisioned Prometheus datasource every dashboard panel names.
 GRAFANA_DATASOURCE_UID = "ornith-prometheus"
 

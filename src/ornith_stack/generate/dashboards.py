@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ornith_stack.deployment import GRAFANA_DATASOURCE_UID as DATASOURCE_UID
+from ornith_stack.deployment import GRAFANA_DATASOURCE_UID as DATASOURCE_UID  # noqa: F401 (the provisioned default)
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.generate import prometheus as R
 from ornith_stack.generate.core import GeneratedFile, with_header
@@ -21,6 +21,11 @@ DASHBOARD_DIR = "monitoring/grafana/dashboards"
 SOURCE = "src/ornith_stack/generate/dashboards.py"
 SELECT = '{profile=~"$profile", target=~"$target"}'
 SCHEMA_VERSION = 39  # Grafana 11.x
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}  # the dashboard's datasource variable
+ENGINES = ("vllm", "sglang")
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+TOKENS_PER_S = "suffix: tok/s"  # Grafana's custom-suffix unit; "tokens/s" is no unit id
+VLLM, SGLANG = ("vllm",), ("sglang",)
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,15 @@ class Panel:
     height: int = 8
     min: float | None = None
     max: float | None = None
+    engines: tuple[str, ...] = ENGINES  # the engines whose metrics can fill it; the others are named
+
+    @property
+    def full_description(self) -> str:
+        missing = [name for name in ENGINES if name not in self.engines]
+        if not missing:
+            return self.description
+        names = " and ".join(ENGINE_NAMES[name] for name in missing)
+        return f"{self.description} {names} does not export this: the panel stays empty for its engines.".strip()
 
 
 @dataclass(frozen=True)
@@ -56,46 +70,110 @@ def sel(metric: C.Metric | C.Recorded | str, extra: str = "") -> str:
     return f"{name}{{{inner}}}"
 
 
-def quantile(q: float, metric: C.Metric) -> str:
-    return (f"histogram_quantile({q}, sum by (target, le) "
-            f"(rate({metric.bucket}{SELECT}[$__rate_interval])))")
+def quantiles(bucket: str, title: str, unit: str, description: str, engines: tuple[str, ...] = ENGINES,
+              width: int = 12) -> Panel:
+    """p50, p90 and p99 of a histogram (`bucket`: its _bucket series, any name)."""
+    return Panel(title, tuple(
+        Query(quantile_expr(q, bucket), f"{{{{target}}}} p{round(q * 100)}") for q in (0.5, 0.9, 0.99)),
+        unit=unit, min=0, description=description, engines=engines, width=width)
 
 
-def latency_panel(title: str, histogram: C.Metric) -> Panel:
-    """p50 and p95 of an engine latency histogram passed through by the exporter."""
-    return Panel(title, (
-        Query(quantile(0.5, histogram), "{{target}} p50"),
-        Query(quantile(0.95, histogram), "{{target}} p95"),
-    ), unit="s", min=0, description=histogram.help)
+def heatmap(bucket: str, title: str, unit: str, description: str, engines: tuple[str, ...] = ENGINES,
+            width: int = 12) -> Panel:
+    return Panel(title, (Query(f"sum by (le) (rate({bucket}{SELECT}[$__rate_interval]))", "{{le}}"),),
+                 unit=unit, kind="heatmap", description=description, engines=engines, width=width)
+
+
+def latency_panels(title: str, histogram: C.Metric) -> tuple[Panel, Panel]:
+    """p50/p90/p99 and a heatmap of an engine latency histogram passed through by the exporter."""
+    return (quantiles(histogram.bucket, title, "s", histogram.help),
+            heatmap(histogram.bucket, f"{title}: distribution", "s", histogram.help))
+
+
+def rate_by(series: str, by: str, extra: str = "") -> str:
+    return f"sum by ({by}) (rate({sel(series, extra)}[$__rate_interval]))"
 
 
 def overview_rows() -> tuple[Row, ...]:
+    expected = (f'max by (profile, task) ({R.EXPECTED_ACCEPTANCE}) and on (profile) '
+                f'count by (profile) ({C.ENGINE_UP.series}{{profile=~"$profile"}})')
+    draft, accepted = rate_by(C.SPEC_DRAFT_TOKENS.series, "target"), rate_by(C.SPEC_ACCEPTED_TOKENS.series, "target")
     return (
         Row("Speculative decoding", (
             Panel("Acceptance length (tokens per step)", (
-                Query(sel(C.SPEC_ACCEPTANCE_LENGTH), "{{target}} scrape window"),
                 Query(sel(R.ACCEPTANCE_5M), "{{target}} 5m"),
-                Query(f'{R.EXPECTED_ACCEPTANCE}{{profile=~"$profile"}}', "expected {{profile}} ({{task}})"),
-            ), unit="none", min=1, description=C.SPEC_ACCEPTANCE_LENGTH.help),
+                Query(sel(C.SPEC_ENGINE_ACCEPTANCE_LENGTH), "{{target}} engine's own"),
+                Query(expected, "expected {{profile}} ({{task}})"),
+            ), unit="none", min=1, description=C.SPEC_ACCEPTANCE_LENGTH.help
+              + " The expected line is the running profile's published figure, where it publishes one."),
             Panel("Draft acceptance rate", (
                 Query(sel(C.SPEC_DRAFT_ACCEPTANCE_RATIO), "{{target}}"),
             ), unit="percentunit", min=0, max=1, description=C.SPEC_DRAFT_ACCEPTANCE_RATIO.help),
+            Panel("Speculative token flow", (
+                Query(draft, "{{target}} proposed"),
+                Query(accepted, "{{target}} accepted"),
+                Query(f"{draft} - {accepted}", "{{target}} rejected"),
+            ), unit=TOKENS_PER_S, min=0, description="Drafted tokens proposed, accepted and rejected per second "
+              "(rejected = proposed - accepted). SGLang's proposed count is verify steps x (draft tokens - 1)."),
             Panel("Acceptance by draft position", (
                 Query(sel(C.SPEC_POSITION_ACCEPTANCE_RATIO), "{{target}} position {{position}}"),
-            ), unit="percentunit", min=0, max=1, width=24, description=C.SPEC_POSITION_ACCEPTANCE_RATIO.help),
+            ), unit="percentunit", min=0, max=1, description=C.SPEC_POSITION_ACCEPTANCE_RATIO.help, engines=VLLM),
         )),
-        Row("Throughput and latency", (
-            Panel("Generation throughput", (
-                Query(sel(C.GENERATION_TOKENS_PER_SECOND), "{{target}} generated"),
+        Row("Throughput", (
+            Panel("Token throughput", (
+                Query(sel(C.GENERATION_TOKENS_PER_SECOND), "{{target}} decode"),
                 Query(sel(C.PROMPT_TOKENS_PER_SECOND), "{{target}} prompt"),
-            ), unit="tokens/s", min=0, description=C.GENERATION_TOKENS_PER_SECOND.help),
-            latency_panel("Time to first token", C.TTFT),
-            latency_panel("Inter-token latency", C.ITL),
-            latency_panel("End-to-end request latency", C.E2E),
+            ), unit=TOKENS_PER_S, min=0, description=C.GENERATION_TOKENS_PER_SECOND.help),
+            Panel("Requests by finish reason, and errors", (
+                Query(rate_by("vllm:request_success_total", "target, finished_reason"), "{{target}} {{finished_reason}}"),
+                Query(rate_by("sglang:num_requests_total", "target"), "{{target}} finished"),
+                Query(rate_by("sglang:num_aborted_requests_total", "target"), "{{target}} aborted"),
+                Query(rate_by(C.SCRAPE_ERRORS.series, "target"), "{{target}} scrape errors"),
+            ), unit="reqps", min=0, description="Finished requests per second (vLLM by finish reason: stop, "
+              "length, abort; SGLang all and aborted), and failed scrapes of the engine."),
         )),
-        Row("Load", (
-            Panel("KV cache usage", (Query(sel(C.KV_CACHE_USAGE)),), unit="percentunit", min=0, max=1,
-                  description=C.KV_CACHE_USAGE.help),
+        Row("Latency", (
+            *latency_panels("Time to first token", C.TTFT),
+            *latency_panels("Inter-token latency", C.ITL),
+            *latency_panels("End-to-end request latency", C.E2E),
+            quantiles("vllm:request_time_per_output_token_seconds_bucket", "Time per output token (TPOT)", "s",
+                      "Mean time per output token of each request (after the first).", VLLM),
+            Panel("Queue time", tuple(
+                Query(quantile_expr(q, bucket), f"{{{{target}}}} p{round(q * 100)}")
+                for bucket in ("vllm:request_queue_time_seconds_bucket", "sglang:queue_time_seconds_bucket")
+                for q in (0.5, 0.99)
+            ), unit="s", min=0, description="Time requests waited in the engine's queue before scheduling."),
+            Panel("Prefill and decode time", (
+                Query(quantile_expr(0.5, "vllm:request_prefill_time_seconds_bucket"), "{{target}} prefill p50"),
+                Query(quantile_expr(0.99, "vllm:request_prefill_time_seconds_bucket"), "{{target}} prefill p99"),
+                Query(quantile_expr(0.5, "vllm:request_decode_time_seconds_bucket"), "{{target}} decode p50"),
+                Query(quantile_expr(0.99, "vllm:request_decode_time_seconds_bucket"), "{{target}} decode p99"),
+            ), unit="s", min=0, description="Time each request spent in prefill and in decode.", engines=VLLM),
+        )),
+        Row("Requests and caches", (
+            quantiles("vllm:request_prompt_tokens_bucket", "Prompt length", "short",
+                      "Prompt tokens per request (vLLM).", VLLM, width=6),
+            quantiles("vllm:request_generation_tokens_bucket", "Output length", "short",
+                      "Generated tokens per request (vLLM).", VLLM, width=6),
+            quantiles("sglang:prompt_tokens_histogram_bucket", "Prompt length (SGLang)", "short",
+                      "Prompt tokens per request (SGLang).", SGLANG, width=6),
+            quantiles("sglang:generation_tokens_histogram_bucket", "Output length (SGLang)", "short",
+                      "Generated tokens per request (SGLang).", SGLANG, width=6),
+            Panel("Prefix cache hit rate", (
+                Query(f"{rate_by('vllm:prefix_cache_hits_total', 'target')} / "
+                      f"({rate_by('vllm:prefix_cache_queries_total', 'target')} > 0)", "{{target}} prefix cache"),
+                Query(sel("sglang:cache_hit_rate"), "{{target}} radix cache"),
+            ), unit="percentunit", min=0, max=1, description="Share of prompt tokens served from the prefix "
+              "cache (vLLM hits / queries; SGLang's radix cache_hit_rate gauge)."),
+            Panel("Preemptions", (
+                Query(rate_by("vllm:num_preemptions_total", "target"), "{{target}} preempted"),
+                Query(rate_by("sglang:num_retracted_requests_total", "target"), "{{target}} retracted"),
+            ), unit="ops", min=0, description="Requests preempted (vLLM) or retracted (SGLang) for lack of "
+              "KV cache; they recompute later."),
+            Panel("KV cache and mamba slot usage", (
+                Query(sel(C.KV_CACHE_USAGE), "{{target}} KV"),
+                Query(sel(C.MAMBA_CACHE_USAGE), "{{target}} mamba slots"),
+            ), unit="percentunit", min=0, max=1, description=f"{C.KV_CACHE_USAGE.help} {C.MAMBA_CACHE_USAGE.help}"),
             Panel("Requests running and queued", (
                 Query(sel(C.REQUESTS_RUNNING), "{{target}} running"),
                 Query(sel(C.REQUESTS_WAITING), "{{target}} waiting"),
@@ -105,11 +183,13 @@ def overview_rows() -> tuple[Row, ...]:
             Panel("Canary answer", (
                 Query(sel(C.CANARY_SUCCESS), "{{target}} completed"),
                 Query(sel(C.CANARY_CORRECT), "{{target}} correct"),
-            ), unit="bool", min=0, max=1, width=8, description=C.CANARY_CORRECT.help),
-            Panel("Canary time to first token", (Query(sel(C.CANARY_TTFT)),), unit="s", min=0, width=8,
+            ), unit="bool", min=0, max=1, width=6, description=C.CANARY_CORRECT.help),
+            Panel("Canary time to first token", (Query(sel(C.CANARY_TTFT)),), unit="s", min=0, width=6,
                   description=C.CANARY_TTFT.help),
-            Panel("Canary decode speed", (Query(sel(C.CANARY_DECODE_RATE)),), unit="tokens/s", min=0, width=8,
+            Panel("Canary decode speed", (Query(sel(C.CANARY_DECODE_RATE)),), unit=TOKENS_PER_S, min=0, width=6,
                   description=C.CANARY_DECODE_RATE.help),
+            Panel("Time since the last canary run", (Query(f"time() - {sel(C.CANARY_LAST_RUN)}"),), unit="s",
+                  min=0, width=6, description=C.CANARY_LAST_RUN.help),
         )),
         Row("Engines and exporter", (
             Panel("Engines", (Query(sel(C.ENGINE_INFO), "", instant=True),), kind="table", width=24, height=6,
@@ -126,8 +206,12 @@ def overview_rows() -> tuple[Row, ...]:
     )
 
 
+def quantile_expr(q: float, bucket: str) -> str:
+    return f"histogram_quantile({q}, sum by (target, le) (rate({bucket}{SELECT}[$__rate_interval])))"
+
+
 def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
-    datasource = {"type": "prometheus", "uid": DATASOURCE_UID}
+    datasource = DATASOURCE
     defaults: dict[str, Any] = {"unit": panel.unit}
     if panel.min is not None:
         defaults["min"] = panel.min
@@ -137,11 +221,14 @@ def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
                 "instant": q.instant, "range": not q.instant}
                for i, q in enumerate(panel.queries)]
     body: dict[str, Any] = {
-        "id": pid, "type": panel.kind, "title": panel.title, "description": panel.description,
+        "id": pid, "type": panel.kind, "title": panel.title, "description": panel.full_description,
         "datasource": datasource, "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
         "fieldConfig": {"defaults": defaults, "overrides": []}, "targets": targets,
     }
-    if panel.kind == "table":
+    if panel.kind == "heatmap":
+        body["targets"][0]["format"] = "heatmap"
+        body["options"] = {"calculate": False, "yAxis": {"unit": panel.unit}, "cellGap": 1}
+    elif panel.kind == "table":
         body["targets"][0]["format"] = "table"
         body["transformations"] = [{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True,
                                                                                     "__name__": True}}}]
@@ -151,8 +238,7 @@ def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
 
 
 def _variable(name: str, query: str) -> dict[str, Any]:
-    return {"name": name, "label": name, "type": "query", "query": {"query": query, "refId": name},
-            "definition": query, "datasource": {"type": "prometheus", "uid": DATASOURCE_UID},
+    return {"name": name, "label": name, "type": "query", "query": query, "datasource": DATASOURCE,
             "includeAll": True, "multi": True, "allValue": ".*", "refresh": 2, "sort": 1,
             "current": {"selected": True, "text": ["All"], "value": ["$__all"]}}
 
@@ -178,6 +264,8 @@ def dashboard(uid: str, title: str, rows: Iterable[Row]) -> dict[str, Any]:
         "schemaVersion": SCHEMA_VERSION, "version": 1, "refresh": "10s",
         "time": {"from": "now-1h", "to": "now"},
         "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+             "refresh": 1, "hide": 0, "includeAll": False, "multi": False},
             _variable("profile", f"label_values({up}, profile)"),
             _variable("target", f'label_values({up}{{profile=~"$profile"}}, target)'),
         ]},

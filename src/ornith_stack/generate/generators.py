@@ -5,13 +5,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ornith_stack.generate import dashboards, helm_chart, monitoring_readme, profile_files, prometheus
+from ornith_stack.generate import (
+    alertmanager,
+    alerts,
+    dashboards,
+    helm_chart,
+    monitoring_readme,
+    profile_files,
+    prometheus,
+)
 from ornith_stack.generate.core import GeneratedFile, Outcome, render
 
 # Each takes the repository root and yields the files it generates; listing them builds nothing.
 GENERATORS: tuple[Callable[[Path], Iterable[GeneratedFile]], ...] = (
     profile_files.files,
     prometheus.files,
+    alerts.files,
+    alertmanager.files,
     dashboards.files,
     monitoring_readme.files,
     helm_chart.files,

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from ornith_stack.engines import ADAPTERS
-from ornith_stack.generate import dashboards, helm_values, prometheus
+from ornith_stack.generate import alerts, dashboards, helm_values, prometheus
 from ornith_stack.generate.core import GeneratedFile, environment, with_header
 from ornith_stack.generate.profile_files import render_profile
 from ornith_stack.merge import deep_merge
@@ -133,7 +133,7 @@ def _schema(root: Path) -> str:
 
 def _rules() -> str:
     """Every rule group Prometheus loads in compose, as one PrometheusRule body."""
-    groups = prometheus.recording_rules()["groups"] + prometheus.alert_rules()["groups"]
+    groups = prometheus.recording_rules()["groups"] + alerts.alert_rules()["groups"]
     return with_header(RULES_SOURCE, yaml.safe_dump({"groups": groups}, sort_keys=False, width=10_000,
                                                     allow_unicode=True), "yaml")
 
