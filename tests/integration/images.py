@@ -10,13 +10,14 @@ The systemd host must be started with `SYSTEMD_HOST_RUN_ARGS` (see the script's 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
+from containers import daemon_available, exec_in
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "scripts" / "make-base-images.sh"
@@ -31,17 +32,15 @@ SYSTEMD_HOST_RUN_ARGS: tuple[str, ...] = (
     "--tmpfs",
     "/run/lock",
 )
+# The same flags as keyword arguments of containers.run_detached (the Docker SDK's containers.run).
+SYSTEMD_HOST_RUN_OPTIONS: dict[str, Any] = {
+    "cgroupns": "host",
+    "volumes": {"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
+    "tmpfs": {"/run": "", "/run/lock": ""},
+}
 
 # A cold build (debootstrap plus three apt-based builds) took about 5 minutes here; leave room for a slow mirror.
 _TIMEOUT_S = 1800
-
-
-def docker_available() -> bool:
-    """True when a Docker daemon answers; tests that need images skip otherwise."""
-    if shutil.which("docker") is None:
-        return False
-    probe = subprocess.run(["docker", "info"], capture_output=True, check=False)
-    return probe.returncode == 0
 
 
 @cache
@@ -51,7 +50,7 @@ def ensure_base_images(*names: str) -> dict[str, str]:
     names: any of "debian", "python", "prometheus", "systemd-host"; none means all of them.
     Skips the calling test when Docker is missing; fails it with the script's own message otherwise.
     """
-    if not docker_available():
+    if not daemon_available():
         pytest.skip("Docker daemon not reachable: cannot make the local base images")
     result = subprocess.run(
         ["bash", str(SCRIPT), *names],
@@ -74,16 +73,11 @@ def wait_for_systemd(container: str, timeout_s: float = 60.0) -> str:
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        probe = subprocess.run(
-            ["docker", "exec", container, "systemctl", "is-system-running", "--wait"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-        state = probe.stdout.strip()
+        # coreutils `timeout` bounds the exec inside the container; the SDK client only bounds each socket read.
+        _, output = exec_in(container, "timeout", str(int(timeout_s)), "systemctl", "is-system-running", "--wait")
+        state = output.strip()
         if state in ("running", "degraded") or time.monotonic() > deadline:
-            return state or probe.stderr.strip()
+            return state
         time.sleep(0.5)
 
 
