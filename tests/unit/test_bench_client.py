@@ -63,7 +63,7 @@ def _stream(lines: list[str]):
 def test_tokens_are_counted_from_usage_not_from_chunks() -> None:
     # A speculative engine sends several tokens per chunk: 4 token chunks carry 13 tokens.
     lines = [
-        _event({"role": "assistant", "content": ""}),  # role announcement: no token yet
+        _event({"role": "assistant", "content": ""}),  # sent with the first token; its text comes next
         _event({"content": "Hello"}),
         _event({"content": ""}),  # a step whose tokens decode to no text still marks arrival
         _event({"content": " big"}),
@@ -75,9 +75,11 @@ def test_tokens_are_counted_from_usage_not_from_chunks() -> None:
     assert sample.error is None
     assert (sample.prompt_tokens, sample.completion_tokens, sample.chunks) == (7, 13, 4)
     assert sample.text == "Hello big world" and sample.finish_reason == "length"
-    # First token arrives with the 2nd line, the last with the 5th: 3 gaps of decode.
-    assert sample.ttft_s == pytest.approx(2 * GAP)
+    # TTFT ends at the role chunk (1st line), as `vllm bench serve` measures it; decode runs from the
+    # first text (2nd line) to the last (5th line): 3 gaps; ITL counts every gap between chunks.
+    assert sample.ttft_s == pytest.approx(GAP)
     assert sample.decode_s == pytest.approx(3 * GAP)
+    assert sample.itl_s == pytest.approx([GAP] * 4)
     assert sample.decode_tok_s == pytest.approx(12 / sample.decode_s)
 
 
@@ -244,7 +246,8 @@ def test_a_real_stream_with_event_and_id_lines_and_an_api_key(loopback: Loopback
     client = EngineClient(loopback.url, timeout_s=5, api_key="sk-test")
     sample = client.stream_chat({"model": "loop", "messages": [], "max_tokens": 8})
     assert sample.error is None and sample.text == "w0 w1 w2 w3 " and sample.completion_tokens == 8
-    assert sample.chunks == 4 and len(sample.itl_s) == 3
+    # 4 token chunks after the role chunk: 4 gaps, the first one from the role chunk.
+    assert sample.chunks == 4 and len(sample.itl_s) == 4
     assert loopback.headers_seen[0]["Authorization"] == "Bearer sk-test"
 
 

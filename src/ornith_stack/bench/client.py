@@ -155,6 +155,7 @@ class EngineClient:
             sample.error = "interrupted"
             return sample
         t0 = self.clock()
+        opened: list[float] = []  # when the first chunk with a choice came (engines send it with the first token)
         arrivals: list[float] = []
         parts: list[str] = []
         thoughts: list[str] = []
@@ -167,6 +168,8 @@ class EngineClient:
                 for chunk in self._events(response, t0):
                     now = self.clock()
                     _read_usage(chunk, sample)
+                    if not opened and chunk.get("choices"):
+                        opened.append(now)
                     text, reasoning, finish, tokens = _delta(chunk)
                     if finish:
                         sample.finish_reason = finish
@@ -186,7 +189,7 @@ class EngineClient:
         sample.e2e_s = self.clock() - t0
         sample.text = "".join(parts)
         sample.reasoning = "".join(thoughts)
-        _time(sample, t0, arrivals)
+        _time(sample, t0, opened, arrivals)
         if sample.error is None:
             sample.error = usage_problem(sample, body.get("max_tokens"))
         return sample
@@ -268,14 +271,20 @@ def _read_usage(chunk: dict[str, Any], sample: RequestSample) -> None:
         sample.completion_tokens = usage.get("completion_tokens", sample.completion_tokens)
 
 
-def _time(sample: RequestSample, t0: float, arrivals: list[float]) -> None:
-    """TTFT, decode interval and the gaps between token chunks (ITL: one gap per chunk, as vLLM and
-    SGLang count it, since a speculative step delivers several tokens at once)."""
+def _time(sample: RequestSample, t0: float, opened: list[float], arrivals: list[float]) -> None:
+    """TTFT, decode interval and the gaps between chunks (ITL: one gap per chunk, as vLLM and SGLang
+    count it, since a speculative step delivers several tokens at once).
+
+    TTFT ends at the first chunk with a choice, as `vllm bench serve` measures it: vLLM and SGLang send
+    the role chunk when the first token exists, while a reasoning parser may hold the first tokens'
+    text back. The decode interval runs between chunks that carry tokens."""
     sample.chunks = len(arrivals)
     if arrivals:
-        sample.ttft_s = arrivals[0] - t0
+        first = min(opened[0], arrivals[0]) if opened else arrivals[0]
+        sample.ttft_s = first - t0
         sample.decode_s = arrivals[-1] - arrivals[0]
-        sample.itl_s = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+        times = [first, *arrivals] if first < arrivals[0] else arrivals
+        sample.itl_s = [b - a for a, b in zip(times, times[1:], strict=False)]
 
 
 def usage_problem(sample: RequestSample, max_tokens: Any) -> str | None:
