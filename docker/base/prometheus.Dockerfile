@@ -1,6 +1,7 @@
 # Stand-in for prom/prometheus where no registry is reachable: Debian's prometheus package (2.42).
 # Laid out like the upstream image (config /etc/prometheus/prometheus.yml, data /prometheus, port 9090)
-# so that the same compose file runs either. Healthchecks: `wget -qO- http://127.0.0.1:9090/-/ready`
+# so that the same compose file runs either. It stands in for prom/alertmanager too: Debian's
+# prometheus-alertmanager as /bin/alertmanager with its data in /alertmanager, as upstream lays it out. Healthchecks: `wget -qO- http://127.0.0.1:9090/-/ready`
 # works here and in the upstream (busybox) image; curl is in neither.
 ARG BASE_IMAGE=ornith-local/debian:bookworm
 FROM ${BASE_IMAGE}
@@ -12,10 +13,11 @@ RUN groupadd --system --gid 990 prometheus \
  && useradd --system --uid 990 --gid prometheus --home-dir /var/lib/prometheus \
       --no-create-home --shell /usr/sbin/nologin prometheus \
  && apt-get update \
- && apt-get install -y --no-install-recommends prometheus wget \
+ && apt-get install -y --no-install-recommends prometheus prometheus-alertmanager wget \
  && rm -rf /var/lib/apt/lists/* \
- && mkdir -p /prometheus \
- && chown 990:990 /prometheus
+ && ln -s /usr/bin/prometheus-alertmanager /bin/alertmanager \
+ && mkdir -p /prometheus /alertmanager \
+ && chown 990:990 /prometheus /alertmanager
 
 USER 990:990
 WORKDIR /prometheus

@@ -228,7 +228,7 @@ def host(bases: dict[str, str], wheelhouse: Path, shared: Path) -> Iterator[str]
 
 @pytest.fixture(scope="module")
 def ports() -> dict[str, int]:
-    return {"engine": free_port(), "exporter": free_port(), "prometheus": free_port()}
+    return {"engine": free_port(), "exporter": free_port(), "prometheus": free_port(), "alertmanager": free_port()}
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +262,9 @@ def inventory(
             "ORNITH_EXPORTER_PORT": ports["exporter"],
             "ORNITH_PROMETHEUS_PORT": ports["prometheus"],
             "ORNITH_PROMETHEUS_IMAGE": bases["prometheus"],
+            # Debian's Alertmanager is in the same stand-in image (docker/base/prometheus.Dockerfile).
+            "ORNITH_ALERTMANAGER_PORT": ports["alertmanager"],
+            "ORNITH_ALERTMANAGER_IMAGE": bases["prometheus"],
         },
         "ornith_service_image_cache_dir": str(tmp_path_factory.mktemp("image-cache")),
         "ornith_service_images": [EXPORTER_IMAGE, bases["prometheus"]],
@@ -280,8 +283,8 @@ def _extra_vars(hub: HubServer, tmp: Path, **more: object) -> Path:
         "ornith_model_revision": hub.repos[MODEL_REPO].commit,
         "ornith_draft_repo": DRAFT_REPO,
         "ornith_draft_revision": "main",
-        # Engine, exporter and Prometheus (no Grafana image on this machine).
-        "ornith_service_compose_services": ["engine", "exporter", "prometheus"],
+        # Engine, exporter, Prometheus and Alertmanager (no Grafana image on this machine).
+        "ornith_service_compose_services": ["engine", "exporter", "prometheus", "alertmanager"],
         **more,
     }
     path = tmp / f"extra-{uuid.uuid4().hex[:6]}.json"
@@ -473,7 +476,7 @@ def test_compose_project_is_a_systemd_unit_pinned_to_the_downloaded_commit(
     assert "Requires=docker.service" in unit
     assert (
         f"ExecStart=/usr/bin/docker-compose --project-name {PROJECT} --file {shared}/opt/compose/cpu-demo.yml "
-        "up --detach --remove-orphans engine exporter prometheus"
+        "up --detach --remove-orphans engine exporter prometheus alertmanager"
     ) in unit
     assert testinfra_host.service(PROJECT).is_enabled
     compose = testinfra_host.file(f"{shared}/opt/compose/cpu-demo.yml").content_string

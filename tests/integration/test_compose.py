@@ -116,6 +116,7 @@ def demo_env(bases: dict[str, str], grafana_standin: str) -> dict[str, str]:
     env.update(
         ORNITH_PYTHON_BASE_IMAGE=bases["python"],
         ORNITH_PROMETHEUS_IMAGE=bases["prometheus"],
+        ORNITH_ALERTMANAGER_IMAGE=bases["prometheus"],  # the same Debian image carries Alertmanager
         ORNITH_GRAFANA_IMAGE=grafana_standin,
         ORNITH_ENGINE_PORT=str(free_port()),
         ORNITH_EXPORTER_PORT=str(free_port()),
