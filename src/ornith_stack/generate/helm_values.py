@@ -106,20 +106,14 @@ def _values(node: dict[str, Any], prefix: str, comments: dict[str, _Notes]) -> l
     return values
 
 
+# JSON Schema's type of a YAML default; bool before int, since a bool is an int in Python.
+_JSON_TYPES: tuple[tuple[type, str], ...] = (
+    (bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"), (dict, "object"),
+)
+
+
 def _type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "null"
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "null")
 
 
 def _node(value: Value) -> dict[str, Any]:
