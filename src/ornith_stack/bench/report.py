@@ -252,10 +252,16 @@ def _serving_tables(result: dict[str, Any]) -> list[str]:
     suite = result.get("suites", {}).get("serving")
     if not suite:
         return []
-    lines = ["", "## Serving (random workload)", "",
-             f"{suite['num_prompts']} prompts of {suite['input_len']} tokens, {suite['output_len']} output tokens "
-             f"each, seed {suite['seed']}, burstiness {suite['burstiness']}, {suite['repeats']} recorded runs per "
-             "level after unrecorded warm-ups. Figures: median [min–max] over the runs."]
+    if suite.get("dataset"):
+        title = "prompts from a file"
+        workload = (f"{suite['num_prompts']} prompts from `{suite['dataset']}`, {suite['output_len']} output tokens "
+                    "where a line gives no output_tokens")
+    else:
+        title = "random workload"
+        workload = f"{suite['num_prompts']} prompts of {suite['input_len']} tokens, {suite['output_len']} output tokens each"
+    lines = ["", f"## Serving ({title})", "",
+             f"{workload}, seed {suite['seed']}, burstiness {suite['burstiness']}, {suite['repeats']} recorded runs "
+             "per level after unrecorded warm-ups. Figures: median [min–max] over the runs."]
     rows = []
     for level in suite.get("levels", []):
         spread = level.get("spread", {})

@@ -103,6 +103,7 @@ def _header(config: BenchConfig, profile: Profile | None, model: str, max_model_
             "requested_task_samples": config.requested_task_samples,
             "random_input_len": config.random_input_len,
             "random_output_len": config.random_output_len,
+            "dataset_path": str(config.dataset_path) if config.dataset_path else None,
             "num_prompts": config.num_prompts,
             "max_concurrency": list(config.max_concurrency),
             "request_rate": [r if r != float("inf") else "inf" for r in config.request_rate],

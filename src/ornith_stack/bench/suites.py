@@ -19,7 +19,7 @@ from ornith_stack.bench import prompts, stats
 from ornith_stack.bench.acceptance import per_request, summarize_acceptance
 from ornith_stack.bench.checkers import check
 from ornith_stack.bench.client import EngineClient, RequestSample, ServerInfo, decode_rate
-from ornith_stack.bench.datasets import SEED000_TASKS, Problem, load_tasks
+from ornith_stack.bench.datasets import SEED000_TASKS, Problem, ServingPrompt, load_serving_prompts, load_tasks
 from ornith_stack.bench.sandbox import Limits, require_sandbox
 from ornith_stack.bench.serving import Load, run_load, serving_metrics, spread
 from ornith_stack.engines import EngineAdapter, SpecCounters, acceptance_length, detect_adapter
@@ -63,6 +63,8 @@ class BenchConfig:
     # The serving suite's random workload, as `vllm bench serve --dataset-name random` takes it.
     random_input_len: int = 1024
     random_output_len: int = 128
+    # Prompts from a file instead (`vllm bench serve --dataset-name custom`'s JSONL), the same every run.
+    dataset_path: Path | None = None
     num_prompts: int = 64
     max_concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
     request_rate: tuple[float, ...] = (math.inf,)
@@ -101,6 +103,9 @@ class Runner:
         # SGLang caps prompt + output of everything running by its KV pool (--max-total-tokens).
         self.pool_tokens = client.pool_tokens(self.adapter.info_paths) if self.adapter else None
         self.rng = random.Random(config.seed)
+        # Read before any request, so a bad file costs no generated token.
+        self.serving_prompts = (load_serving_prompts(config.dataset_path)
+                                if config.dataset_path is not None and "serving" in config.suites else None)
 
     # -- requests ---------------------------------------------------------------------------------
     def body(self, content: str, max_tokens: int, *, speed: bool) -> dict[str, Any]:
@@ -290,8 +295,9 @@ class Runner:
             self.level(entry, Load(max_concurrency=level), _fixed(bodies))
 
     def serving(self) -> None:
-        """The random workload of `vllm bench serve --dataset-name random`: fixed prompt and output
-        lengths, at each request rate and max concurrency, repeated for a spread."""
+        """The random workload of `vllm bench serve --dataset-name random` (or the prompts of
+        `--dataset-path`, as its custom dataset): fixed output lengths, at each request rate and max
+        concurrency, repeated for a spread."""
         cfg = self.config
         suite: dict[str, Any] = {"input_len": cfg.random_input_len, "output_len": cfg.random_output_len,
                                  "num_prompts": cfg.num_prompts, "repeats": cfg.repeats, "seed": cfg.seed,
@@ -299,9 +305,28 @@ class Runner:
                                  "max_total_tokens": self.pool_tokens, "levels": []}
         self.result["serving"] = suite
         loads = [Load(rate, c, cfg.burstiness) for rate in cfg.request_rate for c in cfg.max_concurrency]
-        self.progress.start("serving", 2 + len(loads) * cfg.num_prompts * cfg.repeats)
-        # `vllm bench serve --dataset-name random` makes the message content input_len tokens long and the
-        # chat template comes on top, so the prompt is sized to input_len plus the template's own tokens.
+        if self.serving_prompts is not None:
+            suite |= {"dataset": str(cfg.dataset_path), "input_len": None}
+            self.progress.start("serving", len(loads) * cfg.num_prompts * cfg.repeats)
+            bodies = _fixed(self.dataset_bodies(self.serving_prompts))
+        else:
+            self.progress.start("serving", 2 + len(loads) * cfg.num_prompts * cfg.repeats)
+            bodies = self.random_bodies(suite)
+        for load in loads:
+            entry: dict[str, Any] = {"request_rate": load.rate if not math.isinf(load.rate) else "inf",
+                                     "max_concurrency": load.max_concurrency}
+            if self.pool_tokens and load.max_concurrency and self.serving_prompts is None:
+                need = load.max_concurrency * (cfg.random_input_len + cfg.random_output_len)
+                entry["exceeds_pool"] = need > self.pool_tokens
+            suite["levels"].append(entry)
+            self.level(entry, load, bodies)
+
+    def random_bodies(self, suite: dict[str, Any]) -> Callable[[], list[dict[str, Any]]]:
+        """Fresh random prompts for each run. `vllm bench serve --dataset-name random` makes the message
+        content input_len tokens long and the chat template comes on top, so the prompt is sized to
+        input_len plus the template's own tokens."""
+        cfg = self.config
+
         def sizing(content: str) -> dict[str, Any]:
             return self.random_body(content) | {"max_tokens": 2}
 
@@ -314,15 +339,14 @@ class Runner:
         def bodies() -> list[dict[str, Any]]:
             return [self.random_body(prompts.sized_prompt(words, seed=seeds.randrange(1 << 30)))
                     for _ in range(cfg.num_prompts)]
+        return bodies
 
-        for load in loads:
-            entry: dict[str, Any] = {"request_rate": load.rate if not math.isinf(load.rate) else "inf",
-                                     "max_concurrency": load.max_concurrency}
-            if self.pool_tokens and load.max_concurrency:
-                need = load.max_concurrency * (cfg.random_input_len + cfg.random_output_len)
-                entry["exceeds_pool"] = need > self.pool_tokens
-            suite["levels"].append(entry)
-            self.level(entry, load, bodies)
+    def dataset_bodies(self, rows: list[ServingPrompt]) -> list[dict[str, Any]]:
+        """`--num-prompts` requests from the file's lines in order, starting over when the file is shorter;
+        a line's output_tokens overrides --random-output-len."""
+        chosen = [rows[i % len(rows)] for i in range(self.config.num_prompts)]
+        return [self.random_body(row.prompt) | ({"max_tokens": row.output_tokens} if row.output_tokens else {})
+                for row in chosen]
 
     def random_body(self, content: str) -> dict[str, Any]:
         """A request of the random workload as `vllm bench serve --backend openai-chat` sends it."""

@@ -136,6 +136,8 @@ def register(app: typer.Typer) -> None:
         thinking: Annotated[bool, typer.Option(help="enable_thinking for task requests.")] = False,
         random_input_len: Annotated[int, typer.Option(min=1, help="serving: prompt tokens of each request.")] = 1024,
         random_output_len: Annotated[int, typer.Option(min=2, help="serving: output tokens of each request.")] = 128,
+        dataset_path: Annotated[Path | None, typer.Option(help="serving: prompts from this JSONL (`prompt`, optional "
+                                                          "`output_tokens`), as vllm bench serve's custom dataset.")] = None,
         num_prompts: Annotated[int, typer.Option(min=1, help="serving: requests per run.")] = 64,
         max_concurrency: Annotated[str, typer.Option(help="serving: concurrency caps, comma-separated.")] = ",".join(map(str, DEFAULT_CONCURRENCY)),
         request_rate: Annotated[str, typer.Option(help="serving: requests per second, comma-separated; inf: no pacing.")] = "inf",
@@ -160,6 +162,7 @@ def register(app: typer.Typer) -> None:
             sandbox=Limits(wall_s=code_timeout, unsafe_without_sandbox=unsafe_run_code_without_sandbox),
             api_key=api_key, tasks=parse_tasks(tasks), prompt_format=prompt_format, thinking=thinking,
             random_input_len=random_input_len, random_output_len=random_output_len, num_prompts=num_prompts,
+            dataset_path=dataset_path,
             max_concurrency=parse_ints("--max-concurrency", max_concurrency),
             request_rate=parse_rates(request_rate), burstiness=burstiness, seed=seed, repeats=repeats,
             goodput=parse_goodput(goodput.replace(",", " ").split()),
