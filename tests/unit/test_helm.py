@@ -34,6 +34,7 @@ CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-monitoring-v1.json",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring-v1.json",
     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkerset-leaderworkerset-v1.json",
+    ("monitoring.coreos.com/v1alpha1", "AlertmanagerConfig"): "alertmanagerconfig-monitoring-v1alpha1.json",
 }
 # Every profile, and every scenario in ci/ (complete generated values files).
 PROFILE_CASES = [f"values-{name}.yaml" for name in profile_names()]
@@ -43,6 +44,14 @@ RENDERABLE = [c for c in PROFILE_CASES if c != "values-spark.yaml"] + SCENARIO_C
 
 
 # ----------------------------------------------------------------------------------------------- helpers
+class KubeYAML(yaml.SafeLoader):
+    """YAML as Kubernetes reads it: a bare `=` (Helm's toYaml writes an AlertmanagerConfig's
+    `matchType: =` so) is the string "=", not YAML 1.1's "value" type that PyYAML cannot construct."""
+
+
+KubeYAML.add_constructor("tag:yaml.org,2002:value", yaml.SafeLoader.construct_yaml_str)
+
+
 def read_yaml(rel: str) -> dict[str, Any]:
     return yaml.safe_load((CHART / rel).read_text()) or {}
 
@@ -60,7 +69,8 @@ def chart() -> helm.Chart:
 # The APIs a cluster with the Prometheus Operator and the LeaderWorkerSet controller serves, as
 # `helm install` sees them (group/version and group/version/kind); `helm template --api-versions X` adds X.
 FULL_CLUSTER = ("monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor",
-                "monitoring.coreos.com/v1/PrometheusRule", "leaderworkerset.x-k8s.io/v1",
+                "monitoring.coreos.com/v1/PrometheusRule", "monitoring.coreos.com/v1alpha1",
+                "monitoring.coreos.com/v1alpha1/AlertmanagerConfig", "leaderworkerset.x-k8s.io/v1",
                 "leaderworkerset.x-k8s.io/v1/LeaderWorkerSet")
 # A cluster without the Prometheus Operator's CRDs: only the built-in APIs (and the LeaderWorkerSet).
 NO_MONITORING = ("leaderworkerset.x-k8s.io/v1", "leaderworkerset.x-k8s.io/v1/LeaderWorkerSet")
@@ -82,7 +92,7 @@ def render(values: dict[str, Any], api_versions: tuple[str, ...] = FULL_CLUSTER)
     for name, text in sorted(render_manifests(values, api_versions).items()):
         if name.endswith(".txt"):
             continue
-        objects += [doc for doc in yaml.safe_load_all(text) if doc]
+        objects += [doc for doc in yaml.load_all(text, KubeYAML) if doc]
     return objects
 
 
@@ -374,6 +384,91 @@ def test_grafana_dashboards_are_the_files_of_monitoring() -> None:
     assert {k: v for m in maps for k, v in m["data"].items()} == files
 
 
+AMC_CASE = "ci/gb300x2-two-nodes-lws.yaml"  # the scenario that routes alerts to a webhook
+
+
+def compose_matcher(matcher: str) -> dict[str, str]:
+    """`alertname=~"A|B"` of compose's alertmanager.yml in the CRD's shape."""
+    name, op, value = re.fullmatch(r'(\w+)(=~|!~|!=|=)"(.*)"', matcher).groups()  # type: ignore[union-attr]
+    return {"name": name, "value": value, "matchType": op}
+
+
+def test_alertmanager_config_routes_and_inhibits_like_compose() -> None:
+    """The AlertmanagerConfig carries compose's route, receivers and inhibitions, the chart's webhook URL
+    in place of the placeholder, and passes the CRD's schema (its child routes too, which the CRD leaves
+    untyped)."""
+    values = case_values(AMC_CASE)
+    amc_values = values["monitoring"]["alertmanagerConfig"]
+    assert amc_values["enabled"] and amc_values["webhookUrl"]
+    (amc,) = find(rendered(AMC_CASE), "AlertmanagerConfig")
+    validate_object(amc)
+    bad = copy.deepcopy(amc)
+    bad["spec"]["receivers"][0]["webhookConfigs"][0]["sendResolve"] = True
+    with pytest.raises(jsonschema.ValidationError, match="sendResolve"):
+        validate_object(bad)
+    assert amc["metadata"]["labels"]["release"] == amc_values["labels"]["release"]
+    schema = json.loads((CHART / "crds-schemas" / CRD_SCHEMAS[("monitoring.coreos.com/v1alpha1", "AlertmanagerConfig")])
+                        .read_text())["properties"]["spec"]["properties"]["route"]
+    for child in amc["spec"]["route"]["routes"]:
+        jsonschema.Draft202012Validator(schema).validate(child)
+
+    compose = yaml.safe_load((ROOT / "monitoring" / "alertmanager" / "alertmanager.yml").read_text())
+    route, spec = compose["route"], amc["spec"]
+    assert spec["route"] == {
+        "receiver": route["receiver"], "groupBy": route["group_by"], "groupWait": route["group_wait"],
+        "groupInterval": route["group_interval"], "repeatInterval": route["repeat_interval"],
+        "routes": [{"receiver": r["receiver"], "matchers": [compose_matcher(m) for m in r["matchers"]]}
+                   for r in route["routes"]]}
+    assert spec["inhibitRules"] == [
+        {"sourceMatch": [compose_matcher(m) for m in rule["source_matchers"]],
+         "targetMatch": [compose_matcher(m) for m in rule["target_matchers"]], "equal": rule["equal"]}
+        for rule in compose["inhibit_rules"]]
+    webhook = [{"url": amc_values["webhookUrl"], "sendResolved": c["send_resolved"]}
+               for r in compose["receivers"] for c in r.get("webhook_configs", [])]
+    assert [c for r in spec["receivers"] for c in r.get("webhookConfigs", [])] == webhook
+    assert [r["name"] for r in spec["receivers"]] == [r["name"] for r in compose["receivers"]]
+    # The chart's defaults are compose's; the values override them.
+    defaults = read_yaml("values.yaml")["monitoring"]["alertmanagerConfig"]
+    assert (defaults["repeatInterval"], defaults["sendResolved"]) == (
+        route["repeat_interval"], compose["receivers"][0]["webhook_configs"][0]["send_resolved"])
+    changed = deep_merge(values, {"monitoring": {"alertmanagerConfig": {"repeatInterval": "12h", "sendResolved": False}}})
+    (amc,) = find(tuple(render(changed)), "AlertmanagerConfig")
+    assert amc["spec"]["route"]["repeatInterval"] == "12h"
+    assert amc["spec"]["receivers"][0]["webhookConfigs"][0]["sendResolved"] is False
+
+
+@pytest.mark.parametrize("apis", [FULL_CLUSTER, NO_MONITORING], ids=["cluster", "no-monitoring"])
+def test_alertmanager_config_without_a_webhook_url_fails_with_the_fix(apis: tuple[str, ...]) -> None:
+    values = deep_merge(case_values("values-gpu96.yaml"), {"monitoring": {"alertmanagerConfig": {"enabled": True}}})
+    with pytest.raises(helm.HelmError) as caught:
+        render(values, apis)
+    message = str(caught.value)
+    assert "monitoring.alertmanagerConfig.webhookUrl is empty" in message
+    assert "--set monitoring.alertmanagerConfig.webhookUrl=" in message
+    assert "monitoring.alertmanagerConfig.enabled=false" in message
+
+
+def test_alertmanager_config_is_off_by_default_and_needs_its_api() -> None:
+    assert read_yaml("values.yaml")["monitoring"]["alertmanagerConfig"]["enabled"] is False
+    assert not find(rendered("values-gpu96.yaml"), "AlertmanagerConfig")
+    # A cluster (or `helm template --api-versions`) with monitoring.coreos.com/v1 but not v1alpha1.
+    v1_only = tuple(a for a in FULL_CLUSTER if "v1alpha1" not in a)
+    objects = render(case_values(AMC_CASE), v1_only)
+    assert not find(tuple(objects), "AlertmanagerConfig") and find(tuple(objects), "PrometheusRule")
+    notes = render_manifests(case_values(AMC_CASE), v1_only)["ornith/templates/NOTES.txt"]
+    assert "serves no AlertmanagerConfig (monitoring.coreos.com/v1alpha1)" in notes
+    # `helm template --api-versions monitoring.coreos.com/v1alpha1` turns it on.
+    assert find(tuple(render(case_values(AMC_CASE), (*v1_only, "monitoring.coreos.com/v1alpha1"))), "AlertmanagerConfig")
+
+
+def test_bad_alertmanager_values_fail_the_schema() -> None:
+    values = deep_merge(read_yaml("values-gpu96.yaml"), {"monitoring": {"alertmanagerConfig": {
+        "enabled": True, "webhookUrl": "alerts.example.com", "repeatInterval": "4 hours"}}})
+    errors = schema_errors(values)
+    assert any(e.startswith("monitoring.alertmanagerConfig.webhookUrl") for e in errors), errors
+    assert any(e.startswith("monitoring.alertmanagerConfig.repeatInterval") for e in errors), errors
+
+
 # ------------------------------------------------------------------------------------- values and mistakes
 @cache
 def values_schema() -> dict[str, Any]:
@@ -505,7 +600,7 @@ MONITORING_KINDS = {"ServiceMonitor", "PrometheusRule"}
 def test_without_the_monitoring_crds_the_chart_renders_valid_objects_and_leaves_monitoring_out(case: str) -> None:
     # `helm install` on a cluster without the Prometheus Operator failed on the ServiceMonitor before.
     objects = render(case_values(case), NO_MONITORING)
-    assert {o["kind"] for o in objects} & MONITORING_KINDS == set()
+    assert {o["kind"] for o in objects} & (MONITORING_KINDS | {"AlertmanagerConfig"}) == set()
     assert find(objects, "Service") and engine_pod_specs(tuple(objects))
     for obj in objects:
         validate_object(obj)

@@ -267,6 +267,30 @@ def test_alertmanager_routes_alerts_to_the_webhook_and_inhibits_symptoms_of_a_st
     assert prometheus_config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
 
 
+@pytest.mark.parametrize(("matcher", "expected"), [
+    ('alertname=~"A|B"', {"name": "alertname", "value": "A|B", "matchType": "=~"}),
+    ('severity="info"', {"name": "severity", "value": "info", "matchType": "="}),
+    ('target!~"x.*"', {"name": "target", "value": "x.*", "matchType": "!~"}),
+    ('severity!=""', {"name": "severity", "value": "", "matchType": "!="}),
+])
+def test_matchers_translate_to_the_alertmanagerconfig_shape(matcher: str, expected: dict[str, str]) -> None:
+    from ornith_stack.generate import alertmanager
+
+    assert alertmanager.crd_matcher(matcher) == expected
+
+
+def test_alertmanagerconfig_translation_refuses_what_it_does_not_know() -> None:
+    """A matcher it cannot read, or a new key of the configuration, fails instead of vanishing from the chart."""
+    from ornith_stack.generate import alertmanager
+
+    with pytest.raises(ValueError, match="not a matcher"):
+        alertmanager.crd_matcher('alertname=~"a\\"b"')
+    config = alertmanager.alertmanager_config()
+    config["route"]["continue"] = False
+    with pytest.raises(AssertionError, match="continue"):
+        alertmanager.alertmanager_config_spec(config)
+
+
 def test_every_dashboard_passes_grafanas_published_schema() -> None:
     """monitoring/grafana/schema/dashboard.jsonschema.json: grafana-foundation-sdk's dashboard schema of
     the 11.3 branch (the pinned grafana/grafana:11.3.0). The generated-file notice `$comment` is ours and

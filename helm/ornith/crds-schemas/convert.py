@@ -34,6 +34,14 @@ DROPPED = {"description", "x-kubernetes-validations", "x-kubernetes-list-type", 
            "x-kubernetes-preserve-unknown-fields", "nullable", "example"}
 
 
+class CRDLoader(yaml.SafeLoader):
+    """YAML 1.1's `=` (the "value" type, which PyYAML resolves but cannot construct) read as the string
+    it is in Kubernetes' YAML 1.2: the matcher enums of the AlertmanagerConfig CRD list `- =` bare."""
+
+
+CRDLoader.add_constructor("tag:yaml.org,2002:value", yaml.SafeLoader.construct_yaml_str)
+
+
 def convert(node: dict[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
     if path in CORE_REFS:
         return {"$ref": DEFS + CORE_REFS[path]}
@@ -80,7 +88,7 @@ def crd_schema(crd: dict[str, Any], source: str) -> tuple[str, dict[str, Any]]:
 def main(paths: list[str]) -> None:
     here = Path(__file__).parent
     for path in paths:
-        filename, schema = crd_schema(yaml.safe_load(Path(path).read_text()), Path(path).name)
+        filename, schema = crd_schema(yaml.load(Path(path).read_text(), CRDLoader), Path(path).name)
         (here / filename).write_text(json.dumps(schema, indent=1, sort_keys=True) + "\n")
         print(f"wrote {here / filename}")
 

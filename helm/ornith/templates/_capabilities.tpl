@@ -7,3 +7,12 @@ Whether the cluster serves the Prometheus Operator's API (monitoring.coreos.com/
 {{- $apis := .Capabilities.APIVersions }}
 {{- if or ($apis.Has "monitoring.coreos.com/v1/ServiceMonitor") ($apis.Has "monitoring.coreos.com/v1") }}true{{ end }}
 {{- end }}
+
+{{/*
+Whether the cluster serves the Prometheus Operator's AlertmanagerConfig (monitoring.coreos.com/v1alpha1),
+asked as for ornith.hasMonitoringAPI: `helm template` needs --api-versions monitoring.coreos.com/v1alpha1.
+*/}}
+{{- define "ornith.hasAlertmanagerConfigAPI" -}}
+{{- $apis := .Capabilities.APIVersions }}
+{{- if or ($apis.Has "monitoring.coreos.com/v1alpha1/AlertmanagerConfig") ($apis.Has "monitoring.coreos.com/v1alpha1") }}true{{ end }}
+{{- end }}

@@ -1,14 +1,17 @@
 """Alertmanager's configuration: every Ornith alert to one webhook receiver, info alerts to nobody, and
 the inhibitions that keep a starting or dead engine from paging once per symptom.
 
-One builder, two files: monitoring/alertmanager/alertmanager.yml (compose: the alertmanager service puts
-`ORNITH_ALERT_WEBHOOK_URL` in place of `PLACEHOLDER_URL` when it starts; the Helm chart's
-`alertmanager.webhookUrl` likewise) and the Ansible monitoring role's template (its
-`monitoring_alertmanager_webhook_url`).
+One builder, three files: monitoring/alertmanager/alertmanager.yml (compose: the alertmanager service puts
+`ORNITH_ALERT_WEBHOOK_URL` in place of `PLACEHOLDER_URL` when it starts), the Ansible monitoring role's
+template (its `monitoring_alertmanager_webhook_url`), and the Helm chart's files/alertmanager-config.yaml:
+the same route, receivers and inhibitions as the spec of a prometheus-operator AlertmanagerConfig, whose
+template (templates/alertmanagerconfig.yaml) puts the chart value `monitoring.alertmanagerConfig.webhookUrl`
+in place of the URL.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,8 @@ SOURCE = "src/ornith_stack/generate/alertmanager.py and the alert rules"
 PLACEHOLDER_URL = D.ALERT_WEBHOOK_PLACEHOLDER
 WEBHOOK_ENV = "ORNITH_ALERT_WEBHOOK_URL"
 RECEIVER, NOBODY = "ornith-webhook", "ornith-nobody"
+# An Alertmanager matcher as this module writes them: label, operator, double-quoted value.
+_MATCHER = re.compile(r'(?P<name>[A-Za-z_]\w*)(?P<op>=~|!~|!=|=)"(?P<value>[^"\\]*)"')
 
 # Alerts of a target that an engine starting or down explains: inhibited while it lasts.
 ENGINE_STATE = ("OrnithEngineStarting", "OrnithEngineDown", "OrnithEngineDownLong")
@@ -69,6 +74,58 @@ def ansible_config() -> dict[str, Any]:
     the placeholder, so alerts stay in Alertmanager's UI)."""
     url = '{{ monitoring_alertmanager_webhook_url | default("' + PLACEHOLDER_URL + '", true) }}'
     return alertmanager_config(url, "{{ monitoring_alertmanager_repeat_interval }}")
+
+
+def crd_matcher(matcher: str) -> dict[str, str]:
+    """`alertname=~"A|B"` as an AlertmanagerConfig matcher: {name: alertname, value: "A|B", matchType: "=~"}."""
+    found = _MATCHER.fullmatch(matcher)
+    if not found:
+        raise ValueError(f"not a matcher this translation knows: {matcher!r}")
+    return {"name": found["name"], "value": found["value"], "matchType": found["op"]}
+
+
+def _only(mapping: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """`mapping`, refusing keys the translation does not know (they would be dropped silently)."""
+    unknown = set(mapping) - set(keys)
+    assert not unknown, f"no AlertmanagerConfig translation for {sorted(unknown)}"
+    return mapping
+
+
+def alertmanager_config_spec(config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The spec of a prometheus-operator AlertmanagerConfig (monitoring.coreos.com/v1alpha1) with the
+    route, receivers and inhibitions of `config` (default: alertmanager_config(), the placeholder URL).
+
+    The operator scopes an AlertmanagerConfig to its namespace (matcher strategy OnNamespace, the
+    default): it adds a `namespace="<the object's namespace>"` matcher to the top route and to both sides
+    of every inhibition, so these apply only to alerts carrying that namespace label."""
+    config = _only(config or alertmanager_config(), "route", "inhibit_rules", "receivers")
+    route = _only(config["route"], "receiver", "group_by", "group_wait", "group_interval", "repeat_interval",
+                  "routes")
+    receivers = []
+    for receiver in config["receivers"]:
+        out: dict[str, Any] = {"name": _only(receiver, "name", "webhook_configs")["name"]}
+        if "webhook_configs" in receiver:
+            out["webhookConfigs"] = [{"url": _only(c, "url", "send_resolved")["url"], "sendResolved": c["send_resolved"]}
+                                     for c in receiver["webhook_configs"]]
+        receivers.append(out)
+    return {
+        "route": {
+            "receiver": route["receiver"],
+            "groupBy": route["group_by"],
+            "groupWait": route["group_wait"],
+            "groupInterval": route["group_interval"],
+            "repeatInterval": route["repeat_interval"],
+            "routes": [{"receiver": _only(r, "matchers", "receiver")["receiver"],
+                        "matchers": [crd_matcher(m) for m in r["matchers"]]} for r in route["routes"]],
+        },
+        "receivers": receivers,
+        "inhibitRules": [
+            {"sourceMatch": [crd_matcher(m) for m in rule["source_matchers"]],
+             "targetMatch": [crd_matcher(m) for m in rule["target_matchers"]],
+             "equal": rule["equal"]}
+            for rule in (_only(r, "source_matchers", "target_matchers", "equal") for r in config["inhibit_rules"])
+        ],
+    }
 
 
 def files(root: Path) -> Iterator[GeneratedFile]:

@@ -5,6 +5,9 @@
 - `files/prometheus-rules.yaml` and `files/grafana-dashboards.yaml`: the rule groups and dashboards
   compose provisions from monitoring/, built here again by the same builders, because Helm reads only
   files inside the chart (`.Files.Get`).
+- `files/alertmanager-config.yaml`: the route, receivers and inhibitions of compose's alertmanager.yml,
+  from the same builder (alertmanager.alertmanager_config_spec), as the spec of an AlertmanagerConfig;
+  templates/alertmanagerconfig.yaml fills in the chart's webhook URL.
 - `README.md`: templates/helm-readme.md.j2 with the values table from the same annotated values.yaml.
 - `ci/<scenario>.yaml`: complete values files for test scenarios that change a profile (e.g. the
   122B split over two 4-GPU nodes at tp 8), rendered through the same template as values-<profile>.yaml.
@@ -20,7 +23,7 @@ from typing import Any
 import yaml
 
 from ornith_stack.engines import ADAPTERS
-from ornith_stack.generate import alerts, dashboards, helm_values, prometheus
+from ornith_stack.generate import alertmanager, alerts, dashboards, helm_values, prometheus
 from ornith_stack.generate.core import GeneratedFile, environment, with_header
 from ornith_stack.generate.profile_files import render_profile
 from ornith_stack.merge import deep_merge
@@ -32,6 +35,7 @@ SCHEMA_SOURCE = f"{VALUES} (its comments and @schema annotations)"
 README_SOURCE = f"src/ornith_stack/templates/helm-readme.md.j2 and {VALUES}"
 RULES_SOURCE = "src/ornith_stack/generate/prometheus.py (the rule groups of monitoring/prometheus/rules/)"
 DASHBOARDS_SOURCE = f"{dashboards.SOURCE} (the dashboards of {dashboards.DASHBOARD_DIR}/)"
+ALERTMANAGER_SOURCE = f"src/ornith_stack/generate/alertmanager.py (what {alertmanager.CONFIG} routes and inhibits)"
 
 
 @dataclass(frozen=True)
@@ -61,13 +65,16 @@ SCENARIOS = (
         name="gb300x2-two-nodes-lws",
         profile="gb300x2",
         description="Tensor parallelism across nodes with the profile's own flags: tp 2 over two single-GPU "
-        "nodes as a LeaderWorkerSet, two such groups behind one Service.",
+        "nodes as a LeaderWorkerSet, two such groups behind one Service; kube-prometheus-stack selects the "
+        "monitoring objects and its Alertmanager sends the alerts to a webhook (an example URL here).",
         values={
             "engine": {"nodes": 2, "gpusPerNode": 1, "replicas": 2,
                        "resources": {"requests": {"cpu": "16", "memory": "256Gi"}, "limits": {"memory": "480Gi"}}},
             "modelCache": {"accessModes": ["ReadWriteMany"], "storageClassName": "shared-nfs", "size": "600Gi"},
             "hfToken": {"secretName": "hf-token"},
-            "monitoring": {"serviceMonitor": _MONITORING_RELEASE, "prometheusRule": _MONITORING_RELEASE},
+            "monitoring": {"serviceMonitor": _MONITORING_RELEASE, "prometheusRule": _MONITORING_RELEASE,
+                           "alertmanagerConfig": {"enabled": True, "webhookUrl": "https://alerts.example.com/ornith",
+                                                  **_MONITORING_RELEASE}},
         },
     ),
     Scenario(
@@ -119,6 +126,7 @@ def files(root: Path) -> Iterator[GeneratedFile]:
     yield GeneratedFile(f"{CHART}/README.md", README_SOURCE, lambda: _readme(root))
     yield GeneratedFile(f"{CHART}/files/prometheus-rules.yaml", RULES_SOURCE, _rules)
     yield GeneratedFile(f"{CHART}/files/grafana-dashboards.yaml", DASHBOARDS_SOURCE, _dashboards)
+    yield GeneratedFile(f"{CHART}/files/alertmanager-config.yaml", ALERTMANAGER_SOURCE, _alertmanager_config)
     for scenario in SCENARIOS:
         yield GeneratedFile(f"{CHART}/ci/{scenario.name}.yaml", _scenario_source(scenario),
                             _scenario_builder(scenario))
@@ -142,6 +150,11 @@ def _dashboards() -> str:
     files = {f"{uid}.json": dashboards.text(uid) for uid in dashboards.DASHBOARDS}
     body = yaml.safe_dump({"dashboards": files}, sort_keys=True, width=10_000, allow_unicode=True)
     return with_header(DASHBOARDS_SOURCE, body, "yaml")
+
+
+def _alertmanager_config() -> str:
+    """An AlertmanagerConfig's spec, the webhook URL a placeholder the chart's template replaces."""
+    return with_header(ALERTMANAGER_SOURCE, prometheus.dump(alertmanager.alertmanager_config_spec()), "yaml")
 
 
 def _scenario_source(scenario: Scenario) -> str:
