@@ -166,7 +166,11 @@ class Recorded:
         return self.name
 
 
-BY = ", ".join(ENGINE)
+# Recording rules keep the exporter's engine labels, and `namespace` where Kubernetes' scrape adds it:
+# prometheus-operator scopes an AlertmanagerConfig's routes and inhibitions to alerts carrying its
+# namespace, so an alert on a recorded series without it would miss the chart's webhook. Where no
+# scrape adds it (compose, Ansible) the label is simply absent.
+BY = ", ".join((*ENGINE, "namespace"))
 
 
 def _rate(metric: Metric, window: str, by: str = BY) -> str:

@@ -21,7 +21,7 @@ from ornith_stack.generate.core import GeneratedFile, with_header
 RULES_DIR = "monitoring/prometheus/rules"
 ANSIBLE_CONFIG = "ansible/roles/monitoring/templates/prometheus.yml.j2"
 SOURCE = "src/ornith_stack/generate/prometheus.py, the metrics catalogue and the profiles"
-BY = "target, profile, engine, model"
+BY = C.BY
 
 # Recording rules: the names dashboards and alerts share.
 ACCEPTANCE_5M = A.ACCEPTANCE_5M
