@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_bench_datasets import sandboxed_rows
 
 from ornith_stack.bench.checkers import (
     check_gsm8k,
@@ -117,22 +118,21 @@ def test_an_answer_that_exits_early_does_not_pass() -> None:
     assert not check_humaneval(PROMPT, answer, TEST, "add").passed
 
 
-def test_every_bundled_humaneval_solution_passes_its_tests() -> None:
-    rows = [json.loads(line) for line in (DATA / "humaneval.jsonl").read_text().splitlines()]
-    assert len(rows) >= 8
-    for row in rows:
-        verdict = check_humaneval(row["prompt"], row["canonical_solution"], row["test"], row["entry_point"],
-                                  Limits(wall_s=10))
-        assert verdict.passed, (row["task_id"], verdict.detail)
-        # ... and the tests are not vacuous: an answer returning None fails them.
-        assert not check_humaneval(row["prompt"], "    return None\n", row["test"], row["entry_point"]).passed
+@pytest.mark.parametrize("index", sandboxed_rows("humaneval.jsonl"))
+def test_every_bundled_humaneval_solution_passes_its_tests(index: int) -> None:
+    row = json.loads((DATA / "humaneval.jsonl").read_text().splitlines()[index])
+    verdict = check_humaneval(row["prompt"], row["canonical_solution"], row["test"], row["entry_point"],
+                              Limits(wall_s=10))
+    assert verdict.passed, (row["task_id"], verdict.detail)
+    # ... and the tests are not vacuous: an answer returning None fails them.
+    assert not check_humaneval(row["prompt"], "    return None\n", row["test"], row["entry_point"]).passed
 
 
 def test_bundled_gsm8k_answers_check_against_themselves() -> None:
     rows = [json.loads(line) for line in (DATA / "gsm8k.jsonl").read_text().splitlines()]
-    assert len(rows) >= 10
-    for row in rows:
-        assert check_gsm8k(f"#### {row['answer']}", row["answer"]).passed
+    assert len(rows) == 128
+    for row in rows:  # the worked solution, ending '#### N'
+        assert check_gsm8k(row["answer"], row["answer"]).passed
 
 
 def test_tasks_dir_overrides_the_bundled_sample(tmp_path: Path) -> None:

