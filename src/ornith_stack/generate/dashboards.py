@@ -167,9 +167,12 @@ def overview_rows() -> tuple[Row, ...]:
               "cache (vLLM hits / queries; SGLang's radix cache_hit_rate gauge)."),
             Panel("Preemptions", (
                 Query(rate_by("vllm:num_preemptions_total", "target"), "{{target}} preempted"),
-                Query(rate_by("sglang:num_retracted_requests_total", "target"), "{{target}} retracted"),
+                # SGLang creates its retraction counter at the first retraction: until then the panel
+                # reads 0 from the gauge of the last step's retractions, which it exports from the start.
+                Query(f'{rate_by("sglang:num_retracted_requests_total", "target")} or '
+                      f'(sum by (target) ({sel("sglang:num_retracted_reqs")}) * 0)', "{{target}} retracted"),
             ), unit="ops", min=0, description="Requests preempted (vLLM) or retracted (SGLang) for lack of "
-              "KV cache; they recompute later."),
+              "KV cache; they recompute later. SGLang shows 0 until its first retraction creates the counter."),
             Panel("KV cache and mamba slot usage", (
                 Query(sel(C.KV_CACHE_USAGE), "{{target}} KV"),
                 Query(sel(C.MAMBA_CACHE_USAGE), "{{target}} mamba slots"),
