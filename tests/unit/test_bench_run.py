@@ -335,3 +335,67 @@ def test_a_bad_dataset_is_one_clear_error_before_any_request(tmp_path: Path, cap
     err = capsys.readouterr().err.strip()
     assert rc == 2 and message in err and len(err.splitlines()) == 1, err
     assert calls == 0
+
+
+class FakeSGLang(FakeEngine):
+    """SGLang-shaped: sglang: counters, and a non-streaming chat answer with meta_info.spec_verify_ct when
+    asked for it (return_meta_info), as 0.5.17's chat route gives it. Every request also counts
+    `other_traffic` tokens and 10 steps of someone else's (the exporter's canary, say)."""
+
+    def __init__(self, other_traffic: int = 0) -> None:
+        super().__init__(other_traffic=other_traffic)
+        self.bodies: list[dict] = []
+
+    def exposition(self) -> str:
+        with self.lock:
+            counters = {"sglang:generation_tokens": self.generated, "sglang:spec_verify_calls": self.steps}
+        return "".join(f"# TYPE {name} counter\n{name}_total{{model_name=\"fake\",tp_rank=\"0\"}} {value}\n"
+                       for name, value in counters.items())
+
+    def chat(self, body: dict) -> httpx.Response:
+        with self.lock:
+            self.bodies.append(body)
+        if body.get("stream"):
+            return super().chat(body)
+        tokens = min(body["max_tokens"], 40)
+        steps = tokens // TOKENS_PER_CHUNK
+        with self.lock:
+            self.generated += tokens + self.other_traffic
+            self.steps += steps + 10 * bool(self.other_traffic)
+        message = {"role": "assistant", "content": "Adding up.\n#### 0", "reasoning_content": "thinking"}
+        meta = {"prompt_tokens": 20, "completion_tokens": tokens, "spec_verify_ct": steps}
+        return httpx.Response(200, json={
+            "choices": [{"index": 0, "message": message, "finish_reason": "length"}
+                        | ({"meta_info": meta} if body.get("return_meta_info") else {})],
+            "usage": {"prompt_tokens": 20, "completion_tokens": tokens, "total_tokens": 20 + tokens}})
+
+
+def test_seed004_on_sglang_takes_each_request_s_own_steps_whatever_else_runs(tmp_path: Path) -> None:
+    """Acceptance per request from SGLang's spec_verify_ct: other traffic moving the engine's counters
+    around each request (here 3x the request's tokens) leaves seed 004's acceptance at 4.0."""
+    from ornith_stack.bench.methods import apply_method
+
+    engine = FakeSGLang(other_traffic=120)
+    config = apply_method(_config(task_limit=2, repeats=1), "seed004")
+    result = run_bench(config, None, transport=httpx.MockTransport(engine))
+    assert result["engine"] == "sglang"
+    tasks = result["suites"]["tasks"]["tasks"]
+    assert all(t["acceptance"]["per_request_mean"] == pytest.approx(4.0) for t in tasks.values())
+    assert all(t["acceptance"]["token_weighted"] == pytest.approx(4.0) for t in tasks.values())
+    # The acceptance requests asked for meta_info without streaming; the throughput levels streamed.
+    asked = [b for b in engine.bodies if b.get("return_meta_info")]
+    assert len(asked) == 2 * len(tasks) and not any(b["stream"] for b in asked)
+    # Streamed: the warm-up, then each task's two problems again at concurrency 8 and at 32.
+    assert sum(1 for b in engine.bodies if b.get("stream")) == 1 + len(tasks) * 2 * 2
+
+
+def test_non_streaming_answers_that_are_not_chat_completions_fail_that_request_only() -> None:
+    from ornith_stack.bench.client import EngineClient
+
+    answers = iter([httpx.Response(200, json={"choices": []}), httpx.Response(200, text="not json"),
+                    httpx.Response(503, text="overloaded")])
+    client = EngineClient("http://fake.test", transport=httpx.MockTransport(lambda request: next(answers)))
+    errors = [client.complete_chat({"model": "m", "messages": [], "max_tokens": 4}).error for _ in range(3)]
+    assert errors[0] is not None and errors[0].startswith("not an OpenAI chat completion: ValueError: no choices")
+    assert errors[1] is not None and errors[1].startswith("not an OpenAI chat completion")
+    assert errors[2] == "HTTP 503: overloaded"

@@ -194,6 +194,32 @@ class EngineClient:
             sample.error = usage_problem(sample, body.get("max_tokens"))
         return sample
 
+    def complete_chat(self, body: dict[str, Any]) -> RequestSample:
+        """Send one non-streaming chat completion: E2E time, usage, the answer, and the engine's own count
+        of this request's verification steps where it reports one (SGLang's meta_info.spec_verify_ct).
+        No TTFT or decode interval exists without a stream. Errors are kept in the sample, not raised."""
+        body = {**body, "stream": False}
+        sample = RequestSample(started_at=time.time())
+        if self.stop.is_set():
+            sample.error = "interrupted"
+            return sample
+        t0 = self.clock()
+        try:
+            response = self._http.post(self.url + "/v1/chat/completions", json=body,
+                                       timeout=httpx.Timeout(self.deadline_s, connect=10.0))
+            sample.e2e_s = self.clock() - t0
+            if response.status_code != 200:
+                sample.error = f"HTTP {response.status_code}: {_short(response.text)}"
+                return sample
+            _read_completion(response.json(), sample)
+        except httpx.HTTPError as exc:
+            sample.error = f"{type(exc).__name__}: {exc or 'no detail'}"
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            sample.error = f"not an OpenAI chat completion: {type(exc).__name__}: {exc}"
+        if sample.error is None:
+            sample.error = usage_problem(sample, body.get("max_tokens"))
+        return sample
+
     def _events(self, response: httpx.Response, t0: float) -> Iterator[dict[str, Any]]:
         """The stream's JSON events, stopping at the total deadline or on Ctrl-C even while the server
         sends only keep-alive comments or trickles bytes without a line end."""
@@ -259,12 +285,24 @@ def sse_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
         yield event
 
 
-def _read_usage(chunk: dict[str, Any], sample: RequestSample) -> None:
-    """Token counts from `usage`, and SGLang's verification steps of this request where the chunk
-    carries its `meta_info` (`spec_verify_ct`)."""
-    meta = chunk.get("meta_info")
+def _read_completion(payload: Any, sample: RequestSample) -> None:
+    """A non-streaming chat completion into `sample`: answer, reasoning, finish reason, usage, and the
+    verification steps of SGLang's meta_info."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list) or not payload["choices"]:
+        raise ValueError(f"no choices in {_short(json.dumps(payload))!r}")
+    choice = payload["choices"][0]
+    message = choice.get("message") or {}
+    sample.text = str(message.get("content") or "")
+    sample.reasoning = str(message.get("reasoning_content") or message.get("reasoning") or "")
+    sample.finish_reason = choice.get("finish_reason")
+    meta = choice.get("meta_info")
     if isinstance(meta, dict) and isinstance(meta.get("spec_verify_ct"), int):
         sample.extra["spec_verify_ct"] = meta["spec_verify_ct"]
+    _read_usage(payload, sample)
+
+
+def _read_usage(chunk: dict[str, Any], sample: RequestSample) -> None:
+    """Token counts from `usage`."""
     usage = chunk.get("usage")
     if isinstance(usage, dict):
         sample.prompt_tokens = usage.get("prompt_tokens", sample.prompt_tokens)

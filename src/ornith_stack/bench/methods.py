@@ -5,7 +5,8 @@ used, so `--method seed000` or `--method seed004` reproduces that seed's table.
   give the headline decode tok/s and speedup; essay prompts with ignore_eos are a separate figure.
 - seed004: thinking on, temperature 0.6, top-p 0.95, top-k 20, up to 4,096 new tokens, 128 samples per
   task, z-lab/dflash prompt formatting, MT-Bench first turn only; acceptance per request at
-  concurrency 1 and throughput at concurrency 1, 8 and 32 per task.
+  concurrency 1 (on SGLang from the request's own spec_verify_ct, so other traffic such as the
+  exporter's canary cannot leak into it) and throughput at concurrency 1, 8 and 32 per task.
 """
 
 from __future__ import annotations
@@ -34,5 +35,6 @@ def apply_method(config: BenchConfig, name: str) -> BenchConfig:
         limit = min(config.task_limit or SEED004_SAMPLES, SEED004_SAMPLES)
         return replace(config, method=name, suites=("tasks",), tasks=TASKS, prompt_format="dflash",
                        sampling=SEED004_SAMPLING, thinking=True, task_max_tokens=4096, task_limit=limit,
-                       requested_task_samples=SEED004_SAMPLES, task_concurrency=(1, 8, 32))
+                       requested_task_samples=SEED004_SAMPLES, task_concurrency=(1, 8, 32),
+                       per_request_steps=True)
     raise UserError(f"--method {name!r}: choose from {', '.join(METHODS)}")

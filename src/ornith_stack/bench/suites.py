@@ -60,6 +60,9 @@ class BenchConfig:
     thinking: bool = False  # chat_template_kwargs.enable_thinking of task requests
     task_concurrency: tuple[int, ...] = ()  # seed 004: each task's problems again at these concurrencies
     requested_task_samples: int | None = None  # what the method asks for (seed 004: 128 per task)
+    # Tasks at concurrency 1 ask the engine for each request's own verification steps where it reports
+    # them (SGLang: non-streaming, so those requests have no TTFT or decode rate): seed 004's acceptance.
+    per_request_steps: bool = False
     # The serving suite's random workload, as `vllm bench serve --dataset-name random` takes it.
     random_input_len: int = 1024
     random_output_len: int = 128
@@ -137,11 +140,16 @@ class Runner:
     def generated(self, samples: Samples | None) -> float | None:
         return samples.total(self.adapter.metrics.generation_tokens) if self.adapter and samples else None
 
-    def measured(self, body: dict[str, Any]) -> RequestSample:
+    def measured(self, body: dict[str, Any], own_steps: bool = False) -> RequestSample:
         """One request alone on the engine, with the engine's counters read around it: generation tokens
-        and speculative acceptance over exactly this request's window."""
+        and speculative acceptance over exactly this request's window. With `own_steps`, on an engine
+        that reports a request's verification steps, the request asks for them instead of streaming."""
         before = self.scrape()
-        sample = self.client.stream_chat(body)
+        fields = self.adapter.per_request_steps_fields if self.adapter else {}
+        if own_steps and fields:
+            sample = self.client.complete_chat(body | fields)
+        else:
+            sample = self.client.stream_chat(body)
         after = self.settled(before, sample.completion_tokens)
         gen_before, gen_after = self.generated(before), self.generated(after)
         if gen_before is not None and gen_after is not None:
@@ -216,7 +224,8 @@ class Runner:
             suite["tasks"][task_set.task] = entry
             first_spec = self.spec(self.scrape())
             for problem in task_set.problems:
-                sample = self.measured(self.body(problem.message, cfg.task_max_tokens, speed=False))
+                sample = self.measured(self.body(problem.message, cfg.task_max_tokens, speed=False),
+                                       own_steps=cfg.per_request_steps)
                 record = sample.to_json() | {"id": problem.id, **self.verdict(problem, sample)}
                 entry["samples"].append(record)
                 entry.update(summarize_task(entry["samples"]))

@@ -128,6 +128,9 @@ class EngineAdapter:
     serving_flags: ClassVar[tuple[str, ...]] = ("host", "port")
     # The flag that serves a vision-language checkpoint without its vision tower (None: the engine has none).
     language_only_flag: ClassVar[str | None] = None
+    # Fields of a non-streaming chat request that make the engine answer this request's own speculative
+    # verification steps (choices[0].meta_info.spec_verify_ct); empty where the engine has none.
+    per_request_steps_fields: ClassVar[dict[str, bool]] = {}
 
     def launch_args(self, profile: Profile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
         """The full argv of the engine process for `profile` (python and module first)."""

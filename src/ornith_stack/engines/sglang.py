@@ -35,6 +35,9 @@ class SglangAdapter(EngineAdapter):
     extra_samples = ("sglang:realtime_tokens_total", "sglang:mamba_usage")
     # SGLang exports /metrics only when asked to.
     serving_flags = ("host", "port", "enable-metrics")
+    # 0.5.17's chat route returns each choice's meta_info (prompt and completion tokens, spec_verify_ct)
+    # when asked, on non-streaming requests only (a streaming one with it is refused).
+    per_request_steps_fields: ClassVar[dict[str, bool]] = {"return_meta_info": True}
     metrics: ClassVar[MetricNames] = MetricNames(
         generation_tokens="sglang:generation_tokens_total",
         prompt_tokens="sglang:prompt_tokens_total",
