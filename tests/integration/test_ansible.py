@@ -15,7 +15,7 @@ its project and cache folders live under one temporary folder mounted at the sam
 mounts of the compose file mean the same on the host and on the daemon.
 
 The engine image: the real cpu-demo image where this machine has it, else a stand-in built from
-docker/sglang.Dockerfile on the local Python base (ornith-stack and the entrypoint, no vLLM: its container
+docker/engine.Dockerfile on the local Python base (ornith-stack and the entrypoint, no vLLM: its container
 restarts after the entrypoint's checks). Either way the image is saved to an archive and removed from the
 daemon before the play, so only the host's `docker load` can bring it back.
 What cannot run without a GPU: the driver, the NVIDIA container toolkit and nvidia-ctk (see ansible/README.md).
@@ -159,7 +159,7 @@ def engine_archive(bases: dict[str, str], tmp_path_factory: pytest.TempPathFacto
             "build",
             "--quiet",
             "--file",
-            "docker/sglang.Dockerfile",
+            "docker/engine.Dockerfile",
             "--tag",
             ENGINE_IMAGE,
             # A second tag keeps the layers (and so the build cache) when the test removes ENGINE_IMAGE.
