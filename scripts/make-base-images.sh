@@ -20,7 +20,7 @@
 #       ornith-local/systemd-host:bookworm
 #   docker exec HOST systemctl is-system-running --wait     # -> running, no failed units
 # (for the first ~0.5 s after `docker run` that answers "Failed to connect to bus": retry until it says
-# running; tests/integration/images.py has wait_for_systemd() and SYSTEMD_HOST_RUN_ARGS for this.)
+# running; tests/integration/images.py has wait_for_systemd() and SYSTEMD_HOST_RUN_OPTIONS for this.)
 # Each flag is needed here: without the two tmpfs systemd exits ("Failed to mount tmpfs at /run/lock:
 # Operation not permitted", it lacks CAP_SYS_ADMIN to mount them itself); without the cgroup bind mount it
 # exits too. --cgroupns=host is already Docker's default on cgroup v1 but is stated so the line means the

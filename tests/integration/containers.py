@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import requests
 from docker.errors import DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 
@@ -92,13 +93,58 @@ def published_ports(container: str, port: int, protocol: str = "tcp") -> list[tu
     return [(b["HostIp"], int(b["HostPort"])) for b in bindings]
 
 
-def exec_in(container: str, *argv: str) -> tuple[int, str]:
-    """Run argv in a running container; return (exit code, stdout and stderr together, decoded)."""
+def exec_in(container: str, *argv: str, check: bool = False) -> tuple[int, str]:
+    """Run argv in a running container; return (exit code, stdout and stderr together, decoded).
+
+    check: raise ContainerError (with the exit code and output) when argv exits non-zero.
+    """
     try:
         result = get_container(container).exec_run(list(argv))
     except DockerException as exc:
         raise ContainerError(f"cannot exec {argv!r} in container {container}: {exc}") from exc
-    return int(result.exit_code), result.output.decode(errors="replace")
+    code, output = int(result.exit_code), result.output.decode(errors="replace")
+    if check and code != 0:
+        raise ContainerError(f"{argv!r} in container {container} exited {code}:\n{output[-3000:]}")
+    return code, output
+
+
+def inspect(container: str) -> dict[str, Any]:
+    """What `docker inspect CONTAINER` prints for it (the daemon's answer, fetched now)."""
+    return dict(get_container(container).attrs)
+
+
+class RunResult(NamedTuple):
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def run_once(
+    image: str,
+    command: list[str] | tuple[str, ...],
+    environment: dict[str, str] | None = None,
+    entrypoint: str | None = None,
+    timeout_s: float = 300,
+) -> RunResult:
+    """Run a command in a throwaway container and remove it, like `docker run --rm [--entrypoint E] [-e ...]`.
+
+    Returns the exit code and, kept apart as the CLI keeps them, stdout and stderr; a non-zero exit is an
+    answer, not an error. ContainerError when the container cannot be made or does not exit within timeout_s.
+    """
+    try:
+        container = client().containers.create(image, list(command), environment=environment, entrypoint=entrypoint)
+    except DockerException as exc:
+        raise ContainerError(f"cannot create a container from {image} for {command!r}: {exc}") from exc
+    try:
+        container.start()
+        status = container.wait(timeout=timeout_s)
+        stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
+        stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
+    except (DockerException, requests.RequestException) as exc:
+        raise ContainerError(f"cannot run {command!r} in a container from {image}: {exc}") from exc
+    finally:
+        remove_container(container.id)
+    return RunResult(int(status["StatusCode"]), stdout, stderr)
 
 
 def run_detached(image: str, name: str, **options: Any) -> Container:

@@ -5,7 +5,7 @@ No image registry is reachable on the build machines, so every Dockerfile the te
 idempotent (an existing, current tag is kept) and caches under $ORNITH_CACHE_DIR, so the call is cheap
 after the first run.
 
-The systemd host must be started with `SYSTEMD_HOST_RUN_ARGS` (see the script's header for why).
+The systemd host must be started with `SYSTEMD_HOST_RUN_OPTIONS` (see the script's header for why).
 """
 
 from __future__ import annotations
@@ -22,17 +22,9 @@ from containers import daemon_available, exec_in
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "scripts" / "make-base-images.sh"
 
-# `docker run` flags that boot ornith-local/systemd-host here (Docker 20.10, cgroup v1); --privileged fails.
-SYSTEMD_HOST_RUN_ARGS: tuple[str, ...] = (
-    "--cgroupns=host",
-    "-v",
-    "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-    "--tmpfs",
-    "/run",
-    "--tmpfs",
-    "/run/lock",
-)
-# The same flags as keyword arguments of containers.run_detached (the Docker SDK's containers.run).
+# What boots ornith-local/systemd-host here (Docker 20.10, cgroup v1), as keyword arguments of
+# containers.run_detached (the Docker SDK's containers.run): `docker run --cgroupns=host
+# -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock`; --privileged fails.
 SYSTEMD_HOST_RUN_OPTIONS: dict[str, Any] = {
     "cgroupns": "host",
     "volumes": {"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},

@@ -15,7 +15,7 @@ its project and cache folders live under one temporary folder mounted at the sam
 mounts of the compose file mean the same on the host and on the daemon.
 
 The engine image: the real cpu-demo image where this machine has it, else a stand-in built from
-docker/sglang.Dockerfile on the local Python base (ornith-stack and the entrypoint, no vLLM: its container
+docker/engine.Dockerfile on the local Python base (ornith-stack and the entrypoint, no vLLM: its container
 restarts after the entrypoint's checks). Either way the image is saved to an archive and removed from the
 daemon before the play, so only the host's `docker load` can bring it back.
 What cannot run without a GPU: the driver, the NVIDIA container toolkit and nvidia-ctk (see ansible/README.md).
@@ -39,8 +39,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from containers import (
+    exec_in,
+    image_id,
+    inspect,
+    load_image,
+    project_containers,
+    remove_container,
+    remove_image,
+    run_detached,
+    save_image,
+)
 from hf_server import HubServer
-from images import SYSTEMD_HOST_RUN_ARGS, ensure_base_images, wait_for_systemd
+from images import SYSTEMD_HOST_RUN_OPTIONS, ensure_base_images, wait_for_systemd
 from ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -82,11 +93,6 @@ WantedBy=multi-user.target
 
 def _run(*argv: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, check=check, text=True, capture_output=True, **kwargs)
-
-
-def _image_id(ref: str) -> str:
-    probe = _run("docker", "image", "inspect", "--format", "{{.Id}}", ref, check=False)
-    return probe.stdout.strip() if probe.returncode == 0 else ""
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +151,7 @@ def shared() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def engine_archive(bases: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The engine image as a `docker save` archive, removed from the daemon: only the play can bring it back."""
-    standin = not _image_id(ENGINE_IMAGE)
+    standin = not image_id(ENGINE_IMAGE)
     if standin:
         started = time.monotonic()
         _run(
@@ -153,7 +159,7 @@ def engine_archive(bases: dict[str, str], tmp_path_factory: pytest.TempPathFacto
             "build",
             "--quiet",
             "--file",
-            "docker/sglang.Dockerfile",
+            "docker/engine.Dockerfile",
             "--tag",
             ENGINE_IMAGE,
             # A second tag keeps the layers (and so the build cache) when the test removes ENGINE_IMAGE.
@@ -169,20 +175,19 @@ def engine_archive(bases: dict[str, str], tmp_path_factory: pytest.TempPathFacto
         )
         print(f"stand-in engine image built in {time.monotonic() - started:.0f} s")
     archive = tmp_path_factory.mktemp("archives") / "engine.tar"
-    _run("docker", "save", "--output", str(archive), ENGINE_IMAGE, timeout=600)
-    _run("docker", "rmi", "--force", ENGINE_IMAGE)  # untag only, also when a stopped container uses it
+    save_image(ENGINE_IMAGE, archive)
+    remove_image(ENGINE_IMAGE)  # untag only, also when a stopped container uses it
     try:
         yield archive
     finally:
-        _run("docker", "rm", "--force", *_project_containers(), check=False)
-        if standin:  # the stand-in must not pass for the real cpu-demo image in other tests
-            _run("docker", "rmi", "--force", ENGINE_IMAGE, check=False)
-        elif not _image_id(ENGINE_IMAGE):  # the real image: put it back if the play failed to
-            _run("docker", "load", "--input", str(archive), check=False, timeout=600)
-
-
-def _project_containers() -> list[str]:
-    return _run("docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={PROJECT}").stdout.split()
+        try:
+            for container in project_containers(PROJECT):
+                remove_container(container.id)
+        finally:  # the image is put right even when a container could not be removed
+            if standin:  # the stand-in must not pass for the real cpu-demo image in other tests
+                remove_image(ENGINE_IMAGE)
+            elif not image_id(ENGINE_IMAGE):  # the real image: put it back if the play failed to
+                load_image(archive)
 
 
 @pytest.fixture(scope="module")
@@ -190,23 +195,13 @@ def host(bases: dict[str, str], wheelhouse: Path, shared: Path) -> Iterator[str]
     name = f"ornith-it-{uuid.uuid4().hex[:8]}"
     # The flags scripts/make-base-images.sh documents for systemd as PID 1 here, plus the machine's network,
     # Docker socket and the shared folder (see the module doc).
-    _run(
-        "docker",
-        "run",
-        "-d",
-        "--name",
-        name,
-        "--network",
-        "host",
-        *SYSTEMD_HOST_RUN_ARGS,
-        "-v",
-        "/var/run/docker.sock:/run/docker.sock",
-        "-v",
-        f"{shared}:{shared}",
-        "-v",
-        f"{wheelhouse}:{HOST_WHEELHOUSE}:ro",
-        bases["systemd-host"],
-    )
+    volumes = {
+        **SYSTEMD_HOST_RUN_OPTIONS["volumes"],
+        "/var/run/docker.sock": {"bind": "/run/docker.sock", "mode": "rw"},
+        str(shared): {"bind": str(shared), "mode": "rw"},
+        str(wheelhouse): {"bind": HOST_WHEELHOUSE, "mode": "ro"},
+    }
+    run_detached(bases["systemd-host"], name, network_mode="host", **{**SYSTEMD_HOST_RUN_OPTIONS, "volumes": volumes})
     try:
         assert wait_for_systemd(name) in ("running", "degraded")
         setup = f"""set -e
@@ -220,10 +215,10 @@ def host(bases: dict[str, str], wheelhouse: Path, shared: Path) -> Iterator[str]
             : > /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
             printf '%s' '{NVIDIA_LIST_LINE}' > {NVIDIA_LIST}
         """
-        _run("docker", "exec", name, "bash", "-c", setup)
+        exec_in(name, "bash", "-c", setup, check=True)
         yield name
     finally:
-        _run("docker", "rm", "-f", "-v", name, check=False)
+        remove_container(name)
 
 
 @pytest.fixture(scope="module")
@@ -337,8 +332,8 @@ def check_run_on_fresh_host(inventory: Path, hub: HubServer, host: str, tmp_path
     result = _playbook(inventory, _extra_vars(hub, tmp_path_factory.mktemp("extra")), "--check")
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     for probe in (["dpkg-query", "-W", "docker.io"], ["test", "-e", "/opt/ornith-stack"]):
-        assert _run("docker", "exec", host, *probe, check=False).returncode != 0, f"--check changed the host: {probe}"
-    assert not _image_id(ENGINE_IMAGE), "--check loaded the engine image"
+        assert exec_in(host, *probe)[0] != 0, f"--check changed the host: {probe}"
+    assert not image_id(ENGINE_IMAGE), "--check loaded the engine image"
     return result
 
 
@@ -347,8 +342,8 @@ def first_run(
     check_run_on_fresh_host, inventory: Path, hub: HubServer, host: str, tmp_path_factory: pytest.TempPathFactory
 ):
     # Nothing of ours on the host before: no checkout, no ornith-stack, no engine image on the daemon.
-    assert _run("docker", "exec", host, "python3", "-c", "import ornith_stack", check=False).returncode != 0
-    assert not _image_id(ENGINE_IMAGE)
+    assert exec_in(host, "python3", "-c", "import ornith_stack")[0] != 0
+    assert not image_id(ENGINE_IMAGE)
     started = time.monotonic()
     result = _playbook(inventory, _extra_vars(hub, tmp_path_factory.mktemp("extra")))
     print(f"first run: {time.monotonic() - started:.0f} s")
@@ -364,17 +359,9 @@ def testinfra_host(host: str, first_run):
 
 
 def _container(service: str) -> dict:
-    ids = _run(
-        "docker",
-        "ps",
-        "-aq",
-        "--filter",
-        f"label=com.docker.compose.project={PROJECT}",
-        "--filter",
-        f"label=com.docker.compose.service={service}",
-    ).stdout.split()
+    ids = [container.short_id for container in project_containers(PROJECT, service)]
     assert len(ids) == 1, (service, ids)
-    return json.loads(_run("docker", "inspect", ids[0]).stdout)[0]
+    return inspect(ids[0])
 
 
 def test_check_mode_on_a_fresh_host_reports_changes_and_installs_nothing(check_run_on_fresh_host, first_run) -> None:
@@ -390,7 +377,7 @@ def test_the_stack_runs_from_the_images_the_play_delivered(
     delivered = "sha256:" + manifest[0]["Config"].split("/")[-1].removesuffix(".json")
     engine = _container("engine")
     assert engine["Image"] == delivered
-    assert _image_id(ENGINE_IMAGE) == delivered
+    assert image_id(ENGINE_IMAGE) == delivered
     assert re.search(r"changed: \[[^\]]+\] => \(item=\S*/images/engine\.tar\)", first_run.stdout), first_run.stdout[
         -6000:
     ]
@@ -401,7 +388,7 @@ def test_the_stack_runs_from_the_images_the_play_delivered(
         state = _container(service)
         assert state["State"]["Running"], (service, state["State"])
         if image:
-            assert state["Image"] == _image_id(image)
+            assert state["Image"] == image_id(image)
     # The exporter (a delivered image) answers on the machine's loopback; the engine is not up (no vLLM/GPU).
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{ports['exporter']}/metrics", timeout=10).read().decode()
     assert re.search(r'^ornith_engine_up\{[^}]*profile="cpu-demo"[^}]*\} ', metrics, re.MULTILINE), metrics[:2000]
@@ -498,8 +485,8 @@ def test_second_run_changes_nothing_and_never_shows_the_token(
 
     def poll() -> None:
         while not done.is_set():
-            for argv in (["docker", "exec", host, "ps", "-eo", "args"], ["ps", "-eo", "args"]):
-                seen.append(_run(*argv, check=False).stdout)
+            seen.append(exec_in(host, "ps", "-eo", "args")[1])
+            seen.append(_run("ps", "-eo", "args", check=False).stdout)
             time.sleep(0.2)
 
     watcher = threading.Thread(target=poll, daemon=True)
@@ -574,19 +561,18 @@ def test_a_conflicting_nvidia_apt_source_is_refused_before_any_change(
     first_run, inventory: Path, hub: HubServer, host: str, tmp_path: Path
 ) -> None:
     extra_list = "/etc/apt/sources.list.d/libnvidia-container.list"
-    _run(
-        "docker",
-        "exec",
+    exec_in(
         host,
         "sh",
         "-c",
         f"echo 'deb [signed-by=/etc/apt/keyrings/other.asc] https://nvidia.github.io/libnvidia-container/stable/deb/amd64 /'"
         f" > {extra_list}",
+        check=True,
     )
     try:
         result = _playbook(inventory, _extra_vars(hub, tmp_path), "--tags", "docker")
     finally:
-        _run("docker", "exec", host, "rm", "-f", extra_list)
+        exec_in(host, "rm", "-f", extra_list, check=True)
     assert result.returncode != 0
     text = " ".join(result.stdout.split())
     assert f"outside NVIDIA's own list file {NVIDIA_LIST}: {extra_list}" in text, text[-3000:]
@@ -609,7 +595,7 @@ def test_an_unpullable_base_image_fails_with_the_tag_to_set(
 ) -> None:
     """gpu96's engine image is built from lmsysorg/sglang:v0.5.17-cu129, which cannot be pulled here."""
     engine = "ornith-stack/sglang:0.5.17"
-    if _image_id(engine):
+    if image_id(engine):
         pytest.skip(f"{engine} exists on this machine: nothing to build")
     extra = _extra_vars(
         hub,
@@ -645,5 +631,5 @@ def test_an_interrupted_download_resumes_where_it_stopped(
     assert result.returncode == 0, result.stdout[-4000:]
     assert (blob.name, 10 * 1024 * 1024) in hub.ranges  # resumed after the first full chunk
     cached = f"{hf_home}/hub/models--ornith-test--big-blob/blobs/{hub.repos[BIG_REPO].blob_ids[blob.name]}"
-    done = _run("docker", "exec", host, "sha256sum", cached).stdout.split()[0]
+    done = exec_in(host, "sha256sum", cached, check=True)[1].split()[0]
     assert done == hashlib.sha256(blob.read_bytes()).hexdigest()

@@ -47,6 +47,7 @@ import httpx
 import pytest
 import testinfra
 import yaml
+from containers import published_ports, remove_image, run_once
 from images import ensure_base_images
 from ports import free_port
 
@@ -106,7 +107,7 @@ def grafana_standin(bases: dict[str, str]) -> Iterator[str]:
     subprocess.run(["docker", "build", "-q", "-t", tag, "-"], input=dockerfile, text=True, check=True,
                    capture_output=True, timeout=300)
     yield tag
-    run(["docker", "image", "rm", "-f", tag], check=False)
+    remove_image(tag)
 
 
 @pytest.fixture(scope="module")
@@ -284,8 +285,8 @@ class TestCpuDemoStack:
     ) -> None:
         cid = container_id(demo_env, service)
         assert port in _listening_ports(testinfra.get_host(f"docker://{cid}"))
-        published = run(["docker", "port", cid, f"{port}/tcp"]).stdout.split()
-        assert published and all(p.startswith("127.0.0.1:") for p in published), published
+        published = published_ports(cid, port)
+        assert published and all(address == "127.0.0.1" for address, _ in published), published
 
     def test_prometheus_has_the_exporter_target_up(
         self, stack: dict[str, str], demo_env: dict[str, str]
@@ -345,12 +346,7 @@ def standins(bases: dict[str, str]) -> Iterator[dict[str, dict]]:
         built[kind] = {"tag": tag, "profile": profile, "engine": engine}
     yield built
     for item in built.values():
-        run(["docker", "image", "rm", "-f", item["tag"]], check=False)
-
-
-def docker_run(image: str, env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:
-    flags = [f"--env={k}={v}" for k, v in env.items()]
-    return run(["docker", "run", "--rm", *flags, image, *command], timeout=300, check=False)
+        remove_image(item["tag"])
 
 
 @pytest.mark.parametrize("kind", STANDINS)
@@ -359,16 +355,16 @@ def test_entrypoint_execs_the_compose_command_with_extra_args_appended(standins:
     command = item["engine"]["command"]
     env = {"ORNITH_PROFILE": item["profile"], "ORNITH_DOCTOR_WARN_ONLY": "1", "ORNITH_DRY_RUN": "1",
            "ORNITH_EXTRA_ARGS": "--log-level debug"}
-    result = docker_run(item["tag"], env, *command)
-    assert result.returncode == 0, result.stderr
+    result = run_once(item["tag"], command, environment=env)
+    assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout) == [*command, "--log-level", "debug"]
 
 
 @pytest.mark.parametrize("kind", STANDINS)
 def test_entrypoint_refuses_without_a_gpu_and_says_why(standins: dict, kind: str) -> None:
     item = standins[kind]
-    result = docker_run(item["tag"], {"ORNITH_PROFILE": item["profile"]}, *item["engine"]["command"])
-    assert result.returncode == 1
+    result = run_once(item["tag"], item["engine"]["command"], environment={"ORNITH_PROFILE": item["profile"]})
+    assert result.exit_code == 1
     assert re.search(r"FAIL\s+gpu: no GPU detected", result.stderr), result.stderr
     assert f"refusing to start: 'ornith-stack doctor --profile {item['profile']}'" in result.stderr
     # It refused before exec: the engine module (absent from the stand-in) was never started.
@@ -376,14 +372,15 @@ def test_entrypoint_refuses_without_a_gpu_and_says_why(standins: dict, kind: str
 
 
 def test_entrypoint_refuses_an_unknown_profile(standins: dict) -> None:
-    result = docker_run(standins["sglang"]["tag"], {"ORNITH_PROFILE": "a100x3", "ORNITH_SKIP_DOCTOR": "1"},
-                        "true")
-    assert result.returncode == 2
+    result = run_once(standins["sglang"]["tag"], ["true"],
+                      environment={"ORNITH_PROFILE": "a100x3", "ORNITH_SKIP_DOCTOR": "1"})
+    assert result.exit_code == 2
     assert "refusing to start: unknown profile 'a100x3'" in result.stderr
 
 
 def test_sglang_image_pins_the_seeds_transformers(standins: dict) -> None:
     # Seed 000: "Keep transformers at 5.12.1 with SGLang 0.5.17." (a100x2 passes TRANSFORMERS_VERSION).
-    result = run(["docker", "run", "--rm", "--entrypoint", "python3", standins["sglang"]["tag"], "-c",
-                  "import transformers; print(transformers.__version__)"])
+    result = run_once(standins["sglang"]["tag"], ["-c", "import transformers; print(transformers.__version__)"],
+                      entrypoint="python3")
+    assert result.exit_code == 0, result.stderr
     assert result.stdout.strip() == "5.12.1"

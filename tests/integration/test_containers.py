@@ -1,7 +1,8 @@
 """tests/integration/containers.py against the real Docker daemon (needs Docker and the local base images).
 
 One systemd-host container (about 10 s to boot) carries a compose project label and publishes a port on
-loopback; a throwaway tag of the Debian base goes through save, remove and load. Prints its wall time.
+loopback; a throwaway tag of the Debian base goes through save, remove and load; one-shot containers of the
+Debian base run and are removed. Prints its wall time.
 """
 
 from __future__ import annotations
@@ -13,16 +14,19 @@ from pathlib import Path
 
 import pytest
 from containers import (
+    ContainerError,
     client,
     exec_in,
     image_exists,
     image_id,
+    inspect,
     load_image,
     project_containers,
     published_ports,
     remove_container,
     remove_image,
     run_detached,
+    run_once,
     save_image,
 )
 from images import SYSTEMD_HOST_RUN_OPTIONS, ensure_base_images, wait_for_systemd
@@ -57,6 +61,32 @@ def test_exec_returns_exit_code_and_output(host: str) -> None:
     code, output = exec_in(host, "sh", "-c", "echo hello; echo oops >&2; exit 3")
     # Docker multiplexes stdout and stderr as two streams: their interleaving is not defined.
     assert (code, sorted(output.splitlines())) == (3, ["hello", "oops"])
+
+
+def test_exec_with_check_raises_naming_the_command_and_its_exit(host: str) -> None:
+    assert exec_in(host, "true", check=True) == (0, "")
+    with pytest.raises(ContainerError, match=r"\('sh', '-c', 'echo nope; exit 5'\) in container .* exited 5:\nnope"):
+        exec_in(host, "sh", "-c", "echo nope; exit 5", check=True)
+
+
+def test_inspect_answers_what_docker_inspect_prints(host: str) -> None:
+    state = inspect(host)
+    assert state["Name"] == f"/{host}"
+    assert state["State"]["Running"] is True
+    assert state["Config"]["Labels"]["com.docker.compose.project"] == PROJECT
+
+
+def test_run_once_keeps_stdout_and_stderr_apart_and_leaves_no_container() -> None:
+    base = ensure_base_images("debian")["debian"]
+
+    def from_base() -> set[str]:
+        return {c.id for c in client().containers.list(all=True, filters={"ancestor": base})}
+
+    before = from_base()
+    result = run_once(base, ["sh", "-c", "echo out; echo err >&2; exit 4"])
+    assert (result.exit_code, result.stdout, result.stderr) == (4, "out\n", "err\n")
+    assert run_once(base, ["-c", "echo $GREETING"], environment={"GREETING": "hi"}, entrypoint="sh").stdout == "hi\n"
+    assert from_base() - before == set()
 
 
 def test_project_containers_finds_the_labelled_container_only(host: str) -> None:
