@@ -92,7 +92,11 @@ WantedBy=multi-user.target
 
 
 def _run(*argv: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, check=check, text=True, capture_output=True, **kwargs)
+    """Run argv; with `check`, a failure names the command and shows the end of what it printed."""
+    done = subprocess.run(argv, check=False, text=True, capture_output=True, **kwargs)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(argv[:4])} ... exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
+    return done
 
 
 @pytest.fixture(scope="module")
