@@ -6,6 +6,16 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests: random locally (150 examples, saved failures replayed from .hypothesis/); in CI
+# (`HYPOTHESIS_PROFILE=ci`, set by .ci/run) derandomized and without an example database, so every run
+# draws the same examples and no machine's saved example decides another's result. `deep` is for a
+# long local search: `HYPOTHESIS_PROFILE=deep pytest tests/unit/test_plan_bad_input.py`.
+settings.register_profile("default", max_examples=150)
+settings.register_profile("ci", max_examples=150, derandomize=True, database=None, print_blob=True)
+settings.register_profile("deep", max_examples=5000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REPO = Path(__file__).resolve().parents[1]
 # The seeds live beside the checkout (../shared); CI lays a copy of shared/ there too.

@@ -19,6 +19,23 @@ GIB = 1 << 30
 RESERVE_GIB_AT_HIDDEN_2048 = 82 - 65.53 - 8
 RESERVE_REFERENCE_HIDDEN = 2048
 
+# The largest memory one GPU can report: no NVIDIA part has more than 1 TiB (GB300: 288 GB; a DGX Spark's
+# unified memory: 128 GB). Bounding it keeps every product with GIB well inside float and int range.
+MAX_GPU_MEMORY_GIB = 1024.0
+MIN_GPU_MEMORY_GIB = 1 / 1024  # 1 MiB: below it every ratio against the GPU's memory leaves float range
+
+
+def check_number(name: str, value: float | None, *, low: float, high: float, low_inclusive: bool = False) -> None:
+    """Refuse a number that is not finite or lies outside (low, high] ([low, high] with low_inclusive)."""
+    if value is None:
+        return
+    if not math.isfinite(value):
+        raise UserError(f"{name} must be a finite number, got {value}")
+    below = value < low if low_inclusive else value <= low
+    if below or value > high:
+        left = "[" if low_inclusive else "("
+        raise UserError(f"{name} must be in {left}{low:g}, {high:g}], got {value:g}")
+
 
 @dataclass(frozen=True)
 class PlanRequest:
@@ -38,18 +55,16 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         s = self.settings
-        for name, number in (("GPU memory", self.gpu_memory_gib), ("--reserve-gib", self.reserve_gib),
-                             ("--mem-fraction-static", s.mem_fraction_static),
-                             ("--gpu-memory-utilization", s.gpu_memory_utilization),
-                             ("--mamba-full-memory-ratio", s.mamba_full_memory_ratio)):
-            if number is not None and not math.isfinite(number):
-                raise UserError(f"{name} must be a finite number, got {number}")
-        if self.gpu_memory_gib <= 0:
-            raise UserError(f"GPU memory must be positive, got {self.gpu_memory_gib} GiB")
+        # Every number is checked before any arithmetic: a huge reserve or GPU times GIB overflows.
+        check_number("GPU memory (GiB)", self.gpu_memory_gib, low=MIN_GPU_MEMORY_GIB, high=MAX_GPU_MEMORY_GIB,
+                     low_inclusive=True)
+        check_number("--reserve-gib", self.reserve_gib, low=0, high=self.gpu_memory_gib, low_inclusive=True)
+        for name, number in (("--mem-fraction-static", s.mem_fraction_static),
+                             ("--gpu-memory-utilization", s.gpu_memory_utilization)):
+            check_number(name, number, low=0, high=1)
+        check_number("--mamba-full-memory-ratio", s.mamba_full_memory_ratio, low=0, high=1e6)
         if self.gpu_count < 1:
             raise UserError(f"the plan needs at least one GPU, got {self.gpu_count}")
-        if s.mamba_full_memory_ratio is not None and s.mamba_full_memory_ratio <= 0:
-            raise UserError(f"--mamba-full-memory-ratio must be positive, got {s.mamba_full_memory_ratio}")
         if s.max_model_len is not None and s.max_model_len > self.shape.max_position_embeddings:
             raise UserError(
                 f"context length {s.max_model_len:,} exceeds the model's max_position_embeddings "
@@ -60,12 +75,6 @@ class PlanRequest:
             raise UserError(f"--tp must be at least 1, got {s.tp}")
         if self.gpu_count < s.tp:
             raise UserError(f"--tp {s.tp} needs {s.tp} GPUs, the plan has {self.gpu_count}")
-        for name, value in (
-            ("--mem-fraction-static", s.mem_fraction_static),
-            ("--gpu-memory-utilization", s.gpu_memory_utilization),
-        ):
-            if value is not None and not 0 < value <= 1:
-                raise UserError(f"{name} must be in (0, 1], got {value}")
         for name, value in (
             ("--kv-cache-memory-bytes", s.kv_cache_memory_bytes),
             ("--max-model-len", s.max_model_len),
@@ -78,8 +87,6 @@ class PlanRequest:
                 raise UserError(f"{name} must be positive, got {value}")
         if s.num_speculative_tokens < 0:
             raise UserError(f"--num-speculative-tokens must be >= 0, got {s.num_speculative_tokens}")
-        if self.reserve_gib is not None and self.reserve_gib < 0:
-            raise UserError(f"--reserve-gib must be >= 0, got {self.reserve_gib}")
         if self.weights_bytes is not None and self.weights_bytes <= 0:
             raise UserError(f"weights must be positive, got {self.weights_bytes} bytes")
 

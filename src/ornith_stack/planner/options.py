@@ -13,7 +13,7 @@ from typing import Any
 
 from ornith_stack.engines.base import ServeSettings
 from ornith_stack.errors import UserError
-from ornith_stack.planner.model import PlanRequest
+from ornith_stack.planner.model import MAX_GPU_MEMORY_GIB, MIN_GPU_MEMORY_GIB, PlanRequest, check_number
 from ornith_stack.planner.profile_request import request_for_profile
 from ornith_stack.planner.shapes import load_shape
 from ornith_stack.profiles import load_profile
@@ -52,6 +52,9 @@ class PlanOptions:
                 raise UserError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
         if self.gpu_memory_gib is not None and self.gpu_memory_gib <= 0:
             raise UserError(f"--gpu-memory-gib must be positive, got {self.gpu_memory_gib:g}")
+        check_number("--gpu-memory-gib", self.gpu_memory_gib, low=MIN_GPU_MEMORY_GIB, high=MAX_GPU_MEMORY_GIB,
+                     low_inclusive=True)
+        check_number("--reserve-gib", self.reserve_gib, low=0, high=MAX_GPU_MEMORY_GIB, low_inclusive=True)
         if self.gpu_count is not None and self.gpu_count < 1:
             raise UserError(f"--gpu-count must be at least 1, got {self.gpu_count}")
 
