@@ -132,7 +132,8 @@ SCRAPES = _m("ornith_exporter_scrapes", "counter", "scrapes", TARGET, "self",
              "Scrapes of the target attempted.")
 SCRAPE_ERRORS = _m("ornith_exporter_scrape_errors", "counter", "scrapes", (*TARGET, "reason"), "self",
                    "Failed scrapes by reason: timeout (the scrape's deadline), connect, http_status, too_large, "
-                   "not_exposition, unknown_engine, internal (an exporter bug; logged).")
+                   "truncated (the body ended short of its length or mid-line), not_exposition, duplicate (a "
+                   "series exposed twice), unknown_engine, internal (an exporter bug; logged).")
 ENGINE_RESTARTS = _m("ornith_exporter_engine_restarts", "counter", "restarts", TARGET, "self",
                      "Times the engine's counters went down between two scrapes by this exporter (a restart).")
 SKIPPED_SAMPLES = _m("ornith_exporter_skipped_samples", "counter", "samples", (*TARGET, "reason"), "self",
@@ -140,7 +141,8 @@ SKIPPED_SAMPLES = _m("ornith_exporter_skipped_samples", "counter", "samples", (*
                      "whose le is not a number, NaN or -Inf, or whose count is not finite).")
 
 # Bounded label values: every `reason` the exporter can emit.
-ERROR_REASONS = ("timeout", "connect", "http_status", "too_large", "not_exposition", "unknown_engine", "internal")
+ERROR_REASONS = ("timeout", "connect", "http_status", "too_large", "truncated", "not_exposition", "duplicate",
+                 "unknown_engine", "internal")
 SKIP_REASONS = ("bad_bucket",)
 CANARY_OUTCOMES = ("correct", "wrong", "failed")
 # Draft positions beyond this are not exported (bounded labels even if an engine misbehaves).
