@@ -134,7 +134,7 @@ class Scraper:
         deadline = start + budget
         futures = [self._pool.submit(self._scrape_slot, state, deadline) if state.slots.acquire(blocking=False)
                    else None for state in self.states]
-        wait([f for f in futures if f is not None], timeout=budget + 0.05)
+        wait([f for f in futures if f is not None], timeout=budget)
         return [self._outcome(state, future, start) for state, future in zip(self.states, futures, strict=True)]
 
     def close(self) -> None:
