@@ -207,8 +207,34 @@ PROMPT_TOKENS_PER_SECOND = Recorded(
     "ornith:prompt_tokens:rate1m", "tokens/s", "Prompt tokens processed per second over 1 minute.",
     _rate(PROMPT_TOKENS, "1m"))
 
+SPEC_VERIFY_STEPS_PER_SECOND = Recorded(
+    "ornith:spec_verify_steps:rate5m", "steps/s",
+    "Verification steps per second over 5 minutes: the acceptance alert's guard (real traffic, not the canary).",
+    _rate(SPEC_STEPS, "5m"))
+
+
+def _quantile(q: float, metric: Metric) -> str:
+    return f"histogram_quantile({q}, sum by ({BY}, le) (rate({metric.bucket}[5m])))"
+
+
+TTFT_P50 = Recorded("ornith:time_to_first_token_seconds:p50_5m", "seconds",
+                    "Median time to first token over 5 minutes.", _quantile(0.5, TTFT))
+TTFT_P95 = Recorded("ornith:time_to_first_token_seconds:p95_5m", "seconds",
+                    "95th percentile time to first token over 5 minutes (what the TTFT alert reads).",
+                    _quantile(0.95, TTFT))
+ITL_P50 = Recorded("ornith:inter_token_latency_seconds:p50_5m", "seconds",
+                   "Median inter-token latency over 5 minutes.", _quantile(0.5, ITL))
+ITL_P95 = Recorded("ornith:inter_token_latency_seconds:p95_5m", "seconds",
+                   "95th percentile inter-token latency over 5 minutes.", _quantile(0.95, ITL))
+
 RECORDED: tuple[Recorded, ...] = (SPEC_ACCEPTANCE_LENGTH, SPEC_DRAFT_ACCEPTANCE_RATIO, SPEC_POSITION_ACCEPTANCE_RATIO,
-                                  GENERATION_TOKENS_PER_SECOND, PROMPT_TOKENS_PER_SECOND)
+                                  GENERATION_TOKENS_PER_SECOND, PROMPT_TOKENS_PER_SECOND,
+                                  SPEC_VERIFY_STEPS_PER_SECOND, TTFT_P50, TTFT_P95, ITL_P50, ITL_P95)
+
+# Per-profile constant series (one rule per profile, written from its published results by
+# generate/alerts.py): the alerts compare the recorded figures above with them.
+EXPECTED_ACCEPTANCE = "ornith:profile_expected_acceptance_length"
+TTFT_THRESHOLD = "ornith:profile_ttft_p95_threshold_seconds"
 
 
 def exported_sample_names() -> set[str]:

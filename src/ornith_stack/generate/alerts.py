@@ -40,12 +40,10 @@ WAS_UP_WINDOW = "30m"  # an engine up within this window and down now "died"; ot
 STARTUP_GRACE = "20m"  # longer than the slowest model load (15 minutes): down this long pages anyway
 CANARY_STALE_S = 300  # 10 canary intervals of 30 s
 
-# Recording rules the alerts read (monitoring/prometheus/rules/ornith-recording.yml).
+# Recording rules the alerts read (monitoring/prometheus/rules/ornith-recording.yml); names in the catalogue.
 ACCEPTANCE_5M = C.SPEC_ACCEPTANCE_LENGTH.name
-VERIFY_STEPS_5M = "ornith:spec_verify_steps:rate5m"
-EXPECTED_ACCEPTANCE = "ornith:profile_expected_acceptance_length"
-TTFT_THRESHOLD = "ornith:profile_ttft_p95_threshold_seconds"
-TTFT_P50, TTFT_P95 = "ornith:time_to_first_token_seconds:p50_5m", "ornith:time_to_first_token_seconds:p95_5m"
+VERIFY_STEPS_5M = C.SPEC_VERIFY_STEPS_PER_SECOND.name
+EXPECTED_ACCEPTANCE, TTFT_THRESHOLD, TTFT_P95 = C.EXPECTED_ACCEPTANCE, C.TTFT_THRESHOLD, C.TTFT_P95.name
 
 
 @dataclass(frozen=True)

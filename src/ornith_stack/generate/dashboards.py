@@ -14,7 +14,6 @@ from typing import Any
 
 from ornith_stack.deployment import GRAFANA_DATASOURCE_UID as DATASOURCE_UID  # noqa: F401 (the provisioned default)
 from ornith_stack.exporter import catalogue as C
-from ornith_stack.generate import prometheus as R
 from ornith_stack.generate.core import GeneratedFile, with_header
 
 DASHBOARD_DIR = "monitoring/grafana/dashboards"
@@ -95,13 +94,13 @@ def rate_by(series: str, by: str, extra: str = "") -> str:
 
 
 def overview_rows() -> tuple[Row, ...]:
-    expected = (f'max by (profile, task) ({R.EXPECTED_ACCEPTANCE}) and on (profile) '
+    expected = (f'max by (profile, task) ({C.EXPECTED_ACCEPTANCE}) and on (profile) '
                 f'count by (profile) ({C.ENGINE_UP.series}{{profile=~"$profile"}})')
     draft, accepted = rate_by(C.SPEC_DRAFT_TOKENS.series, "target"), rate_by(C.SPEC_ACCEPTED_TOKENS.series, "target")
     return (
         Row("Speculative decoding", (
             Panel("Acceptance length (tokens per step)", (
-                Query(sel(R.ACCEPTANCE_5M), "{{target}} 5m"),
+                Query(sel(C.SPEC_ACCEPTANCE_LENGTH.name), "{{target}} 5m"),
                 Query(sel(C.SPEC_ENGINE_ACCEPTANCE_LENGTH), "{{target}} engine's own"),
                 Query(expected, "expected {{profile}} ({{task}})"),
             ), unit="none", min=1, description=C.SPEC_ACCEPTANCE_LENGTH.help

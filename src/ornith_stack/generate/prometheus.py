@@ -21,34 +21,10 @@ from ornith_stack.generate.core import GeneratedFile, with_header
 RULES_DIR = "monitoring/prometheus/rules"
 ANSIBLE_CONFIG = "ansible/roles/monitoring/templates/prometheus.yml.j2"
 SOURCE = "src/ornith_stack/generate/prometheus.py, the metrics catalogue and the profiles"
-BY = C.BY
-
-# Recording rules: the names dashboards and alerts share.
-ACCEPTANCE_5M = A.ACCEPTANCE_5M
-DRAFT_RATIO_5M = C.SPEC_DRAFT_ACCEPTANCE_RATIO.name
-GENERATION_RATE_1M = C.GENERATION_TOKENS_PER_SECOND.name
-TTFT_P50, TTFT_P95 = A.TTFT_P50, A.TTFT_P95
-ITL_P50, ITL_P95 = "ornith:inter_token_latency_seconds:p50_5m", "ornith:inter_token_latency_seconds:p95_5m"
-EXPECTED_ACCEPTANCE = A.EXPECTED_ACCEPTANCE
-
-
-def _rate_sum(series: str, window: str) -> str:
-    return f"sum by ({BY}) (rate({series}[{window}]))"
-
-
-def _quantile(q: float, metric: C.Metric) -> str:
-    return f"histogram_quantile({q}, sum by ({BY}, le) (rate({metric.bucket}[5m])))"
 
 
 def recording_rules() -> dict[str, Any]:
-    rules = [
-        *({"record": r.name, "expr": r.expr} for r in C.RECORDED),
-        {"record": TTFT_P50, "expr": _quantile(0.5, C.TTFT)},
-        {"record": TTFT_P95, "expr": _quantile(0.95, C.TTFT)},
-        {"record": ITL_P50, "expr": _quantile(0.5, C.ITL)},
-        {"record": ITL_P95, "expr": _quantile(0.95, C.ITL)},
-        {"record": A.VERIFY_STEPS_5M, "expr": _rate_sum(C.SPEC_STEPS.series, "5m")},
-    ]
+    rules = [{"record": r.name, "expr": r.expr} for r in C.RECORDED]
     return {"groups": [
         {"name": "ornith-recording", "rules": rules},
         {"name": "ornith-profile-thresholds", "rules": A.threshold_rules()},
