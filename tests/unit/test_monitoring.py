@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.generate import alerts, dashboards
@@ -80,6 +81,12 @@ def engine_series(shared: Path) -> set[str]:
     return names
 
 
+def alertmanager_series() -> set[str]:
+    """The sample names of Alertmanager 0.25.0's own /metrics (tests/fixtures/alertmanager/README.md)."""
+    text = (REPO / "tests" / "fixtures" / "alertmanager" / "metrics.txt").read_text()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
 @needs_promtool
 def test_promtool_checks_config_and_rules() -> None:
     config = promtool("check", "config", "prometheus.yml", cwd=PROM)
@@ -128,7 +135,7 @@ def test_every_query_parses(tmp_path: Path) -> None:
 def test_every_named_metric_exists(shared: Path) -> None:
     recorded = {r["record"] for path in (PROM / "rules").glob("*.yml")
                 for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"] if "record" in r}
-    known = C.exported_sample_names() | recorded | engine_series(shared) | {"up"}
+    known = C.exported_sample_names() | recorded | engine_series(shared) | alertmanager_series() | {"up"}
     unknown = {(where, name) for where, expr in all_queries() for name in metric_names(grafana_free(expr))
                if name not in known}
     assert not unknown, sorted(unknown)
@@ -163,7 +170,10 @@ def test_every_alert_has_summary_description_and_a_complete_runbook() -> None:
         for rule in group["rules"]:
             notes = rule["annotations"]
             assert notes["summary"] and notes["description"], rule["alert"]
-            runbook = REPO / notes["runbook_url"]
+            # An absolute link (an on-call engineer opens it from the page), to a runbook in this checkout.
+            url = notes["runbook_url"]
+            assert url.startswith(f"{alerts.RUNBOOK_BASE}/") and url.startswith("https://"), url
+            runbook = REPO / alerts.RUNBOOK_DIR / url.rpartition("/")[2]
             assert runbook.is_file(), runbook
             text = runbook.read_text()
             assert all(f"## {part}" in text for part in ("Meaning", "Check", "Fix")), runbook
@@ -204,6 +214,11 @@ def test_prometheus_scrapes_the_exporter_and_the_engines_it_watches() -> None:
     assert jobs["ornith-exporter"]["static_configs"][0]["targets"] == ["exporter:9400"]
     # No fixed engine port list (a stack serves one profile): the exporter's own targets, discovered.
     assert jobs["engine"]["http_sd_configs"] == [{"url": "http://exporter:9400/sd/engines"}]
+    # A runaway engine cannot flood Prometheus (a 50 MB body was read once).
+    assert jobs["engine"]["body_size_limit"] == "8MB" and jobs["engine"]["sample_limit"] == 6000
+    # Meta-monitoring: Prometheus itself and Alertmanager (its failed-notification counter).
+    assert jobs["prometheus"]["static_configs"] == [{"targets": ["localhost:9090"]}]
+    assert jobs["alertmanager"]["static_configs"] == [{"targets": ["alertmanager:9093"]}]
 
 
 def test_readme_documents_every_metric() -> None:
@@ -223,8 +238,10 @@ def test_ansible_prometheus_config_scrapes_the_same_jobs_as_compose(tmp_path: Pa
         monitoring_exporter_listen="127.0.0.1:9555", monitoring_prometheus_scrape_interval="30s")
     host, compose = yaml.safe_load(text), yaml.safe_load((PROM / "prometheus.yml").read_text())
     assert [j["job_name"] for j in host["scrape_configs"]] == [j["job_name"] for j in compose["scrape_configs"]]
-    exporter, engine = host["scrape_configs"]
+    exporter, engine, itself, alertmanager = host["scrape_configs"]
     assert exporter["static_configs"] == [{"targets": ["127.0.0.1:9555"]}]
+    assert itself["static_configs"] == [{"targets": ["localhost:9090"]}]
+    assert alertmanager["static_configs"] == [{"targets": ["127.0.0.1:9093"]}]
     assert engine["http_sd_configs"] == [{"url": "http://127.0.0.1:9555/sd/engines"}]
     assert host["global"]["scrape_interval"] == "30s"
     assert [Path(f).name for f in host["rule_files"]] == [Path(f).name for f in compose["rule_files"]]

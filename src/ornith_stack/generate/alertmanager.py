@@ -26,7 +26,9 @@ ANSIBLE_TEMPLATE = "ansible/roles/monitoring/templates/alertmanager.yml.j2"
 SOURCE = "src/ornith_stack/generate/alertmanager.py and the alert rules"
 PLACEHOLDER_URL = D.ALERT_WEBHOOK_PLACEHOLDER
 WEBHOOK_ENV = "ORNITH_ALERT_WEBHOOK_URL"
-RECEIVER, NOBODY = "ornith-webhook", "ornith-nobody"
+RECEIVER, NOBODY, HEARTBEAT = "ornith-webhook", "ornith-nobody", "ornith-heartbeat"
+# The watchdog is repeated this often: a dead man's switch on the receiving side expects it.
+HEARTBEAT_REPEAT = "5m"
 # An Alertmanager matcher as this module writes them: label, operator, double-quoted value.
 _MATCHER = re.compile(r'(?P<name>[A-Za-z_]\w*)(?P<op>=~|!~|!=|=)"(?P<value>[^"\\]*)"')
 
@@ -52,18 +54,24 @@ def alertmanager_config(webhook_url: str = PLACEHOLDER_URL, repeat_interval: str
             "group_wait": group_wait,
             "group_interval": group_interval,
             "repeat_interval": repeat_interval,
-            # Info alerts (OrnithEngineStarting) exist to inhibit, not to notify.
-            "routes": [{"matchers": ['severity="info"'], "receiver": NOBODY}],
+            "routes": [
+                # The always-firing watchdog, repeated so that its absence is noticed.
+                {"matchers": [_any_of(A.ALWAYS_FIRING)], "receiver": HEARTBEAT, "group_interval": "1m",
+                 "repeat_interval": HEARTBEAT_REPEAT},
+                # Info alerts (OrnithEngineStarting) exist to inhibit, not to notify.
+                {"matchers": ['severity="info"'], "receiver": NOBODY},
+            ],
         },
         "inhibit_rules": [
             {"source_matchers": [_any_of(ENGINE_STATE)], "target_matchers": [_any_of(SYMPTOMS)],
              "equal": ["target"]},
-            # An engine down past the start-up grace pages once, as OrnithEngineDownLong.
-            {"source_matchers": ['alertname="OrnithEngineDownLong"'], "target_matchers": ['alertname="OrnithEngineDown"'],
-             "equal": ["target"]},
+            # An engine down past its start budget pages once, as OrnithEngineDownLong.
+            {"source_matchers": ['alertname="OrnithEngineDownLong"'],
+             "target_matchers": [_any_of(("OrnithEngineDown", "OrnithEngineFlapping"))], "equal": ["target"]},
         ],
         "receivers": [
             {"name": RECEIVER, "webhook_configs": [{"url": webhook_url, "send_resolved": True}]},
+            {"name": HEARTBEAT, "webhook_configs": [{"url": webhook_url, "send_resolved": True}]},
             {"name": NOBODY},
         ],
     }
@@ -91,6 +99,15 @@ def _only(mapping: dict[str, Any], *keys: str) -> dict[str, Any]:
     return mapping
 
 
+def _crd_route(route: dict[str, Any]) -> dict[str, Any]:
+    _only(route, "matchers", "receiver", "group_interval", "repeat_interval")
+    out: dict[str, Any] = {"receiver": route["receiver"], "matchers": [crd_matcher(m) for m in route["matchers"]]}
+    for key, crd_key in (("group_interval", "groupInterval"), ("repeat_interval", "repeatInterval")):
+        if key in route:
+            out[crd_key] = route[key]
+    return out
+
+
 def alertmanager_config_spec(config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The spec of a prometheus-operator AlertmanagerConfig (monitoring.coreos.com/v1alpha1) with the
     route, receivers and inhibitions of `config` (default: alertmanager_config(), the placeholder URL).
@@ -115,8 +132,7 @@ def alertmanager_config_spec(config: dict[str, Any] | None = None) -> dict[str, 
             "groupWait": route["group_wait"],
             "groupInterval": route["group_interval"],
             "repeatInterval": route["repeat_interval"],
-            "routes": [{"receiver": _only(r, "matchers", "receiver")["receiver"],
-                        "matchers": [crd_matcher(m) for m in r["matchers"]]} for r in route["routes"]],
+            "routes": [_crd_route(r) for r in route["routes"]],
         },
         "receivers": receivers,
         "inhibitRules": [

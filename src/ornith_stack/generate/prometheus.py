@@ -21,6 +21,14 @@ from ornith_stack.generate.core import GeneratedFile, with_header
 RULES_DIR = "monitoring/prometheus/rules"
 ANSIBLE_CONFIG = "ansible/roles/monitoring/templates/prometheus.yml.j2"
 SOURCE = "src/ornith_stack/generate/prometheus.py, the metrics catalogue and the profiles"
+# Meta-monitoring: Prometheus scrapes itself and Alertmanager (failed notifications, the alert path).
+PROMETHEUS_JOB, ALERTMANAGER_JOB = "prometheus", "alertmanager"
+PROMETHEUS_SELF = "localhost:9090"
+# The engine job's own protection: the recorded engines send 434 to 588 samples and 53 to 97 kB per
+# scrape (tests/fixtures/engines/); ten times the most, and the exporter's body limit, stop a runaway
+# target without touching a real one.
+ENGINE_SAMPLE_LIMIT = 6000
+ENGINE_BODY_SIZE_LIMIT = "8MB"
 
 
 def recording_rules() -> dict[str, Any]:
@@ -43,7 +51,10 @@ def prometheus_config(exporter: str, alertmanager: str, scrape_interval: str = D
             {"job_name": D.EXPORTER_JOB, "static_configs": [{"targets": [exporter]}]},
             # The engine's own metrics, raw (engine-specific names), at the addresses the exporter was
             # given: one list of targets, whatever port the profile serves on.
-            {"job_name": D.ENGINE_JOB, "http_sd_configs": [{"url": f"http://{exporter}{D.SD_PATH}"}]},
+            {"job_name": D.ENGINE_JOB, "http_sd_configs": [{"url": f"http://{exporter}{D.SD_PATH}"}],
+             "sample_limit": ENGINE_SAMPLE_LIMIT, "body_size_limit": ENGINE_BODY_SIZE_LIMIT},
+            {"job_name": PROMETHEUS_JOB, "static_configs": [{"targets": [PROMETHEUS_SELF]}]},
+            {"job_name": ALERTMANAGER_JOB, "static_configs": [{"targets": [alertmanager]}]},
         ],
     }
 
