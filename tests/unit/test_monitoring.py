@@ -260,7 +260,7 @@ def test_alertmanager_configs_pass_amtool(tmp_path: Path) -> None:
 
     template = jinja2.Template((REPO / alertmanager.ANSIBLE_TEMPLATE).read_text())
     configs = {"compose.yml": (REPO / alertmanager.CONFIG).read_text()}
-    for name, url in (("hook.yml", "https://hooks.example.org/ornith"), ("none.yml", "")):
+    for name, url in (("hook.yml", "https://hooks.example.org/ornith"), ("none.yml", ""), ("odd.yml", ODD_URL)):
         configs[name] = template.render(monitoring_alertmanager_webhook_url=url,
                                         monitoring_alertmanager_repeat_interval="4h")
     for name, text in configs.items():
@@ -269,6 +269,37 @@ def test_alertmanager_configs_pass_amtool(tmp_path: Path) -> None:
                                  timeout=60, check=False)
         assert checked.returncode == 0, name + checked.stdout + checked.stderr
     assert "https://hooks.example.org/ornith" in configs["hook.yml"]
+    odd = yaml.safe_load(configs["odd.yml"])
+    assert {c["url"] for r in odd["receivers"] for c in r.get("webhook_configs", [])} == {ODD_URL}
+
+
+# A webhook URL that a text substitution corrupts: sed's replacement reads & as the match and | was its
+# delimiter; the quotes and the space break a hand-quoted YAML scalar.
+ODD_URL = "https://hooks.example.org/ornith?team=llm&route=a|b&note='on call'#x"
+
+
+def test_compose_writes_the_webhook_url_through_a_yaml_library(tmp_path: Path) -> None:
+    """What compose's alertmanager-config service runs: the URL arrives byte for byte, the result passes
+    amtool, and an unset URL keeps the placeholder."""
+    import os
+    import sys
+
+    from ornith_stack.generate import alertmanager
+
+    for url, expected in ((ODD_URL, ODD_URL), ("", alertmanager.PLACEHOLDER_URL)):
+        out = tmp_path / "alertmanager.yml"
+        subprocess.run([sys.executable, "-m", "ornith_stack.generate.alertmanager", str(REPO / alertmanager.CONFIG),
+                        str(out)], env={**os.environ, alertmanager.WEBHOOK_ENV: url}, check=True, timeout=60)
+        config = yaml.safe_load(out.read_text())
+        assert {c["url"] for r in config["receivers"] for c in r.get("webhook_configs", [])} == {expected}
+        if AMTOOL:
+            checked = subprocess.run([AMTOOL, "check-config", str(out)], capture_output=True, text=True, timeout=60,
+                                     check=False)
+            assert checked.returncode == 0, checked.stdout + checked.stderr
+    compose = yaml.safe_load((REPO / "compose" / "cpu-demo.yml").read_text())
+    service = compose["services"]["alertmanager"]
+    assert service["depends_on"]["alertmanager-config"]["condition"] == "service_completed_successfully"
+    assert "sed" not in json.dumps(service) and "sed" not in json.dumps(compose["services"]["alertmanager-config"])
 
 
 def test_alertmanager_routes_alerts_to_the_webhook_and_inhibits_symptoms_of_a_starting_engine() -> None:

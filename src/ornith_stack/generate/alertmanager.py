@@ -1,8 +1,10 @@
 """Alertmanager's configuration: every Ornith alert to one webhook receiver, info alerts to nobody, and
 the inhibitions that keep a starting or dead engine from paging once per symptom.
 
-One builder, three files: monitoring/alertmanager/alertmanager.yml (compose: the alertmanager service puts
-`ORNITH_ALERT_WEBHOOK_URL` in place of `PLACEHOLDER_URL` when it starts), the Ansible monitoring role's
+One builder, three files: monitoring/alertmanager/alertmanager.yml (compose: a one-shot service runs
+`python -m ornith_stack.generate.alertmanager` before Alertmanager starts, which writes the configuration
+again through a YAML library with `ORNITH_ALERT_WEBHOOK_URL` as every webhook's URL, so any URL, `&` and
+`|` included, arrives intact), the Ansible monitoring role's
 template (its `monitoring_alertmanager_webhook_url`), and the Helm chart's files/alertmanager-config.yaml:
 the same route, receivers and inhibitions as the spec of a prometheus-operator AlertmanagerConfig, whose
 template (templates/alertmanagerconfig.yaml) puts the chart value `monitoring.alertmanagerConfig.webhookUrl`
@@ -11,10 +13,14 @@ in place of the URL.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from ornith_stack import deployment as D
 from ornith_stack.generate import alerts as A
@@ -77,11 +83,37 @@ def alertmanager_config(webhook_url: str = PLACEHOLDER_URL, repeat_interval: str
     }
 
 
+def with_webhook(config: dict[str, Any], url: str) -> dict[str, Any]:
+    """`config` with `url` as the URL of every webhook receiver (an empty `url` keeps the placeholder)."""
+    for receiver in config.get("receivers", []):
+        for webhook in receiver.get("webhook_configs", []):
+            webhook["url"] = url or PLACEHOLDER_URL
+    return config
+
+
+def write_with_webhook(source: Path, destination: Path, url: str) -> None:
+    """Alertmanager's configuration from `source`, written to `destination` with the webhook URL set by
+    a YAML library: whatever the URL holds is quoted as YAML needs, nothing is substituted in text."""
+    config = with_webhook(yaml.safe_load(source.read_text()), url)
+    destination.write_text(dump(config))
+
+
+ANSIBLE_URL = 'monitoring_alertmanager_webhook_url | default("' + PLACEHOLDER_URL + '", true)'
+
+
 def ansible_config() -> dict[str, Any]:
     """The role's template: its variables in place of the URL and repeat interval (an empty URL keeps
     the placeholder, so alerts stay in Alertmanager's UI)."""
-    url = '{{ monitoring_alertmanager_webhook_url | default("' + PLACEHOLDER_URL + '", true) }}'
-    return alertmanager_config(url, "{{ monitoring_alertmanager_repeat_interval }}")
+    return alertmanager_config("{{ " + ANSIBLE_URL + " }}", "{{ monitoring_alertmanager_repeat_interval }}")
+
+
+def ansible_template() -> str:
+    """The role's template as text: the URL goes in as a JSON string (valid YAML), so whatever it holds
+    (`&`, `|`, quotes) is escaped by Jinja2's tojson instead of pasted into a YAML scalar."""
+    quoted = "'{{ " + ANSIBLE_URL + " }}'"
+    text = dump(ansible_config())
+    assert quoted in text, "the webhook URL expression is no longer where ansible_template expects it"
+    return text.replace(quoted, "{{ " + ANSIBLE_URL + " | tojson }}")
 
 
 def crd_matcher(matcher: str) -> dict[str, str]:
@@ -146,4 +178,8 @@ def alertmanager_config_spec(config: dict[str, Any] | None = None) -> dict[str, 
 
 def files(root: Path) -> Iterator[GeneratedFile]:
     yield GeneratedFile(CONFIG, SOURCE, lambda: with_header(SOURCE, dump(alertmanager_config()), "yaml"))
-    yield GeneratedFile(ANSIBLE_TEMPLATE, SOURCE, lambda: with_header(SOURCE, dump(ansible_config()), "yaml"))
+    yield GeneratedFile(ANSIBLE_TEMPLATE, SOURCE, lambda: with_header(SOURCE, ansible_template(), "yaml"))
+
+
+if __name__ == "__main__":  # compose's alertmanager-config service: SOURCE DESTINATION, URL from the environment
+    write_with_webhook(Path(sys.argv[1]), Path(sys.argv[2]), os.environ.get(WEBHOOK_ENV, ""))
