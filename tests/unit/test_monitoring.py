@@ -354,3 +354,20 @@ def test_every_dashboard_passes_grafanas_published_schema() -> None:
         assert not errors, f"{path.name}: " + "; ".join(errors[:10])
     # The schema does reject what Grafana does not know: a misspelt field fails.
     assert list(validator.iter_errors({**board, "panles": []}))
+
+
+def test_latency_panels_show_the_p95_the_alert_reads_and_a_mean() -> None:
+    board = dashboards.build("ornith-overview")
+    by_title = {p["title"]: [t["expr"] for t in p.get("targets", [])] for p in board["panels"]}
+    for title in ("Time to first token", "Inter-token latency", "End-to-end request latency", "Queue time",
+                  "Prefill and decode time", "Time per output token (TPOT)"):
+        assert any(e.startswith("histogram_quantile(0.95,") for e in by_title[title]), title
+    for title in ("Time to first token", "Inter-token latency", "End-to-end request latency"):
+        assert any("_sum" in e and "_count" in e for e in by_title[title]), f"{title}: mean line"
+    # What an on-call engineer looks for next to the alerts: the acceptance alert's guard, why requests
+    # wait (vLLM), and the prompt/output length distributions.
+    assert any(C.SPEC_VERIFY_STEPS_PER_SECOND.name in e for e in by_title["Verification steps per second"])
+    assert any("vllm:num_requests_waiting_by_reason" in e and "reason" in e
+               for e in by_title["Waiting requests by reason"])
+    heatmaps = {p["title"] for p in board["panels"] if p["type"] == "heatmap"}
+    assert {"Prompt length: distribution", "Output length: distribution"} <= heatmaps
