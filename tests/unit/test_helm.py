@@ -305,7 +305,17 @@ def test_exporter_measures_every_engine_copy(case: str) -> None:
         assert args[args.index("--profile") + 1] == values["profile"]
     else:  # sidecar: one exporter in each serving pod, scraping it on localhost
         spec = engine_pod_specs(objects)["single"]
-        assert container(spec, "exporter")["args"][:2] == ["--target", f"http://127.0.0.1:{values['engine']['port']}"]
+        exporter = container(spec, "exporter")
+        assert exporter["args"][:2] == ["--target", f"http://127.0.0.1:{values['engine']['port']}"]
+        # Replicas told apart: each labels its engine with its pod's name, not the shared loopback URL.
+        assert exporter["args"][exporter["args"].index("--target-name") + 1] == "$(ORNITH_POD_NAME)"
+        assert {"name": "ORNITH_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in exporter["env"]
+        for monitor in find(objects, "ServiceMonitor"):  # the engine's own series carry the same target
+            for endpoint in monitor["spec"]["endpoints"]:
+                relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+                if relabel["job"]["replacement"] == "engine":
+                    assert relabel["target"]["sourceLabels"] == ["__meta_kubernetes_pod_name"]
+                    assert relabel["profile"]["replacement"] == values["profile"]
 
 
 @pytest.mark.parametrize("case", RENDERABLE)

@@ -60,11 +60,17 @@ class Target:
     url: str = field(repr=False)  # base URL, e.g. http://engine:8000; may carry user:password@
     profile: str = ""
     draft: str = ""  # from the profile, when the engine does not say
+    name: str = ""  # the `target` label when the URL does not tell replicas apart (a sidecar's loopback)
 
     @property
     def public(self) -> str:
-        """The URL without credentials: what labels, pages and logs show."""
+        """The URL without credentials: what pages and logs show."""
         return redact(self.url)
+
+    @property
+    def label(self) -> str:
+        """The `target` label of its series: its name if it has one, else its public URL."""
+        return self.name or self.public
 
 
 def redact(url: str) -> str:

@@ -122,7 +122,7 @@ def service_discovery(targets: Iterable[Target]) -> list[dict]:
     for target in targets:
         # Credentials in a target URL stay in the exporter: Prometheus gets the address only.
         url = urlsplit(redact(target.url))
-        labels = {"__scheme__": url.scheme, "target": target.public}
+        labels = {"__scheme__": url.scheme, "target": target.label}
         if url.path:
             labels["__metrics_path__"] = url.path + "/metrics"
         if target.profile:
