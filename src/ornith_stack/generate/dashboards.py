@@ -6,7 +6,7 @@ them out on Grafana's 24-column grid. Compose and the Helm chart provision the s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -101,6 +101,22 @@ def latency_panels(title: str, histogram: C.Metric) -> tuple[Panel, Panel]:
             heatmap(histogram.bucket, f"{title}: distribution", "s", histogram.help))
 
 
+# The engines' request length histograms: (bucket, title, what one observation is, engines).
+LENGTHS = (
+    ("vllm:request_prompt_tokens_bucket", "Prompt length", "Prompt tokens per request (vLLM).", VLLM),
+    ("vllm:request_generation_tokens_bucket", "Output length", "Generated tokens per request (vLLM).", VLLM),
+    ("sglang:prompt_tokens_histogram_bucket", "Prompt length (SGLang)", "Prompt tokens per request (SGLang).", SGLANG),
+    ("sglang:generation_tokens_histogram_bucket", "Output length (SGLang)", "Generated tokens per request (SGLang).",
+     SGLANG),
+)
+
+
+def length_panels(make: Callable[..., Panel], suffix: str = "") -> tuple[Panel, ...]:
+    """One quarter-width panel per request length histogram, made by `quantiles` or `heatmap`."""
+    return tuple(make(bucket, title + suffix, "short", help_, engines, width=6)
+                 for bucket, title, help_, engines in LENGTHS)
+
+
 def rate_by(series: str, by: str, extra: str = "") -> str:
     return f"sum by ({by}) (rate({sel(series, extra)}[$__rate_interval]))"
 
@@ -166,22 +182,8 @@ def overview_rows() -> tuple[Row, ...]:
             ), unit="s", min=0, description="Time each request spent in prefill and in decode.", engines=VLLM),
         )),
         Row("Requests and caches", (
-            quantiles("vllm:request_prompt_tokens_bucket", "Prompt length", "short",
-                      "Prompt tokens per request (vLLM).", VLLM, width=6),
-            quantiles("vllm:request_generation_tokens_bucket", "Output length", "short",
-                      "Generated tokens per request (vLLM).", VLLM, width=6),
-            quantiles("sglang:prompt_tokens_histogram_bucket", "Prompt length (SGLang)", "short",
-                      "Prompt tokens per request (SGLang).", SGLANG, width=6),
-            quantiles("sglang:generation_tokens_histogram_bucket", "Output length (SGLang)", "short",
-                      "Generated tokens per request (SGLang).", SGLANG, width=6),
-            heatmap("vllm:request_prompt_tokens_bucket", "Prompt length: distribution", "short",
-                    "Prompt tokens per request (vLLM).", VLLM, width=6),
-            heatmap("vllm:request_generation_tokens_bucket", "Output length: distribution", "short",
-                    "Generated tokens per request (vLLM).", VLLM, width=6),
-            heatmap("sglang:prompt_tokens_histogram_bucket", "Prompt length (SGLang): distribution", "short",
-                    "Prompt tokens per request (SGLang).", SGLANG, width=6),
-            heatmap("sglang:generation_tokens_histogram_bucket", "Output length (SGLang): distribution", "short",
-                    "Generated tokens per request (SGLang).", SGLANG, width=6),
+            *length_panels(quantiles),
+            *length_panels(heatmap, ": distribution"),
             Panel("Prefix cache hit rate", (
                 Query(f"{rate_by('vllm:prefix_cache_hits_total', 'target')} / "
                       f"({rate_by('vllm:prefix_cache_queries_total', 'target')} > 0)", "{{target}} prefix cache"),
