@@ -870,3 +870,21 @@ def test_canary_uses_the_engine_adapters_routes() -> None:
         assert state.success and state.correct
     finally:
         chat.close()
+
+
+def test_canary_keeps_its_deadline_against_a_trickling_engine() -> None:
+    """An engine sending one byte every 0.2 s with Connection: close (no length to wait for) used to hold
+    the canary thread for good; the canary now gives up at its timeout and reports a failed run."""
+    body = json.dumps({"data": [{"id": "m"}]}).encode()
+    slow = RawTarget(lambda conn, stop: (conn.sendall(head(None, close=True)), send_slowly(body, stop, conn)))
+    try:
+        canary = Canary([Target(slow.url)], timeout=1.0, adapter_of=lambda target: adapter_for("vllm"))
+        start = time.monotonic()
+        canary.run_round()
+        took = time.monotonic() - start
+        ((_, state),) = canary.snapshot()
+        print(f"canary against a trickling engine: {took:.2f} s, {state.error}")
+        assert took < 2.0
+        assert not state.success and state.counts == {"failed": 1}
+    finally:
+        slow.close()
