@@ -340,7 +340,8 @@ class _Guard:
     __slots__ = ("deadline", "sock", "fired")
 
     def __init__(self, deadline: float, sock: socket.socket) -> None:
-        self.deadline, self.sock, self.fired = deadline, sock, False
+        self.deadline, self.fired = deadline, False
+        self.sock: socket.socket | None = sock  # None once released: nothing to shut
 
     def __lt__(self, other: _Guard) -> bool:
         return self.deadline < other.deadline
@@ -370,7 +371,7 @@ class Watchdog:
 
     def release(self, guard: _Guard) -> None:
         with self._cond:
-            guard.sock = None  # type: ignore[assignment]  # popped when its deadline comes; nothing to shut
+            guard.sock = None  # popped from the heap when its deadline comes
 
     def _loop(self) -> None:
         while True:
@@ -380,6 +381,7 @@ class Watchdog:
                     if guard.sock is not None:
                         guard.fired = True
                         _shut(guard.sock)
+                        guard.sock = None
                 self._cond.wait(self._heap[0].deadline - time.monotonic() if self._heap else None)
 
 
