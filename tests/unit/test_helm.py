@@ -305,7 +305,17 @@ def test_exporter_measures_every_engine_copy(case: str) -> None:
         assert args[args.index("--profile") + 1] == values["profile"]
     else:  # sidecar: one exporter in each serving pod, scraping it on localhost
         spec = engine_pod_specs(objects)["single"]
-        assert container(spec, "exporter")["args"][:2] == ["--target", f"http://127.0.0.1:{values['engine']['port']}"]
+        exporter = container(spec, "exporter")
+        assert exporter["args"][:2] == ["--target", f"http://127.0.0.1:{values['engine']['port']}"]
+        # Replicas told apart: each labels its engine with its pod's name, not the shared loopback URL.
+        assert exporter["args"][exporter["args"].index("--target-name") + 1] == "$(ORNITH_POD_NAME)"
+        assert {"name": "ORNITH_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in exporter["env"]
+        for monitor in find(objects, "ServiceMonitor"):  # the engine's own series carry the same target
+            for endpoint in monitor["spec"]["endpoints"]:
+                relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+                if relabel["job"]["replacement"] == "engine":
+                    assert relabel["target"]["sourceLabels"] == ["__meta_kubernetes_pod_name"]
+                    assert relabel["profile"]["replacement"] == values["profile"]
 
 
 @pytest.mark.parametrize("case", RENDERABLE)
@@ -417,7 +427,9 @@ def test_alertmanager_config_routes_and_inhibits_like_compose() -> None:
     assert spec["route"] == {
         "receiver": route["receiver"], "groupBy": route["group_by"], "groupWait": route["group_wait"],
         "groupInterval": route["group_interval"], "repeatInterval": route["repeat_interval"],
-        "routes": [{"receiver": r["receiver"], "matchers": [compose_matcher(m) for m in r["matchers"]]}
+        "routes": [{"receiver": r["receiver"], "matchers": [compose_matcher(m) for m in r["matchers"]],
+                    **({"groupInterval": r["group_interval"]} if "group_interval" in r else {}),
+                    **({"repeatInterval": r["repeat_interval"]} if "repeat_interval" in r else {})}
                    for r in route["routes"]]}
     assert spec["inhibitRules"] == [
         {"sourceMatch": [compose_matcher(m) for m in rule["source_matchers"]],
@@ -560,8 +572,13 @@ def test_every_value_is_documented_where_declared() -> None:
 def test_service_monitor_jobs_are_those_the_rules_select() -> None:
     """The alert rules select on job names (e.g. up{job="ornith-exporter"}); a ServiceMonitor would
     name jobs after the Services (release-dependent) unless it relabels them to the compose names."""
+    from ornith_stack.generate import prometheus
+
     config = yaml.safe_load((ROOT / "monitoring" / "prometheus" / "prometheus.yml").read_text())
-    jobs = {job["job_name"] for job in config["scrape_configs"]}
+    # Prometheus and Alertmanager themselves: the operator's stack scrapes them in Kubernetes, and the
+    # rules that read them (failed notifications) select on no job.
+    jobs = {job["job_name"] for job in config["scrape_configs"]} - {prometheus.PROMETHEUS_JOB,
+                                                                     prometheus.ALERTMANAGER_JOB}
     (monitor,) = find(rendered("values-gb300x2.yaml"), "ServiceMonitor")
     relabelled = {r["replacement"] for e in monitor["spec"]["endpoints"] for r in e["relabelings"]
                   if r["targetLabel"] == "job"}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.generate import alerts, dashboards
@@ -80,6 +81,12 @@ def engine_series(shared: Path) -> set[str]:
     return names
 
 
+def alertmanager_series() -> set[str]:
+    """The sample names of Alertmanager 0.25.0's own /metrics (tests/fixtures/alertmanager/README.md)."""
+    text = (REPO / "tests" / "fixtures" / "alertmanager" / "metrics.txt").read_text()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
 @needs_promtool
 def test_promtool_checks_config_and_rules() -> None:
     config = promtool("check", "config", "prometheus.yml", cwd=PROM)
@@ -128,7 +135,7 @@ def test_every_query_parses(tmp_path: Path) -> None:
 def test_every_named_metric_exists(shared: Path) -> None:
     recorded = {r["record"] for path in (PROM / "rules").glob("*.yml")
                 for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"] if "record" in r}
-    known = C.exported_sample_names() | recorded | engine_series(shared) | {"up"}
+    known = C.exported_sample_names() | recorded | engine_series(shared) | alertmanager_series() | {"up"}
     unknown = {(where, name) for where, expr in all_queries() for name in metric_names(grafana_free(expr))
                if name not in known}
     assert not unknown, sorted(unknown)
@@ -163,7 +170,10 @@ def test_every_alert_has_summary_description_and_a_complete_runbook() -> None:
         for rule in group["rules"]:
             notes = rule["annotations"]
             assert notes["summary"] and notes["description"], rule["alert"]
-            runbook = REPO / notes["runbook_url"]
+            # An absolute link (an on-call engineer opens it from the page), to a runbook in this checkout.
+            url = notes["runbook_url"]
+            assert url.startswith(f"{alerts.RUNBOOK_BASE}/") and url.startswith("https://"), url
+            runbook = REPO / alerts.RUNBOOK_DIR / url.rpartition("/")[2]
             assert runbook.is_file(), runbook
             text = runbook.read_text()
             assert all(f"## {part}" in text for part in ("Meaning", "Check", "Fix")), runbook
@@ -204,6 +214,11 @@ def test_prometheus_scrapes_the_exporter_and_the_engines_it_watches() -> None:
     assert jobs["ornith-exporter"]["static_configs"][0]["targets"] == ["exporter:9400"]
     # No fixed engine port list (a stack serves one profile): the exporter's own targets, discovered.
     assert jobs["engine"]["http_sd_configs"] == [{"url": "http://exporter:9400/sd/engines"}]
+    # A runaway engine cannot flood Prometheus (a 50 MB body was read once).
+    assert jobs["engine"]["body_size_limit"] == "8MB" and jobs["engine"]["sample_limit"] == 6000
+    # Meta-monitoring: Prometheus itself and Alertmanager (its failed-notification counter).
+    assert jobs["prometheus"]["static_configs"] == [{"targets": ["localhost:9090"]}]
+    assert jobs["alertmanager"]["static_configs"] == [{"targets": ["alertmanager:9093"]}]
 
 
 def test_readme_documents_every_metric() -> None:
@@ -223,8 +238,10 @@ def test_ansible_prometheus_config_scrapes_the_same_jobs_as_compose(tmp_path: Pa
         monitoring_exporter_listen="127.0.0.1:9555", monitoring_prometheus_scrape_interval="30s")
     host, compose = yaml.safe_load(text), yaml.safe_load((PROM / "prometheus.yml").read_text())
     assert [j["job_name"] for j in host["scrape_configs"]] == [j["job_name"] for j in compose["scrape_configs"]]
-    exporter, engine = host["scrape_configs"]
+    exporter, engine, itself, alertmanager = host["scrape_configs"]
     assert exporter["static_configs"] == [{"targets": ["127.0.0.1:9555"]}]
+    assert itself["static_configs"] == [{"targets": ["localhost:9090"]}]
+    assert alertmanager["static_configs"] == [{"targets": ["127.0.0.1:9093"]}]
     assert engine["http_sd_configs"] == [{"url": "http://127.0.0.1:9555/sd/engines"}]
     assert host["global"]["scrape_interval"] == "30s"
     assert [Path(f).name for f in host["rule_files"]] == [Path(f).name for f in compose["rule_files"]]
@@ -243,7 +260,7 @@ def test_alertmanager_configs_pass_amtool(tmp_path: Path) -> None:
 
     template = jinja2.Template((REPO / alertmanager.ANSIBLE_TEMPLATE).read_text())
     configs = {"compose.yml": (REPO / alertmanager.CONFIG).read_text()}
-    for name, url in (("hook.yml", "https://hooks.example.org/ornith"), ("none.yml", "")):
+    for name, url in (("hook.yml", "https://hooks.example.org/ornith"), ("none.yml", ""), ("odd.yml", ODD_URL)):
         configs[name] = template.render(monitoring_alertmanager_webhook_url=url,
                                         monitoring_alertmanager_repeat_interval="4h")
     for name, text in configs.items():
@@ -252,6 +269,37 @@ def test_alertmanager_configs_pass_amtool(tmp_path: Path) -> None:
                                  timeout=60, check=False)
         assert checked.returncode == 0, name + checked.stdout + checked.stderr
     assert "https://hooks.example.org/ornith" in configs["hook.yml"]
+    odd = yaml.safe_load(configs["odd.yml"])
+    assert {c["url"] for r in odd["receivers"] for c in r.get("webhook_configs", [])} == {ODD_URL}
+
+
+# A webhook URL that a text substitution corrupts: sed's replacement reads & as the match and | was its
+# delimiter; the quotes and the space break a hand-quoted YAML scalar.
+ODD_URL = "https://hooks.example.org/ornith?team=llm&route=a|b&note='on call'#x"
+
+
+def test_compose_writes_the_webhook_url_through_a_yaml_library(tmp_path: Path) -> None:
+    """What compose's alertmanager-config service runs: the URL arrives byte for byte, the result passes
+    amtool, and an unset URL keeps the placeholder."""
+    import os
+    import sys
+
+    from ornith_stack.generate import alertmanager
+
+    for url, expected in ((ODD_URL, ODD_URL), ("", alertmanager.PLACEHOLDER_URL)):
+        out = tmp_path / "alertmanager.yml"
+        subprocess.run([sys.executable, "-m", "ornith_stack.generate.alertmanager", str(REPO / alertmanager.CONFIG),
+                        str(out)], env={**os.environ, alertmanager.WEBHOOK_ENV: url}, check=True, timeout=60)
+        config = yaml.safe_load(out.read_text())
+        assert {c["url"] for r in config["receivers"] for c in r.get("webhook_configs", [])} == {expected}
+        if AMTOOL:
+            checked = subprocess.run([AMTOOL, "check-config", str(out)], capture_output=True, text=True, timeout=60,
+                                     check=False)
+            assert checked.returncode == 0, checked.stdout + checked.stderr
+    compose = yaml.safe_load((REPO / "compose" / "cpu-demo.yml").read_text())
+    service = compose["services"]["alertmanager"]
+    assert service["depends_on"]["alertmanager-config"]["condition"] == "service_completed_successfully"
+    assert "sed" not in json.dumps(service) and "sed" not in json.dumps(compose["services"]["alertmanager-config"])
 
 
 def test_alertmanager_routes_alerts_to_the_webhook_and_inhibits_symptoms_of_a_starting_engine() -> None:
@@ -306,3 +354,20 @@ def test_every_dashboard_passes_grafanas_published_schema() -> None:
         assert not errors, f"{path.name}: " + "; ".join(errors[:10])
     # The schema does reject what Grafana does not know: a misspelt field fails.
     assert list(validator.iter_errors({**board, "panles": []}))
+
+
+def test_latency_panels_show_the_p95_the_alert_reads_and_a_mean() -> None:
+    board = dashboards.build("ornith-overview")
+    by_title = {p["title"]: [t["expr"] for t in p.get("targets", [])] for p in board["panels"]}
+    for title in ("Time to first token", "Inter-token latency", "End-to-end request latency", "Queue time",
+                  "Prefill and decode time", "Time per output token (TPOT)"):
+        assert any(e.startswith("histogram_quantile(0.95,") for e in by_title[title]), title
+    for title in ("Time to first token", "Inter-token latency", "End-to-end request latency"):
+        assert any("_sum" in e and "_count" in e for e in by_title[title]), f"{title}: mean line"
+    # What an on-call engineer looks for next to the alerts: the acceptance alert's guard, why requests
+    # wait (vLLM), and the prompt/output length distributions.
+    assert any(C.SPEC_VERIFY_STEPS_PER_SECOND.name in e for e in by_title["Verification steps per second"])
+    assert any("vllm:num_requests_waiting_by_reason" in e and "reason" in e
+               for e in by_title["Waiting requests by reason"])
+    heatmaps = {p["title"] for p in board["panels"] if p["type"] == "heatmap"}
+    assert {"Prompt length: distribution", "Output length: distribution"} <= heatmaps

@@ -157,7 +157,7 @@ containers:
 {{ toYaml . | indent 6 }}
 {{- end }}
 {{- if and $leader $v.exporter.enabled (eq (include "ornith.exporterMode" $root) "sidecar") }}
-{{ include "ornith.exporterContainer" (dict "root" $root "targets" (list (printf "http://127.0.0.1:%d" (int $v.engine.port)))) | indent 2 }}
+{{ include "ornith.exporterContainer" (dict "root" $root "targets" (list (printf "http://127.0.0.1:%d" (int $v.engine.port))) "podName" true) | indent 2 }}
 {{- end }}
 volumes:
   - name: shm

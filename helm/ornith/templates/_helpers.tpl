@@ -122,6 +122,10 @@ pins the image by itself; without one the tag is required and never "latest". */
 {{- range .targets }}
 {{- $args = append (append $args "--target") . }}
 {{- end }}
+{{- /* A sidecar's engine is http://127.0.0.1:PORT in every replica: its `target` label is the pod's name. */}}
+{{- if .podName }}
+{{- $args = concat $args (list "--target-name" "$(ORNITH_POD_NAME)") }}
+{{- end }}
 {{- $args = concat $args (list "--profile" .root.Values.profile "--listen" (printf ":%d" (int .root.Values.exporter.port))) }}
 {{- if .root.Values.exporter.canary }}
 {{- $args = append $args "--canary" }}
@@ -134,6 +138,13 @@ pins the image by itself; without one the tag is required and never "latest". */
   image: {{ include "ornith.image" (dict "image" .root.Values.exporter.image "key" "exporter.image") | quote }}
   imagePullPolicy: {{ .root.Values.exporter.image.pullPolicy }}
   args: {{ include "ornith.exporterArgs" . }}
+  {{- if .podName }}
+  env:
+    - name: ORNITH_POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+  {{- end }}
   ports:
     - name: metrics
       containerPort: {{ .root.Values.exporter.port }}

@@ -27,6 +27,9 @@ def register(app: typer.Typer) -> None:
         canary: Annotated[bool, typer.Option("--canary", help="Send a known-answer request periodically.")] = False,
         canary_interval: Annotated[float, typer.Option(help="Seconds between canary requests.")] = 30.0,
         timeout: Annotated[float, typer.Option(help="Seconds allowed for one target's scrape.")] = 3.0,
+        target_name: Annotated[str | None, typer.Option(
+            help="The `target` label of the one --target, where its URL does not tell replicas apart "
+                 "(a sidecar's http://127.0.0.1:PORT: the pod's name).")] = None,
     ) -> None:
         """Serve unified ornith_* metrics (acceptance, throughput, latency) scraped from vLLM/SGLang engines."""
         if not target:
@@ -41,7 +44,9 @@ def register(app: typer.Typer) -> None:
             draft = loaded.draft.repo or "" if loaded.draft else ""
         # One target per address: two URLs differing only in credentials would give duplicate series.
         unique = {Target(normalise_target(url)).public: normalise_target(url) for url in target}
-        targets = [Target(url, profile or "", draft) for url in unique.values()]
+        if target_name is not None and (len(unique) != 1 or not target_name.strip()):
+            raise UserError("--target-name names one target: pass exactly one --target with it, and a non-empty name")
+        targets = [Target(url, profile or "", draft, (target_name or "").strip()) for url in unique.values()]
         host, port = parse_listen(listen)
         typer.echo(f"ornith-stack exporter on {host or '*'}:{port}/metrics, "
                    f"{len(targets)} target(s): {', '.join(t.public for t in targets)}", err=True)

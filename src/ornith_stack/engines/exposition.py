@@ -18,6 +18,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from ornith_stack.errors import UserError
 
 
+class BadExposition(UserError):
+    """Exposition text that cannot be trusted; `reason` says why: not_exposition (garbage), truncated (the
+    body ends mid-line), duplicate (a series exposed twice, which a sum would double)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class Sample:
     labels: dict[str, str]
@@ -58,10 +67,11 @@ class Samples(dict[str, list[Sample]]):
 
 
 def parse(text: str, keep: Collection[str] | None = None, deadline: float | None = None) -> Samples:
-    """Parse exposition text; garbage (HTML, truncated lines) is a UserError naming the problem.
+    """Parse exposition text; garbage (HTML, truncated lines) is a BadExposition naming the problem.
 
     With `keep` (sample names), every line is still checked but only those samples are indexed: the
-    exporter reads a few dozen names out of a thousand lines per scrape. This path reads each line once,
+    exporter reads a few dozen names out of a thousand lines per scrape. A kept series (name and label
+    set) that appears twice is an error, not a sum: an engine exposing a family twice would read double. This path reads each line once,
     left to right, so its time grows linearly with the body (a 16 kB line, or a 16 MB body, included).
     With `deadline` (time.monotonic()), a parse still running then raises TimeoutError.
     """
@@ -73,7 +83,7 @@ def parse(text: str, keep: Collection[str] | None = None, deadline: float | None
             for s in family.samples:
                 samples.setdefault(s.name, []).append(Sample(dict(s.labels), float(s.value)))
     except (ValueError, TypeError, IndexError, KeyError) as exc:
-        raise UserError(f"not Prometheus exposition text: {exc}") from None
+        raise BadExposition("not_exposition", f"not Prometheus exposition text: {exc}") from None
     return samples
 
 
@@ -100,8 +110,9 @@ _CLOCK_EVERY = 2048
 def _parse_kept(text: str, keep: frozenset[str], deadline: float | None) -> Samples:
     if text and not text.endswith("\n"):
         # The format ends every line, the last included, with a line feed: a missing one is a cut body.
-        raise UserError("not Prometheus exposition text: the body ends mid-line (truncated)")
+        raise BadExposition("truncated", "not Prometheus exposition text: the body ends mid-line (truncated)")
     samples = Samples()
+    seen: set[tuple[str, str]] = set()
     match_line = _LINE.fullmatch
     for number, line in enumerate(text.split("\n"), 1):
         if deadline is not None and number % _CLOCK_EVERY == 0 and time.monotonic() > deadline:
@@ -110,14 +121,20 @@ def _parse_kept(text: str, keep: frozenset[str], deadline: float | None) -> Samp
             continue
         match = match_line(line)
         if match is None:
-            raise UserError(f"not Prometheus exposition text: line {number}: {line[:80]!r}")
+            raise BadExposition("not_exposition", f"not Prometheus exposition text: line {number}: {line[:80]!r}")
         name, labels, value = match.groups()
         try:
             number_value = float(value)
         except ValueError:
-            raise UserError(f"not Prometheus exposition text: line {number}: bad value {value[:40]!r}") from None
+            raise BadExposition("not_exposition",
+                                f"not Prometheus exposition text: line {number}: bad value {value[:40]!r}") from None
         if name in keep:
-            samples.setdefault(name, []).append(Sample(_labels(labels), number_value))
+            pairs = _labels(labels)
+            series = (name, repr(sorted(pairs.items())))
+            if series in seen:
+                raise BadExposition("duplicate", f"line {number}: series {name}{labels or ''} exposed twice")
+            seen.add(series)
+            samples.setdefault(name, []).append(Sample(pairs, number_value))
     return samples
 
 

@@ -14,10 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
-
 from ornith_stack.engines import EngineAdapter
-from ornith_stack.exporter.scrape import Target
+from ornith_stack.exporter.scrape import MAX_INFO_BYTES, Target, http_get, http_open
 
 PROMPT = "What is 17 + 25? Reply with the number only."
 ANSWER = re.compile(r"(?<!\d)42(?!\d)")
@@ -28,6 +26,8 @@ MAX_TOKENS = 16
 DECODE_PROMPT = "Count from 1 to 60 in digits, separated by spaces, and nothing else."
 DECODE_MAX_TOKENS = 64
 MIN_DECODE_TOKENS = 32
+# One server-sent event longer than this is not a chat chunk; the canary stops reading.
+MAX_EVENT_BYTES = 1024 * 1024
 log = logging.getLogger(__name__)
 
 
@@ -65,36 +65,42 @@ def request_body(model: str, prompt: str = PROMPT, max_tokens: int = MAX_TOKENS)
     }
 
 
-def stream_chat(client: httpx.Client, url: str, body: dict, timeout: float) -> Stream:
-    """POST a streamed chat request and read its server-sent events; anything malformed is ValueError."""
+def stream_chat(url: str, body: dict, timeout: float) -> Stream:
+    """POST a streamed chat request and read its server-sent events, all within `timeout` seconds
+    (the scrape's watchdog holds the deadline on the socket); anything malformed is ValueError."""
     start = time.monotonic()
     first = last = None
     text: list[str] = []
     tokens = chunks = 0
-    with client.stream("POST", url, json=body, timeout=timeout) as response:
-        if response.status_code != 200:
-            raise ValueError(f"HTTP {response.status_code}")
-        for line in response.iter_lines():
-            if time.monotonic() - start > timeout:
-                raise TimeoutError(f"no complete answer within {timeout:g}s")
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if not isinstance(chunk, dict):
-                raise ValueError(f"a stream event that is not a JSON object: {line[:80]!r}")
-            usage = chunk.get("usage")
-            if isinstance(usage, dict):
-                tokens = int(usage.get("completion_tokens") or 0)
-            # Time every chunk that carries output: a token may decode to no text on its own
-            # (a partial UTF-8 sequence), yet it was generated.
-            for choice in chunk.get("choices") or []:
-                delta = choice.get("delta") if isinstance(choice, dict) else None
-                if not isinstance(delta, dict):
-                    raise ValueError(f"a stream choice without a delta object: {line[:80]!r}")
-                last = time.monotonic()
-                first = first or last
-                chunks += 1
-                text.append(str(delta.get("content") or "") + str(delta.get("reasoning_content") or ""))
+    pending = b""
+    with http_open(url, start + timeout, "POST", json.dumps(body).encode(),
+                   {"Content-Type": "application/json", "Accept": "text/event-stream"}) as reply:
+        if reply.status != 200:
+            raise ValueError(f"HTTP {reply.status}")
+        for piece in reply.chunks():
+            if len(pending) + len(piece) > MAX_EVENT_BYTES:
+                raise ValueError(f"a stream event longer than {MAX_EVENT_BYTES} bytes")
+            *lines, pending = (pending + piece).split(b"\n")
+            for raw in lines:
+                line = raw.decode("utf-8").strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if not isinstance(chunk, dict):
+                    raise ValueError(f"a stream event that is not a JSON object: {line[:80]!r}")
+                usage = chunk.get("usage")
+                if isinstance(usage, dict):
+                    tokens = int(usage.get("completion_tokens") or 0)
+                # Time every chunk that carries output: a token may decode to no text on its own
+                # (a partial UTF-8 sequence), yet it was generated.
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") if isinstance(choice, dict) else None
+                    if not isinstance(delta, dict):
+                        raise ValueError(f"a stream choice without a delta object: {line[:80]!r}")
+                    last = time.monotonic()
+                    first = first or last
+                    chunks += 1
+                    text.append(str(delta.get("content") or "") + str(delta.get("reasoning_content") or ""))
     if first is None or last is None:
         raise ValueError("the answer was empty")
     return Stream("".join(text), tokens or chunks, first - start, last - first)
@@ -107,19 +113,21 @@ def decode_rate(stream: Stream) -> float | None:
     return (stream.tokens - 1) / stream.span
 
 
-def run_once(client: httpx.Client, base: str, timeout: float, adapter: EngineAdapter) -> CanaryState:
+def run_once(base: str, timeout: float, adapter: EngineAdapter) -> CanaryState:
     """One canary run; any failure is a state with success False and the reason, never an exception."""
     state = CanaryState()
     try:
-        models = client.get(base + adapter.models_path, timeout=timeout).json()
-        model = models["data"][0]["id"]
+        status, listing = http_get(base + adapter.models_path, time.monotonic() + timeout, MAX_INFO_BYTES)
+        if status != 200:
+            raise ValueError(f"{adapter.models_path}: HTTP {status}")
+        model = json.loads(listing)["data"][0]["id"]
         if not isinstance(model, str):
             raise ValueError(f"{adapter.models_path}: model id is not a string")
-        answer = stream_chat(client, base + adapter.chat_path, request_body(model), timeout)
+        answer = stream_chat(base + adapter.chat_path, request_body(model), timeout)
         state.success = True
         state.correct = bool(ANSWER.search(answer.text))
         state.ttft = answer.ttft
-        decode = stream_chat(client, base + adapter.chat_path,
+        decode = stream_chat(base + adapter.chat_path,
                              {**request_body(model, DECODE_PROMPT, DECODE_MAX_TOKENS), "ignore_eos": True}, timeout)
         state.decode_rate = decode_rate(decode)
     except Exception as exc:  # whatever a target answers, the canary reports it and runs again
@@ -143,7 +151,6 @@ class Canary:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="canary", daemon=True)
-        self._client = httpx.Client()
 
     def start(self) -> None:
         self._thread.start()
@@ -165,7 +172,7 @@ class Canary:
             adapter = self.adapter_of(target)
             if adapter is None:
                 raise ValueError("the engine has not been recognised from its /metrics yet")
-            return run_once(self._client, target.url, self.timeout, adapter)
+            return run_once(target.url, self.timeout, adapter)
         except Exception as exc:
             log.warning("canary for %s: %s: %s", target.public, type(exc).__name__, exc)
             return CanaryState(error=f"{type(exc).__name__}: {exc}", finished_at=time.time())

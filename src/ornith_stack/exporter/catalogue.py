@@ -132,7 +132,8 @@ SCRAPES = _m("ornith_exporter_scrapes", "counter", "scrapes", TARGET, "self",
              "Scrapes of the target attempted.")
 SCRAPE_ERRORS = _m("ornith_exporter_scrape_errors", "counter", "scrapes", (*TARGET, "reason"), "self",
                    "Failed scrapes by reason: timeout (the scrape's deadline), connect, http_status, too_large, "
-                   "not_exposition, unknown_engine, internal (an exporter bug; logged).")
+                   "truncated (the body ended short of its length or mid-line), not_exposition, duplicate (a "
+                   "series exposed twice), unknown_engine, internal (an exporter bug; logged).")
 ENGINE_RESTARTS = _m("ornith_exporter_engine_restarts", "counter", "restarts", TARGET, "self",
                      "Times the engine's counters went down between two scrapes by this exporter (a restart).")
 SKIPPED_SAMPLES = _m("ornith_exporter_skipped_samples", "counter", "samples", (*TARGET, "reason"), "self",
@@ -140,7 +141,8 @@ SKIPPED_SAMPLES = _m("ornith_exporter_skipped_samples", "counter", "samples", (*
                      "whose le is not a number, NaN or -Inf, or whose count is not finite).")
 
 # Bounded label values: every `reason` the exporter can emit.
-ERROR_REASONS = ("timeout", "connect", "http_status", "too_large", "not_exposition", "unknown_engine", "internal")
+ERROR_REASONS = ("timeout", "connect", "http_status", "too_large", "truncated", "not_exposition", "duplicate",
+                 "unknown_engine", "internal")
 SKIP_REASONS = ("bad_bucket",)
 CANARY_OUTCOMES = ("correct", "wrong", "failed")
 # Draft positions beyond this are not exported (bounded labels even if an engine misbehaves).
@@ -205,8 +207,34 @@ PROMPT_TOKENS_PER_SECOND = Recorded(
     "ornith:prompt_tokens:rate1m", "tokens/s", "Prompt tokens processed per second over 1 minute.",
     _rate(PROMPT_TOKENS, "1m"))
 
+SPEC_VERIFY_STEPS_PER_SECOND = Recorded(
+    "ornith:spec_verify_steps:rate5m", "steps/s",
+    "Verification steps per second over 5 minutes: the acceptance alert's guard (real traffic, not the canary).",
+    _rate(SPEC_STEPS, "5m"))
+
+
+def _quantile(q: float, metric: Metric) -> str:
+    return f"histogram_quantile({q}, sum by ({BY}, le) (rate({metric.bucket}[5m])))"
+
+
+TTFT_P50 = Recorded("ornith:time_to_first_token_seconds:p50_5m", "seconds",
+                    "Median time to first token over 5 minutes.", _quantile(0.5, TTFT))
+TTFT_P95 = Recorded("ornith:time_to_first_token_seconds:p95_5m", "seconds",
+                    "95th percentile time to first token over 5 minutes (what the TTFT alert reads).",
+                    _quantile(0.95, TTFT))
+ITL_P50 = Recorded("ornith:inter_token_latency_seconds:p50_5m", "seconds",
+                   "Median inter-token latency over 5 minutes.", _quantile(0.5, ITL))
+ITL_P95 = Recorded("ornith:inter_token_latency_seconds:p95_5m", "seconds",
+                   "95th percentile inter-token latency over 5 minutes.", _quantile(0.95, ITL))
+
 RECORDED: tuple[Recorded, ...] = (SPEC_ACCEPTANCE_LENGTH, SPEC_DRAFT_ACCEPTANCE_RATIO, SPEC_POSITION_ACCEPTANCE_RATIO,
-                                  GENERATION_TOKENS_PER_SECOND, PROMPT_TOKENS_PER_SECOND)
+                                  GENERATION_TOKENS_PER_SECOND, PROMPT_TOKENS_PER_SECOND,
+                                  SPEC_VERIFY_STEPS_PER_SECOND, TTFT_P50, TTFT_P95, ITL_P50, ITL_P95)
+
+# Per-profile constant series (one rule per profile, written from its published results by
+# generate/alerts.py): the alerts compare the recorded figures above with them.
+EXPECTED_ACCEPTANCE = "ornith:profile_expected_acceptance_length"
+TTFT_THRESHOLD = "ornith:profile_ttft_p95_threshold_seconds"
 
 
 def exported_sample_names() -> set[str]:

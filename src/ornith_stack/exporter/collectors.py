@@ -30,7 +30,7 @@ def family(metric: C.Metric) -> Any:  # a Gauge-, Counter- or HistogramMetricFam
 
 
 def engine_labels(r: Result) -> list[str]:
-    return [r.target.public, r.target.profile, r.adapter.kind if r.adapter else "", r.model]
+    return [r.target.label, r.target.profile, r.adapter.kind if r.adapter else "", r.model]
 
 
 def _up(results: Sequence[Result]) -> list[Result]:
@@ -40,10 +40,10 @@ def _up(results: Sequence[Result]) -> list[Result]:
 def collect_engine(results: Sequence[Result]) -> Families:
     up, info = family(C.ENGINE_UP), family(C.ENGINE_INFO)
     for r in results:
-        up.add_metric([r.target.public, r.target.profile], 1.0 if r.up else 0.0)
+        up.add_metric([r.target.label, r.target.profile], 1.0 if r.up else 0.0)
     for r in _up(results):
         assert r.adapter is not None
-        info.add_metric([r.target.public, r.target.profile, r.adapter.kind, r.info.version or "", r.model,
+        info.add_metric([r.target.label, r.target.profile, r.adapter.kind, r.info.version or "", r.model,
                          r.info.draft or r.target.draft], 1.0)
     yield from (up, info)
 
@@ -66,7 +66,7 @@ def collect_self(states: Sequence[TargetState], results: Sequence[Result]) -> Fa
     duration, scrapes = family(C.SCRAPE_DURATION), family(C.SCRAPES)
     errors, restarts, skipped = family(C.SCRAPE_ERRORS), family(C.ENGINE_RESTARTS), family(C.SKIPPED_SAMPLES)
     for state, r in zip(states, results, strict=True):
-        labels = [state.target.public, state.target.profile]
+        labels = [state.target.label, state.target.profile]
         with state.lock:
             duration.add_metric(labels, r.duration)
             scrapes.add_metric(labels, state.scrapes)
@@ -85,7 +85,7 @@ def collect_canary(canary: Canary | None) -> Families:
     ttft, rate = family(C.CANARY_TTFT), family(C.CANARY_DECODE_RATE)
     runs, last = family(C.CANARY_RUNS), family(C.CANARY_LAST_RUN)
     for target, state in canary.snapshot():
-        labels = [target.public, target.profile]
+        labels = [target.label, target.profile]
         for outcome in C.CANARY_OUTCOMES:
             runs.add_metric([*labels, outcome], state.counts.get(outcome, 0))
         if state.finished_at is None:

@@ -10,22 +10,25 @@ Everything engine-specific runs inside one target's try block: one target cannot
 from __future__ import annotations
 
 import base64
+import heapq
 import http.client
 import json
 import logging
 import math
 import socket
+import ssl
 import threading
 import time
 import zlib
 from collections import defaultdict
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 from ornith_stack.engines import ADAPTERS, EngineAdapter, EngineInfo, detect_adapter
-from ornith_stack.engines.exposition import Samples, parse
-from ornith_stack.errors import UserError
+from ornith_stack.engines.exposition import BadExposition, Samples, parse
 from ornith_stack.exporter import catalogue as C
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,10 @@ MAX_INFO_BYTES = 1024 * 1024
 KEEP = frozenset(name for adapter in ADAPTERS.values() for name in adapter.sample_names())
 # An engine that did not say its version is asked again after this many scrapes.
 INFO_RETRY_SCRAPES = 20
+# Scrapes of one target running at once (overlapping Prometheus servers); one more is refused as a
+# timeout at once. The worker pool holds this many per target, so a stuck target never takes a worker
+# another target needs.
+PER_TARGET_SCRAPES = 4
 
 Labels = tuple[str, ...]
 Buckets = list[tuple[str, float]]
@@ -53,11 +60,17 @@ class Target:
     url: str = field(repr=False)  # base URL, e.g. http://engine:8000; may carry user:password@
     profile: str = ""
     draft: str = ""  # from the profile, when the engine does not say
+    name: str = ""  # the `target` label when the URL does not tell replicas apart (a sidecar's loopback)
 
     @property
     def public(self) -> str:
-        """The URL without credentials: what labels, pages and logs show."""
+        """The URL without credentials: what pages and logs show."""
         return redact(self.url)
+
+    @property
+    def label(self) -> str:
+        """The `target` label of its series: its name if it has one, else its public URL."""
+        return self.name or self.public
 
 
 def redact(url: str) -> str:
@@ -98,6 +111,8 @@ class TargetState:
     skipped: dict[str, int] = field(default_factory=dict)
     restarts: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    slots: threading.BoundedSemaphore = field(
+        default_factory=lambda: threading.BoundedSemaphore(PER_TARGET_SCRAPES), repr=False)
 
     def count_error(self, reason: str) -> None:
         with self.lock:
@@ -114,16 +129,18 @@ class Scraper:
     def __init__(self, targets: list[Target], timeout: float = 3.0) -> None:
         self.timeout = timeout
         self.states = [TargetState(t) for t in targets]
-        # Threads start on demand; room for a few overlapping scrapes of every target.
-        self._pool = ThreadPoolExecutor(max_workers=max(4, min(256, 4 * len(targets))), thread_name_prefix="scrape")
+        # Threads start on demand; every target's slots fit, so no target waits for another's worker.
+        self._pool = ThreadPoolExecutor(max_workers=max(1, PER_TARGET_SCRAPES * len(targets)),
+                                        thread_name_prefix="scrape")
 
     def scrape_all(self, budget: float | None = None) -> list[Result]:
         """One round over every target, each answered within `budget` seconds (at most --timeout)."""
         budget = self.timeout if budget is None else max(0.05, min(self.timeout, budget))
         start = time.monotonic()
         deadline = start + budget
-        futures = [self._pool.submit(self._scrape_one, state, deadline) for state in self.states]
-        wait(futures, timeout=budget + 0.05)
+        futures = [self._pool.submit(self._scrape_slot, state, deadline) if state.slots.acquire(blocking=False)
+                   else None for state in self.states]
+        wait([f for f in futures if f is not None], timeout=budget)
         return [self._outcome(state, future, start) for state, future in zip(self.states, futures, strict=True)]
 
     def close(self) -> None:
@@ -147,14 +164,23 @@ class Scraper:
         return state.adapter
 
     # -- one target ---------------------------------------------------------------------------
-    def _outcome(self, state: TargetState, future: Future[Result], start: float) -> Result:
-        if future.done():
+    def _outcome(self, state: TargetState, future: Future[Result] | None, start: float) -> Result:
+        if future is None:
+            result = _down(state, start, "timeout",
+                           f"{state.target.public}: {PER_TARGET_SCRAPES} earlier scrapes still running")
+        elif future.done():
             result = future.result()
         else:  # the worker is stopped by its own deadline; this scrape does not wait for it
             result = _down(state, start, "timeout", f"{state.target.public}: no answer within the deadline")
         if result.reason is not None:
             state.count_error(result.reason)
         return result
+
+    def _scrape_slot(self, state: TargetState, deadline: float) -> Result:
+        try:
+            return self._scrape_one(state, deadline)
+        finally:
+            state.slots.release()
 
     def _scrape_one(self, state: TargetState, deadline: float) -> Result:
         start = time.monotonic()
@@ -211,8 +237,8 @@ class Scraper:
             samples = parse(body.decode("utf-8"), keep=KEEP, deadline=deadline)
         except UnicodeDecodeError:
             raise ScrapeError("not_exposition", f"{where}/metrics: body is not UTF-8 text") from None
-        except UserError as exc:
-            raise ScrapeError("not_exposition", f"{where}/metrics: {exc}") from None
+        except BadExposition as exc:
+            raise ScrapeError(exc.reason, f"{where}/metrics: {exc}") from None
         adapter = detect_adapter(samples)
         if adapter is None:
             raise ScrapeError("unknown_engine", f"{where}/metrics: no vLLM or SGLang metrics in the answer")
@@ -308,62 +334,174 @@ def _le(value: float) -> str:
 
 
 # -- HTTP with one deadline -----------------------------------------------------------------------
-def http_get(url: str, deadline: float, limit: int) -> tuple[int, bytes]:
-    """GET `url`: connect, headers and body all done by `deadline` (time.monotonic()), at most `limit`
-    bytes after decoding. A watchdog shuts the socket at the deadline, so a server that trickles its
-    headers or body cannot hold the caller past it."""
+class _Guard:
+    """One socket under the watchdog: `fired` once the watchdog shut it at its deadline."""
+
+    __slots__ = ("deadline", "sock", "fired")
+
+    def __init__(self, deadline: float, sock: socket.socket) -> None:
+        self.deadline, self.fired = deadline, False
+        self.sock: socket.socket | None = sock  # None once released: nothing to shut
+
+    def __lt__(self, other: _Guard) -> bool:
+        return self.deadline < other.deadline
+
+
+class Watchdog:
+    """One thread for the whole process that shuts every watched socket at its deadline.
+
+    It holds its own reference to the socket, so it can stop a read however http.client frames the
+    answer (with `Connection: close` or HTTP/1.0 the connection object lets go of its socket), and
+    one thread serves every request, so watching costs no thread per scrape."""
+
+    def __init__(self) -> None:
+        self._heap: list[_Guard] = []
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, sock: socket.socket, deadline: float) -> _Guard:
+        guard = _Guard(deadline, sock)
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="scrape-watchdog", daemon=True)
+                self._thread.start()
+            heapq.heappush(self._heap, guard)
+            self._cond.notify()
+        return guard
+
+    def release(self, guard: _Guard) -> None:
+        with self._cond:
+            guard.sock = None  # popped from the heap when its deadline comes
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._heap and (self._heap[0].sock is None or self._heap[0].deadline <= time.monotonic()):
+                    guard = heapq.heappop(self._heap)
+                    if guard.sock is not None:
+                        guard.fired = True
+                        _shut(guard.sock)
+                        guard.sock = None
+                self._cond.wait(self._heap[0].deadline - time.monotonic() if self._heap else None)
+
+
+WATCHDOG = Watchdog()
+
+
+@dataclass
+class Reply:
+    """An HTTP answer whose headers are in; its body comes in chunks, each read by the deadline."""
+
+    status: int
+    response: http.client.HTTPResponse
+    sock: socket.socket
+    guard: _Guard
+    deadline: float
+    where: str
+
+    def header(self, name: str) -> str:
+        return (self.response.getheader(name) or "").strip().lower()
+
+    def chunks(self) -> Iterator[bytes]:
+        """The body as it arrives; ScrapeError timeout past the deadline, truncated when the answer ends
+        short of its Content-Length (or of its last chunk)."""
+        while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0 or self.guard.fired:
+                raise ScrapeError("timeout", f"{self.where}: body not complete within the deadline")
+            self.sock.settimeout(remaining)  # every recv waits at most until the deadline
+            chunk = self.response.read1(64 * 1024)
+            if not chunk:
+                break
+            yield chunk
+        if self.guard.fired:  # the watchdog's shutdown reads as the end of the body
+            raise ScrapeError("timeout", f"{self.where}: body not complete within the deadline")
+        if self.response.length:  # bytes still owed by Content-Length
+            raise ScrapeError("truncated", f"{self.where}: body closed {self.response.length} bytes short "
+                                           "of its Content-Length")
+
+
+@contextmanager
+def http_open(url: str, deadline: float, method: str = "GET", body: bytes | None = None,
+              headers: dict[str, str] | None = None) -> Iterator[Reply]:
+    """Send one request and give its answer once the headers are in; connect, headers and body all
+    done by `deadline` (time.monotonic()). The watchdog shuts the socket at the deadline, and every
+    read waits at most until then, so a server that trickles its headers or body cannot hold the
+    caller past it, whatever the framing. Failures are ScrapeError with a reason."""
     parts = urlsplit(url)
-    remaining = deadline - time.monotonic()
     where = redact(url)
+    remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise ScrapeError("timeout", f"{where}: no time left in the scrape's deadline")
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     try:
-        conn = cls(parts.hostname or "", parts.port, timeout=remaining)
-    except (ValueError, http.client.InvalidURL) as exc:
+        address = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+    except ValueError as exc:
         raise ScrapeError("connect", f"{where}: {exc}") from None
-    headers = {"Accept": "text/plain;version=0.0.4", "Accept-Encoding": "gzip", "User-Agent": "ornith-exporter"}
+    sent = {"Accept-Encoding": "gzip", "User-Agent": "ornith-exporter", **(headers or {})}
     if parts.username is not None:
         token = f"{parts.username}:{parts.password or ''}".encode()
-        headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
-    watchdog = threading.Timer(remaining, _shut, (conn,))
-    watchdog.daemon = True
-    watchdog.start()
+        sent["Authorization"] = "Basic " + base64.b64encode(token).decode()
+    guard: _Guard | None = None
+    sock: socket.socket | None = None
+    response: http.client.HTTPResponse | None = None
     try:
-        conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers=headers)
+        sock = socket.create_connection(address, timeout=remaining)
+        guard = WATCHDOG.watch(sock, deadline)
+        if parts.scheme == "https":
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=address[0])
+            guard.sock = sock
+        conn = http.client.HTTPConnection(*address, timeout=remaining)
+        conn.sock = sock  # ours: the watchdog shuts it whatever http.client does with the connection
+        conn.request(method, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), body, sent)
         response = conn.getresponse()
-        body = _read_body(response, limit, where)
-        return response.status, body
+        if guard.fired:  # headers cut at the deadline can look complete to http.client
+            raise ScrapeError("timeout", f"{where}: headers not complete within the deadline")
+        yield Reply(response.status, response, sock, guard, deadline, where)
     except ScrapeError:
         raise
     except (OSError, http.client.HTTPException) as exc:
-        if time.monotonic() >= deadline or isinstance(exc, TimeoutError):
+        if (guard is not None and guard.fired) or time.monotonic() >= deadline or isinstance(exc, TimeoutError):
             raise ScrapeError("timeout", f"{where}: not complete within the deadline") from None
+        if isinstance(exc, http.client.IncompleteRead):
+            raise ScrapeError("truncated", f"{where}: the answer ended early ({exc})") from None
         raise ScrapeError("connect", f"{where}: {type(exc).__name__}: {exc}") from None
     finally:
-        watchdog.cancel()
-        conn.close()
+        if guard is not None:
+            WATCHDOG.release(guard)
+        if response is not None:
+            response.close()
+        if sock is not None:
+            sock.close()
 
 
-def _read_body(response: http.client.HTTPResponse, limit: int, where: str) -> bytes:
-    gzipped = (response.getheader("Content-Encoding") or "").strip().lower() == "gzip"
-    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
+def http_get(url: str, deadline: float, limit: int) -> tuple[int, bytes]:
+    """GET `url` within `deadline`: its status and body, at most `limit` bytes after decoding."""
+    with http_open(url, deadline, headers={"Accept": "text/plain;version=0.0.4"}) as reply:
+        return reply.status, read_body(reply, limit)
+
+
+def read_body(reply: Reply, limit: int) -> bytes:
+    """The whole body, gunzipped when sent so; a gzip stream that stops before its end is truncated."""
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if reply.header("Content-Encoding") == "gzip" else None
     chunks: list[bytes] = []
     size = 0
-    while chunk := response.read(64 * 1024):
+    for chunk in reply.chunks():
         if inflate is not None:
-            chunk = inflate.decompress(chunk, limit + 1 - size)
+            try:
+                chunk = inflate.decompress(chunk, limit + 1 - size)
+            except zlib.error as exc:
+                raise ScrapeError("not_exposition", f"{reply.where}: bad gzip body: {exc}") from None
         size += len(chunk)
         if size > limit:
-            raise ScrapeError("too_large", f"{where}: body larger than {limit} bytes")
+            raise ScrapeError("too_large", f"{reply.where}: body larger than {limit} bytes")
         chunks.append(chunk)
+    if inflate is not None and not inflate.eof:
+        raise ScrapeError("truncated", f"{reply.where}: gzip body ends before its end")
     return b"".join(chunks)
 
 
-def _shut(conn: http.client.HTTPConnection) -> None:
-    sock = conn.sock
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

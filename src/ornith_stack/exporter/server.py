@@ -20,8 +20,11 @@ from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.collectors import ExporterCollector, render
 from ornith_stack.exporter.scrape import Scraper, Target, redact
 
-# Seconds kept back from Prometheus' scrape timeout for writing the answer.
+# Kept back from Prometheus' scrape timeout for collecting and writing the answer: this share of it,
+# at least ANSWER_MARGIN_S seconds. Answering takes about 0.05 s after the targets' deadline
+# (tests/unit/test_exporter_faults.py); the rest is headroom for a loaded machine.
 ANSWER_MARGIN_S = 0.25
+ANSWER_MARGIN_SHARE = 0.2
 TIMEOUT_HEADER = "HTTP_X_PROMETHEUS_SCRAPE_TIMEOUT_SECONDS"
 # --timeout above this is a mistake (Prometheus' own scrape timeout is seconds, not minutes).
 MAX_TIMEOUT_S = 300.0
@@ -58,7 +61,9 @@ def scrape_budget(environ: dict) -> float | None:
         seconds = float(environ.get(TIMEOUT_HEADER, ""))
     except ValueError:
         return None
-    return max(0.05, seconds - ANSWER_MARGIN_S) if math.isfinite(seconds) and seconds > 0 else None
+    if not math.isfinite(seconds) or seconds <= 0:
+        return None
+    return max(0.05, seconds - max(ANSWER_MARGIN_S, ANSWER_MARGIN_SHARE * seconds))
 
 
 def normalise_target(url: str) -> str:
@@ -118,7 +123,7 @@ def service_discovery(targets: Iterable[Target]) -> list[dict]:
     for target in targets:
         # Credentials in a target URL stay in the exporter: Prometheus gets the address only.
         url = urlsplit(redact(target.url))
-        labels = {"__scheme__": url.scheme, "target": target.public}
+        labels = {"__scheme__": url.scheme, "target": target.label}
         if url.path:
             labels["__metrics_path__"] = url.path + "/metrics"
         if target.profile:

@@ -1,8 +1,10 @@
 """Alertmanager's configuration: every Ornith alert to one webhook receiver, info alerts to nobody, and
 the inhibitions that keep a starting or dead engine from paging once per symptom.
 
-One builder, three files: monitoring/alertmanager/alertmanager.yml (compose: the alertmanager service puts
-`ORNITH_ALERT_WEBHOOK_URL` in place of `PLACEHOLDER_URL` when it starts), the Ansible monitoring role's
+One builder, three files: monitoring/alertmanager/alertmanager.yml (compose: a one-shot service runs
+`python -m ornith_stack.generate.alertmanager` before Alertmanager starts, which writes the configuration
+again through a YAML library with `ORNITH_ALERT_WEBHOOK_URL` as every webhook's URL, so any URL, `&` and
+`|` included, arrives intact), the Ansible monitoring role's
 template (its `monitoring_alertmanager_webhook_url`), and the Helm chart's files/alertmanager-config.yaml:
 the same route, receivers and inhibitions as the spec of a prometheus-operator AlertmanagerConfig, whose
 template (templates/alertmanagerconfig.yaml) puts the chart value `monitoring.alertmanagerConfig.webhookUrl`
@@ -11,10 +13,14 @@ in place of the URL.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from ornith_stack import deployment as D
 from ornith_stack.generate import alerts as A
@@ -26,7 +32,9 @@ ANSIBLE_TEMPLATE = "ansible/roles/monitoring/templates/alertmanager.yml.j2"
 SOURCE = "src/ornith_stack/generate/alertmanager.py and the alert rules"
 PLACEHOLDER_URL = D.ALERT_WEBHOOK_PLACEHOLDER
 WEBHOOK_ENV = "ORNITH_ALERT_WEBHOOK_URL"
-RECEIVER, NOBODY = "ornith-webhook", "ornith-nobody"
+RECEIVER, NOBODY, HEARTBEAT = "ornith-webhook", "ornith-nobody", "ornith-heartbeat"
+# The watchdog is repeated this often: a dead man's switch on the receiving side expects it.
+HEARTBEAT_REPEAT = "5m"
 # An Alertmanager matcher as this module writes them: label, operator, double-quoted value.
 _MATCHER = re.compile(r'(?P<name>[A-Za-z_]\w*)(?P<op>=~|!~|!=|=)"(?P<value>[^"\\]*)"')
 
@@ -52,28 +60,60 @@ def alertmanager_config(webhook_url: str = PLACEHOLDER_URL, repeat_interval: str
             "group_wait": group_wait,
             "group_interval": group_interval,
             "repeat_interval": repeat_interval,
-            # Info alerts (OrnithEngineStarting) exist to inhibit, not to notify.
-            "routes": [{"matchers": ['severity="info"'], "receiver": NOBODY}],
+            "routes": [
+                # The always-firing watchdog, repeated so that its absence is noticed.
+                {"matchers": [_any_of(A.ALWAYS_FIRING)], "receiver": HEARTBEAT, "group_interval": "1m",
+                 "repeat_interval": HEARTBEAT_REPEAT},
+                # Info alerts (OrnithEngineStarting) exist to inhibit, not to notify.
+                {"matchers": ['severity="info"'], "receiver": NOBODY},
+            ],
         },
         "inhibit_rules": [
             {"source_matchers": [_any_of(ENGINE_STATE)], "target_matchers": [_any_of(SYMPTOMS)],
              "equal": ["target"]},
-            # An engine down past the start-up grace pages once, as OrnithEngineDownLong.
-            {"source_matchers": ['alertname="OrnithEngineDownLong"'], "target_matchers": ['alertname="OrnithEngineDown"'],
-             "equal": ["target"]},
+            # An engine down past its start budget pages once, as OrnithEngineDownLong.
+            {"source_matchers": ['alertname="OrnithEngineDownLong"'],
+             "target_matchers": [_any_of(("OrnithEngineDown", "OrnithEngineFlapping"))], "equal": ["target"]},
         ],
         "receivers": [
             {"name": RECEIVER, "webhook_configs": [{"url": webhook_url, "send_resolved": True}]},
+            {"name": HEARTBEAT, "webhook_configs": [{"url": webhook_url, "send_resolved": True}]},
             {"name": NOBODY},
         ],
     }
 
 
+def with_webhook(config: dict[str, Any], url: str) -> dict[str, Any]:
+    """`config` with `url` as the URL of every webhook receiver (an empty `url` keeps the placeholder)."""
+    for receiver in config.get("receivers", []):
+        for webhook in receiver.get("webhook_configs", []):
+            webhook["url"] = url or PLACEHOLDER_URL
+    return config
+
+
+def write_with_webhook(source: Path, destination: Path, url: str) -> None:
+    """Alertmanager's configuration from `source`, written to `destination` with the webhook URL set by
+    a YAML library: whatever the URL holds is quoted as YAML needs, nothing is substituted in text."""
+    config = with_webhook(yaml.safe_load(source.read_text()), url)
+    destination.write_text(dump(config))
+
+
+ANSIBLE_URL = 'monitoring_alertmanager_webhook_url | default("' + PLACEHOLDER_URL + '", true)'
+
+
 def ansible_config() -> dict[str, Any]:
     """The role's template: its variables in place of the URL and repeat interval (an empty URL keeps
     the placeholder, so alerts stay in Alertmanager's UI)."""
-    url = '{{ monitoring_alertmanager_webhook_url | default("' + PLACEHOLDER_URL + '", true) }}'
-    return alertmanager_config(url, "{{ monitoring_alertmanager_repeat_interval }}")
+    return alertmanager_config("{{ " + ANSIBLE_URL + " }}", "{{ monitoring_alertmanager_repeat_interval }}")
+
+
+def ansible_template() -> str:
+    """The role's template as text: the URL goes in as a JSON string (valid YAML), so whatever it holds
+    (`&`, `|`, quotes) is escaped by Jinja2's tojson instead of pasted into a YAML scalar."""
+    quoted = "'{{ " + ANSIBLE_URL + " }}'"
+    text = dump(ansible_config())
+    assert quoted in text, "the webhook URL expression is no longer where ansible_template expects it"
+    return text.replace(quoted, "{{ " + ANSIBLE_URL + " | tojson }}")
 
 
 def crd_matcher(matcher: str) -> dict[str, str]:
@@ -89,6 +129,15 @@ def _only(mapping: dict[str, Any], *keys: str) -> dict[str, Any]:
     unknown = set(mapping) - set(keys)
     assert not unknown, f"no AlertmanagerConfig translation for {sorted(unknown)}"
     return mapping
+
+
+def _crd_route(route: dict[str, Any]) -> dict[str, Any]:
+    _only(route, "matchers", "receiver", "group_interval", "repeat_interval")
+    out: dict[str, Any] = {"receiver": route["receiver"], "matchers": [crd_matcher(m) for m in route["matchers"]]}
+    for key, crd_key in (("group_interval", "groupInterval"), ("repeat_interval", "repeatInterval")):
+        if key in route:
+            out[crd_key] = route[key]
+    return out
 
 
 def alertmanager_config_spec(config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -115,8 +164,7 @@ def alertmanager_config_spec(config: dict[str, Any] | None = None) -> dict[str, 
             "groupWait": route["group_wait"],
             "groupInterval": route["group_interval"],
             "repeatInterval": route["repeat_interval"],
-            "routes": [{"receiver": _only(r, "matchers", "receiver")["receiver"],
-                        "matchers": [crd_matcher(m) for m in r["matchers"]]} for r in route["routes"]],
+            "routes": [_crd_route(r) for r in route["routes"]],
         },
         "receivers": receivers,
         "inhibitRules": [
@@ -130,4 +178,8 @@ def alertmanager_config_spec(config: dict[str, Any] | None = None) -> dict[str, 
 
 def files(root: Path) -> Iterator[GeneratedFile]:
     yield GeneratedFile(CONFIG, SOURCE, lambda: with_header(SOURCE, dump(alertmanager_config()), "yaml"))
-    yield GeneratedFile(ANSIBLE_TEMPLATE, SOURCE, lambda: with_header(SOURCE, dump(ansible_config()), "yaml"))
+    yield GeneratedFile(ANSIBLE_TEMPLATE, SOURCE, lambda: with_header(SOURCE, ansible_template(), "yaml"))
+
+
+if __name__ == "__main__":  # compose's alertmanager-config service: SOURCE DESTINATION, URL from the environment
+    write_with_webhook(Path(sys.argv[1]), Path(sys.argv[2]), os.environ.get(WEBHOOK_ENV, ""))

@@ -1,12 +1,19 @@
 """Alert rules with their guards, per-profile thresholds and runbooks (one Markdown file per alert).
 
-Guards, so that an alert means something is wrong: the engine-down alerts page only for an engine that
-was up before (a model load of 7 to 15 minutes is `OrnithEngineStarting`, severity info, which pages
-nobody and inhibits the canary and engine alerts of its target in Alertmanager) or that stays down
-longer than any model load; the canary-failing alert needs the engine up; the acceptance alert needs a
-minimum rate of verification steps (the canary alone, a few short requests a minute, does not qualify)
-and a longer `for`. TTFT thresholds come from the profile's published sweep (spark's 262K context takes
-122 s to its first token); profiles without a sweep use the default.
+An engine is in one of four states, each its own alert:
+- starting (`OrnithEngineStarting`, info: pages nobody, inhibits the target's symptoms): first seen less
+  than its start budget ago and not up yet, or up within the budget and now refusing connections (its
+  process is loading again: a planned restart, or a crash the restart policy restarts);
+- down (`OrnithEngineDown`, 2 minutes): up within the budget and now answering wrongly or not at all
+  while it accepts connections (hung, broken, garbage);
+- down past its start budget (`OrnithEngineDownLong`): never came up, or did not come back: pages once;
+- flapping (`OrnithEngineFlapping`): up and down again and again, failing a share of the hour's scrapes.
+The canary-failing alert needs the engine up; the acceptance alert needs a minimum rate of verification
+steps (the canary alone, a few short requests a minute, does not qualify) and a longer `for`. TTFT
+thresholds come from the profile's published sweep (spark's 262K context takes 122 s to its first
+token); profiles without a sweep use the default. Meta-monitoring: `OrnithWatchdog` always fires (a
+receiver that stops hearing it knows the alert path is broken) and `OrnithNotificationsFailing` reads
+Alertmanager's own failed-notification counter, which Prometheus scrapes.
 """
 
 from __future__ import annotations
@@ -22,9 +29,9 @@ from ornith_stack.generate.core import GeneratedFile, with_header
 from ornith_stack.profiles import Profile, load_all
 
 RUNBOOK_DIR = "monitoring/runbooks"
-# runbook_url of every alert: this prefix and `<alert>.md`. A path inside the ornith-stack checkout;
-# change it here to a published location (a wiki, the repository's web view) and render again.
-RUNBOOK_BASE = RUNBOOK_DIR
+# runbook_url of every alert, in compose, Helm and Ansible alike: this absolute base and `<alert>.md`.
+# The default is the runbooks in the repository's web view; point it at a wiki or a fork and render.
+RUNBOOK_BASE = f"https://github.com/ornith-stack/ornith-stack/blob/main/{RUNBOOK_DIR}"
 SOURCE = "src/ornith_stack/generate/alerts.py, the metrics catalogue and the profiles"
 TARGET_LABELS = ", ".join(C.TARGET)
 
@@ -36,16 +43,16 @@ TTFT_SWEEP_FACTOR = 1.5  # alert above 1.5x the profile's slowest published TTFT
 KV_CACHE_FULL_RATIO = 0.95
 MAMBA_SLOTS_FULL_RATIO = 0.95
 QUEUE_BACKLOG_REQUESTS = 5
-WAS_UP_WINDOW = "30m"  # an engine up within this window and down now "died"; otherwise it is starting
-STARTUP_GRACE = "20m"  # longer than the slowest model load (15 minutes): down this long pages anyway
+START_BUDGET = "20m"  # longer than the slowest model load (15 minutes): down this long pages anyway
+FLAP_WINDOW = "1h"
+FLAP_FAILED_SHARE = 0.2  # failed scrapes of the hour: a planned 15-minute restart is 25% but only 2 changes
+FLAP_CHANGES = 6  # up/down changes within the hour: three outages (a planned restart makes two)
 CANARY_STALE_S = 300  # 10 canary intervals of 30 s
 
-# Recording rules the alerts read (monitoring/prometheus/rules/ornith-recording.yml).
+# Recording rules the alerts read (monitoring/prometheus/rules/ornith-recording.yml); names in the catalogue.
 ACCEPTANCE_5M = C.SPEC_ACCEPTANCE_LENGTH.name
-VERIFY_STEPS_5M = "ornith:spec_verify_steps:rate5m"
-EXPECTED_ACCEPTANCE = "ornith:profile_expected_acceptance_length"
-TTFT_THRESHOLD = "ornith:profile_ttft_p95_threshold_seconds"
-TTFT_P50, TTFT_P95 = "ornith:time_to_first_token_seconds:p50_5m", "ornith:time_to_first_token_seconds:p95_5m"
+VERIFY_STEPS_5M = C.SPEC_VERIFY_STEPS_PER_SECOND.name
+EXPECTED_ACCEPTANCE, TTFT_THRESHOLD, TTFT_P95 = C.EXPECTED_ACCEPTANCE, C.TTFT_THRESHOLD, C.TTFT_P95.name
 
 
 @dataclass(frozen=True)
@@ -69,10 +76,16 @@ class Alert:
                                 "runbook_url": self.runbook}}
 
 
-def _was_up(negate: bool = False) -> str:
-    up = C.ENGINE_UP.series
-    op = "unless" if negate else "and"
-    return f"{up} == 0 {op} on ({TARGET_LABELS}) max_over_time({up}[{WAS_UP_WINDOW}]) == 1"
+UP = C.ENGINE_UP.series
+ON = f"on ({TARGET_LABELS})"
+WAS_UP = f"max_over_time({UP}[{START_BUDGET}]) == 1"  # up at some point within the start budget
+REFUSED = f'increase({C.SCRAPE_ERRORS.series}{{reason="connect"}}[2m]) > 0'  # nothing listens: (re)loading
+YOUNG = f"({UP} unless {ON} {UP} offset {START_BUDGET})"  # first scraped less than the start budget ago
+STARTING = f"{UP} == 0 and {ON} (({WAS_UP} and {ON} {REFUSED}) or {YOUNG})"
+DOWN = f"{UP} == 0 and {ON} {WAS_UP} unless {ON} {REFUSED}"
+FLAPPING = (f"avg_over_time({UP}[{FLAP_WINDOW}]) < {1 - FLAP_FAILED_SHARE:g} "
+            f"and changes({UP}[{FLAP_WINDOW}]) >= {FLAP_CHANGES}")
+NOTIFICATIONS_FAILED = "sum by (integration) (rate(alertmanager_notifications_failed_total[5m])) > 0"
 
 
 ALERTS: tuple[Alert, ...] = (
@@ -85,32 +98,45 @@ ALERTS: tuple[Alert, ...] = (
            "Prometheus' Targets page: the scrape error (connection refused, timeout, DNS)."),
           ("Restart the exporter; its logs say why it stopped.",
            "A timeout: raise the scrape timeout or lower the exporter's `--timeout`.")),
-    Alert("OrnithEngineDown", _was_up(), "2m", "critical",
+    Alert("OrnithEngineDown", DOWN, "2m", "critical",
           "Engine {{ $labels.target }} was up and is now down",
           f"The exporter could not scrape and parse {{{{ $labels.target }}}}/metrics for 2 minutes after it was up "
-          f"within the last {WAS_UP_WINDOW}: the engine died, hangs or answers garbage.",
-          ("`ornith_exporter_scrape_errors_total{target=...}`: the reason (timeout, connect, http_status, "
-           "not_exposition).",
+          f"within the last {START_BUDGET}, while the engine still accepts connections: it hangs, fails or "
+          "answers garbage. (An engine that refuses connections is reloading: OrnithEngineStarting.)",
+          ("`ornith_exporter_scrape_errors_total{target=...}`: the reason (timeout, http_status, truncated, "
+           "not_exposition, duplicate).",
            "The engine's logs (`docker compose logs engine`, `kubectl logs`): CUDA errors, OOM, NCCL timeouts.",
            "`nvidia-smi`: a GPU fell off the bus or a process holds the memory."),
           ("Restart the engine; a model load takes 7 to 15 minutes (`OrnithEngineStarting` meanwhile).",
            "OOM at start: lower `gpu-memory-utilization` / `mem-fraction-static` in the profile "
            "(`ornith-stack plan`).")),
-    Alert("OrnithEngineDownLong", f"{C.ENGINE_UP.series} == 0", STARTUP_GRACE, "critical",
-          "Engine {{ $labels.target }} has been down for " + STARTUP_GRACE,
-          f"{{{{ $labels.target }}}} has not answered /metrics for {STARTUP_GRACE}: longer than the slowest model "
-          "load, so it is not starting, it is stuck or gone.",
+    Alert("OrnithEngineDownLong", f"{UP} == 0", START_BUDGET, "critical",
+          "Engine {{ $labels.target }} has been down for " + START_BUDGET,
+          f"{{{{ $labels.target }}}} has not answered /metrics for {START_BUDGET}, its start budget: longer than the "
+          "slowest model load, so it never came up or did not come back after a restart; it is stuck or gone.",
           ("The engine's logs: is the model still loading (progress lines), downloading weights, or looping on "
            "an error?", "`ornith-stack doctor`: driver, GPU, weights, ports.",
            "Disk: a full model cache stops a download silently."),
           ("Fix the error the logs show and restart the engine.",
-           "A first download of the weights can exceed the grace: pre-fetch them (`model_weights` role).")),
-    Alert("OrnithEngineStarting", _was_up(negate=True), "0m", "info",
+           "A first download of the weights can exceed the budget: pre-fetch them (`model_weights` role).")),
+    Alert("OrnithEngineStarting", STARTING, "0m", "info",
           "Engine {{ $labels.target }} is starting (not up yet)",
-          f"{{{{ $labels.target }}}} has not been up within the last {WAS_UP_WINDOW}: a model load. Pages nobody; "
-          "Alertmanager inhibits the target's canary and engine alerts while it lasts.",
-          ("Nothing, unless it lasts: after " + STARTUP_GRACE + " `OrnithEngineDownLong` pages.",),
+          f"{{{{ $labels.target }}}} is loading its model: first seen less than {START_BUDGET} ago and not up yet, "
+          "or up within that budget and now refusing connections (a restart). Pages nobody; Alertmanager "
+          "inhibits the target's canary and engine alerts while it lasts.",
+          (f"Nothing, unless it lasts: after {START_BUDGET} down `OrnithEngineDownLong` pages.",),
           ("None needed.",)),
+    Alert("OrnithEngineFlapping", FLAPPING, "5m", "critical",
+          "Engine {{ $labels.target }} keeps going down and up",
+          f"{{{{ $labels.target }}}} failed more than {FLAP_FAILED_SHARE:.0%} of its scrapes over the last "
+          f"{FLAP_WINDOW} and changed between up and down at least {FLAP_CHANGES} times: a crash loop or an "
+          "engine that answers only some of the time. No single outage lasts long enough for the down alerts.",
+          ("`ornith_exporter_scrape_errors_total{target=...}` by reason: timeouts (overloaded, slow /metrics) or "
+           "connect (restarts)?",
+           "The engine's restart count (`docker compose ps`, `kubectl get pod`) and its logs before each restart.",
+           "`ornith_exporter_engine_restarts_total{target=...}`: counters going back to zero."),
+          ("A crash loop: fix the error the logs show (OOM: re-plan with `ornith-stack plan`).",
+           "Timeouts under load: raise the exporter's `--timeout` or the scrape timeout.")),
     Alert("OrnithSpecAcceptanceLow",
           f"({ACCEPTANCE_5M} < on (profile) group_left () ({ACCEPTANCE_FRACTION} * {EXPECTED_ACCEPTANCE})) "
           f"and on ({C.BY}) {VERIFY_STEPS_5M} > {MIN_VERIFY_STEPS_PER_S}",
@@ -181,7 +207,25 @@ ALERTS: tuple[Alert, ...] = (
           "stopped, so canary alerts cannot fire.",
           ("The exporter's log: an exception in the canary thread.",),
           ("Restart the exporter.",)),
+    Alert("OrnithWatchdog", "vector(1)", "0m", "none",
+          "The Ornith alert path works (always firing)",
+          "Always fires, so the receiver hears from Alertmanager on every repeat: a receiver (a dead man's "
+          "switch) that stops hearing it knows Prometheus, the rules or Alertmanager broke.",
+          ("Nothing while it fires. If the receiver stopped hearing it: Prometheus' Alerts page, then "
+           "Alertmanager's UI, then the webhook's logs.",),
+          ("None needed while it fires.",)),
+    Alert("OrnithNotificationsFailing", NOTIFICATIONS_FAILED, "5m", "critical",
+          "Alertmanager fails to deliver notifications via {{ $labels.integration }}",
+          "Alertmanager's own counter of failed notifications (alertmanager_notifications_failed_total) rose for "
+          "5 minutes: pages are not arriving. The default compose webhook (.invalid) fails this way on purpose "
+          "until ORNITH_ALERT_WEBHOOK_URL is set.",
+          ("Alertmanager's log: the receiver's HTTP status or DNS error.",
+           "The webhook URL: compose reads ORNITH_ALERT_WEBHOOK_URL, Ansible monitoring_alertmanager_webhook_url, "
+           "Helm monitoring.alertmanagerConfig.webhookUrl."),
+          ("Set the webhook URL and restart Alertmanager.",)),
 )
+# Alerts that fire by design all the time (no quiet case exists).
+ALWAYS_FIRING = ("OrnithWatchdog",)
 
 
 def ttft_threshold(profile: Profile) -> float | None:

@@ -6,7 +6,7 @@ them out on Grafana's 24-column grid. Compose and the Helm chart provision the s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -14,7 +14,7 @@ from typing import Any
 
 from ornith_stack.deployment import GRAFANA_DATASOURCE_UID as DATASOURCE_UID  # noqa: F401 (the provisioned default)
 from ornith_stack.exporter import catalogue as C
-from ornith_stack.generate import prometheus as R
+from ornith_stack.generate.alerts import MIN_VERIFY_STEPS_PER_S
 from ornith_stack.generate.core import GeneratedFile, with_header
 
 DASHBOARD_DIR = "monitoring/grafana/dashboards"
@@ -70,12 +70,23 @@ def sel(metric: C.Metric | C.Recorded | str, extra: str = "") -> str:
     return f"{name}{{{inner}}}"
 
 
+# Quantiles of every histogram panel: p95 is what the TTFT alert reads.
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+
+
 def quantiles(bucket: str, title: str, unit: str, description: str, engines: tuple[str, ...] = ENGINES,
               width: int = 12) -> Panel:
-    """p50, p90 and p99 of a histogram (`bucket`: its _bucket series, any name)."""
-    return Panel(title, tuple(
-        Query(quantile_expr(q, bucket), f"{{{{target}}}} p{round(q * 100)}") for q in (0.5, 0.9, 0.99)),
-        unit=unit, min=0, description=description, engines=engines, width=width)
+    """p50, p90, p95, p99 and the mean of a histogram (`bucket`: its _bucket series, any name)."""
+    return Panel(title, (
+        *(Query(quantile_expr(q, bucket), f"{{{{target}}}} p{round(q * 100)}") for q in QUANTILES),
+        Query(mean_expr(bucket), "{{target}} mean"),
+    ), unit=unit, min=0, description=description, engines=engines, width=width)
+
+
+def mean_expr(bucket: str) -> str:
+    """The histogram's mean over the rate interval: rate of its _sum over rate of its _count."""
+    base = bucket.removesuffix("_bucket")
+    return f"{rate_by(base + '_sum', 'target')} / ({rate_by(base + '_count', 'target')} > 0)"
 
 
 def heatmap(bucket: str, title: str, unit: str, description: str, engines: tuple[str, ...] = ENGINES,
@@ -90,18 +101,34 @@ def latency_panels(title: str, histogram: C.Metric) -> tuple[Panel, Panel]:
             heatmap(histogram.bucket, f"{title}: distribution", "s", histogram.help))
 
 
+# The engines' request length histograms: (bucket, title, what one observation is, engines).
+LENGTHS = (
+    ("vllm:request_prompt_tokens_bucket", "Prompt length", "Prompt tokens per request (vLLM).", VLLM),
+    ("vllm:request_generation_tokens_bucket", "Output length", "Generated tokens per request (vLLM).", VLLM),
+    ("sglang:prompt_tokens_histogram_bucket", "Prompt length (SGLang)", "Prompt tokens per request (SGLang).", SGLANG),
+    ("sglang:generation_tokens_histogram_bucket", "Output length (SGLang)", "Generated tokens per request (SGLang).",
+     SGLANG),
+)
+
+
+def length_panels(make: Callable[..., Panel], suffix: str = "") -> tuple[Panel, ...]:
+    """One quarter-width panel per request length histogram, made by `quantiles` or `heatmap`."""
+    return tuple(make(bucket, title + suffix, "short", help_, engines, width=6)
+                 for bucket, title, help_, engines in LENGTHS)
+
+
 def rate_by(series: str, by: str, extra: str = "") -> str:
     return f"sum by ({by}) (rate({sel(series, extra)}[$__rate_interval]))"
 
 
 def overview_rows() -> tuple[Row, ...]:
-    expected = (f'max by (profile, task) ({R.EXPECTED_ACCEPTANCE}) and on (profile) '
+    expected = (f'max by (profile, task) ({C.EXPECTED_ACCEPTANCE}) and on (profile) '
                 f'count by (profile) ({C.ENGINE_UP.series}{{profile=~"$profile"}})')
     draft, accepted = rate_by(C.SPEC_DRAFT_TOKENS.series, "target"), rate_by(C.SPEC_ACCEPTED_TOKENS.series, "target")
     return (
         Row("Speculative decoding", (
             Panel("Acceptance length (tokens per step)", (
-                Query(sel(R.ACCEPTANCE_5M), "{{target}} 5m"),
+                Query(sel(C.SPEC_ACCEPTANCE_LENGTH.name), "{{target}} 5m"),
                 Query(sel(C.SPEC_ENGINE_ACCEPTANCE_LENGTH), "{{target}} engine's own"),
                 Query(expected, "expected {{profile}} ({{task}})"),
             ), unit="none", min=1, description=C.SPEC_ACCEPTANCE_LENGTH.help
@@ -115,6 +142,11 @@ def overview_rows() -> tuple[Row, ...]:
                 Query(f"{draft} - {accepted}", "{{target}} rejected"),
             ), unit=TOKENS_PER_S, min=0, description="Drafted tokens proposed, accepted and rejected per second "
               "(rejected = proposed - accepted). SGLang's proposed count is verify steps x (draft tokens - 1)."),
+            Panel("Verification steps per second", (
+                Query(sel(C.SPEC_VERIFY_STEPS_PER_SECOND.name), "{{target}}"),
+                Query(f"vector({MIN_VERIFY_STEPS_PER_S:g})", "acceptance alert's minimum"),
+            ), unit="ops", min=0, description=C.SPEC_VERIFY_STEPS_PER_SECOND.help
+              + f" Below {MIN_VERIFY_STEPS_PER_S:g} steps/s the acceptance alert stays quiet (too little traffic)."),
             Panel("Acceptance by draft position", (
                 Query(sel(C.SPEC_POSITION_ACCEPTANCE_RATIO), "{{target}} position {{position}}"),
             ), unit="percentunit", min=0, max=1, description=C.SPEC_POSITION_ACCEPTANCE_RATIO.help, engines=VLLM),
@@ -141,24 +173,17 @@ def overview_rows() -> tuple[Row, ...]:
             Panel("Queue time", tuple(
                 Query(quantile_expr(q, bucket), f"{{{{target}}}} p{round(q * 100)}")
                 for bucket in ("vllm:request_queue_time_seconds_bucket", "sglang:queue_time_seconds_bucket")
-                for q in (0.5, 0.99)
+                for q in (0.5, 0.95, 0.99)
             ), unit="s", min=0, description="Time requests waited in the engine's queue before scheduling."),
-            Panel("Prefill and decode time", (
-                Query(quantile_expr(0.5, "vllm:request_prefill_time_seconds_bucket"), "{{target}} prefill p50"),
-                Query(quantile_expr(0.99, "vllm:request_prefill_time_seconds_bucket"), "{{target}} prefill p99"),
-                Query(quantile_expr(0.5, "vllm:request_decode_time_seconds_bucket"), "{{target}} decode p50"),
-                Query(quantile_expr(0.99, "vllm:request_decode_time_seconds_bucket"), "{{target}} decode p99"),
+            Panel("Prefill and decode time", tuple(
+                Query(quantile_expr(q, f"vllm:request_{phase}_time_seconds_bucket"),
+                      f"{{{{target}}}} {phase} p{round(q * 100)}")
+                for phase in ("prefill", "decode") for q in (0.5, 0.95, 0.99)
             ), unit="s", min=0, description="Time each request spent in prefill and in decode.", engines=VLLM),
         )),
         Row("Requests and caches", (
-            quantiles("vllm:request_prompt_tokens_bucket", "Prompt length", "short",
-                      "Prompt tokens per request (vLLM).", VLLM, width=6),
-            quantiles("vllm:request_generation_tokens_bucket", "Output length", "short",
-                      "Generated tokens per request (vLLM).", VLLM, width=6),
-            quantiles("sglang:prompt_tokens_histogram_bucket", "Prompt length (SGLang)", "short",
-                      "Prompt tokens per request (SGLang).", SGLANG, width=6),
-            quantiles("sglang:generation_tokens_histogram_bucket", "Output length (SGLang)", "short",
-                      "Generated tokens per request (SGLang).", SGLANG, width=6),
+            *length_panels(quantiles),
+            *length_panels(heatmap, ": distribution"),
             Panel("Prefix cache hit rate", (
                 Query(f"{rate_by('vllm:prefix_cache_hits_total', 'target')} / "
                       f"({rate_by('vllm:prefix_cache_queries_total', 'target')} > 0)", "{{target}} prefix cache"),
@@ -181,6 +206,11 @@ def overview_rows() -> tuple[Row, ...]:
                 Query(sel(C.REQUESTS_RUNNING), "{{target}} running"),
                 Query(sel(C.REQUESTS_WAITING), "{{target}} waiting"),
             ), unit="short", min=0, description=C.REQUESTS_WAITING.help),
+            Panel("Waiting requests by reason", (
+                Query(f'sum by (target, reason) ({sel("vllm:num_requests_waiting_by_reason")})',
+                      "{{target}} {{reason}}"),
+            ), unit="short", min=0, engines=VLLM, description="Requests waiting, by why: capacity (no room to "
+              "schedule them) or deferred (transient constraints such as a KV transfer)."),
         )),
         Row("Canary", (
             Panel("Canary answer", (

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ornith_stack.exporter import catalogue as C
-from ornith_stack.generate import alerts, prometheus
+from ornith_stack.generate import alerts
 from ornith_stack.generate.core import GeneratedFile, environment, with_header
 
 TEMPLATE = "monitoring-readme.md.j2"
@@ -22,8 +22,8 @@ def readme() -> str:
         canary_outcomes=C.CANARY_OUTCOMES,
         max_positions=C.MAX_POSITIONS,
         alerts=alerts.alert_rules()["groups"][0]["rules"],
-        acceptance_5m=prometheus.ACCEPTANCE_5M,
-        expected_acceptance=prometheus.EXPECTED_ACCEPTANCE,
+        acceptance_5m=C.SPEC_ACCEPTANCE_LENGTH.name,
+        expected_acceptance=C.EXPECTED_ACCEPTANCE,
         acceptance_fraction=alerts.ACCEPTANCE_FRACTION,
         min_verify_steps=alerts.MIN_VERIFY_STEPS_PER_S,
         runbook_dir="runbooks",
