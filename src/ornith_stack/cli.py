@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: user mistakes become one 'error:' line and exit status 2, never a traceback."""
     _register_commands()
     try:
-        rc = app(args=argv, standalone_mode=False)
+        rc = app(args=argv, prog_name="ornith-stack", standalone_mode=False)
     except UserError as exc:
         return _error(str(exc))
     except OSError as exc:

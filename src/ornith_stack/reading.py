@@ -26,8 +26,7 @@ MAX_DEPTH = 64
 def read_text(path: Path, limit: int = MAX_CONFIG_BYTES) -> str:
     """The UTF-8 text of regular file `path`, refusing FIFOs, devices, folders and files over `limit` bytes."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise UserError(f"{_name(path)} is not a regular file (a folder, FIFO or device); refusing to read it")
+        require_regular(path)
         # O_NONBLOCK: a FIFO swapped in after the check cannot block the open.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as handle:
@@ -44,6 +43,18 @@ def read_text(path: Path, limit: int = MAX_CONFIG_BYTES) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{_name(path)}: not UTF-8 text") from None
+
+
+def require_regular(path: Path) -> None:
+    """Refuse `path` unless it is (a link to) a regular file: a FIFO would block, a device never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise UserError(f"{_name(path)} is missing") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {_name(path)}: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{_name(path)} is not a regular file (a folder, FIFO or device); refusing to read it")
 
 
 def read_json_object(path: Path, limit: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
@@ -91,7 +102,7 @@ class _LimitedLoader(yaml.SafeLoader):
 
     _depth = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             anchored = self.anchors.get(event.anchor)
@@ -104,7 +115,7 @@ class _LimitedLoader(yaml.SafeLoader):
             if self._depth > MAX_DEPTH:
                 raise yaml.composer.ComposerError(
                     None, None, f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
-            return super().compose_node(parent, index)  # type: ignore[misc]
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 

@@ -49,7 +49,7 @@ def profile_path(name: str) -> Path:
         raise UserError(f"profile {shown(name)}: a profile name is letters, digits, '.', '_' and '-' "
                         f"(at most 64, no path); known profiles: {', '.join(profile_names())}")
     path = profile_dir() / f"{name}.yaml"
-    if not path.is_file():
+    if not path.exists():  # anything else there is the reader's to refuse (a FIFO, a device, a folder)
         known = ", ".join(profile_names())
         raise UserError(f"unknown profile {name!r}; known profiles: {known}")
     return path
