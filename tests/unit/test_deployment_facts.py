@@ -93,3 +93,17 @@ def test_compose_publishes_each_service_on_its_port(repo: Path, compose: str) ->
     for name, port in COMPOSE_PORTS.items():
         published = [str(p).rsplit(":", 1)[-1] for p in services[name].get("ports", [])]
         assert published == [str(port)], f"{compose}: {name} publishes {published}, deployment says {port}"
+
+
+def test_the_jobs_alert_rules_select_are_scraped_by_compose_and_ansible(repo: Path) -> None:
+    """Rules and scrape configurations come from different builders; a renamed job would silence an alert."""
+    import jinja2
+
+    rules = "".join(p.read_text() for p in (repo / "monitoring/prometheus/rules").glob("*.yml"))
+    selected = set(re.findall(r'job="([^"]+)"', rules))
+    assert selected, "the alert rules select no job any more: update this test"
+    host = jinja2.Template((repo / "ansible/roles/monitoring/templates/prometheus.yml.j2").read_text()).render(
+        monitoring_exporter_listen=f"127.0.0.1:{D.EXPORTER_PORT}", monitoring_prometheus_scrape_interval="15s")
+    for name, text in (("compose", (repo / "monitoring/prometheus/prometheus.yml").read_text()), ("ansible", host)):
+        jobs = {job["job_name"] for job in yaml.safe_load(text)["scrape_configs"]}
+        assert selected <= jobs, f"{name}'s Prometheus does not scrape {selected - jobs}"
