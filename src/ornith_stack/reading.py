@@ -59,10 +59,7 @@ def require_regular(path: Path) -> None:
 
 def read_json_object(path: Path, limit: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
     """A JSON file whose top level is an object (config.json, an index); errors name the file."""
-    data = parse_json(read_text(path, limit), _name(path))
-    if not isinstance(data, dict):
-        raise UserError(f"{_name(path)}: expected a JSON object at the top level")
-    return data
+    return _mapping(parse_json(read_text(path, limit), _name(path)), path, "a JSON object")
 
 
 def parse_json(text: str, where: str) -> Any:
@@ -78,9 +75,12 @@ def parse_json(text: str, where: str) -> Any:
 
 def read_yaml_mapping(path: Path, limit: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
     """A YAML file whose top level is a mapping; errors name the file and line."""
-    data = parse_yaml(read_text(path, limit), _name(path))
+    return _mapping(parse_yaml(read_text(path, limit), _name(path)), path, "a mapping")
+
+
+def _mapping(data: Any, path: Path, kind: str) -> dict[str, Any]:
     if not isinstance(data, dict):
-        raise UserError(f"{_name(path)}: expected a mapping at the top level, got {type(data).__name__}")
+        raise UserError(f"{_name(path)}: expected {kind} at the top level, got {type(data).__name__}")
     return data
 
 
