@@ -8,6 +8,7 @@ values that used to be read as "not given" or as something else.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,20 @@ def _tree(root: Path) -> dict[str, tuple[int, bytes | None]]:
                                        else None) for p in sorted(root.rglob("*"))}
 
 
+def _within(seconds: int, call: Callable[..., int], *args: object) -> int:
+    """`call(*args)`, failing the test after `seconds` (a FIFO read blocks; a hang must not stall CI)."""
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        return call(*args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 @pytest.fixture
 def refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
             capsys: pytest.CaptureFixture[str]) -> Callable[..., str]:
@@ -34,7 +49,7 @@ def refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     def run(*argv: str) -> str:
         before = _tree(tmp_path)
         capsys.readouterr()
-        assert main(list(argv)) == 2
+        assert _within(30, main, list(argv)) == 2
         out, err = capsys.readouterr()
         lines = err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), err[:2000]
@@ -99,7 +114,8 @@ def test_files_that_are_not_configuration_files_are_refused_before_reading(
     refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory,
     kind: str,
 ) -> None:
-    """A profile, a checkpoint's config.json: a FIFO would hang the reader, /dev/zero would fill memory."""
+    """A profile, a checkpoint's config.json, a bench baseline: a FIFO would hang the reader, /dev/zero
+    would fill memory."""
     folder = tmp_path_factory.mktemp(kind)
     for name in ("x.yaml", "config.json"):
         target = folder / name
@@ -117,6 +133,8 @@ def test_files_that_are_not_configuration_files_are_refused_before_reading(
     assert says in refused("profiles", "show", "x")
     monkeypatch.delenv("ORNITH_PROFILE_DIR")
     assert says in refused("doctor", "--profile", "cpu-demo", "--weights", str(folder), "--allow-no-gpu")
+    assert says in refused("bench", "--url", "http://127.0.0.1:1", "--baseline", str(folder / "config.json"),
+                           "--out", "out", "--suite", "decode")
 
 
 BAD_URLS = ["http://127.0.0.1:0", "http://127.0.0.1:70000", "http://127.0.0.1:-1", "http://", "http://:8000",
