@@ -84,14 +84,20 @@ def _mapping(data: Any, path: Path, kind: str) -> dict[str, Any]:
     return data
 
 
-def parse_yaml(text: str, where: str) -> Any:
-    """`text` as YAML with safe types, at most MAX_DEPTH levels deep, with no alias to a mapping or list."""
+def parse_yaml(text: str, where: str, value: bool = False) -> Any:
+    """`text` as YAML with safe types, at most MAX_DEPTH levels deep, with no alias to a mapping or list.
+
+    Errors name `where` and the line of a file, or say "not a valid YAML value" for one `value`.
+    """
     try:
         return yaml.load(text, Loader=_LimitedLoader)  # noqa: S506 - _LimitedLoader is a SafeLoader
     except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or exc
+        if value:
+            raise UserError(f"{where}: not a valid YAML value ({problem})") from None
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{where}:{line} is not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+        raise UserError(f"{where}:{line} is not valid YAML: {problem}") from None
 
 
 class _LimitedLoader(yaml.SafeLoader):

@@ -91,7 +91,7 @@ def test_a_profile_folder_that_does_not_exist_is_an_error_not_an_empty_list(
     ("a=" + "[" * 10_000, "nested deeper than 64 levels"),
     ("a=" + "{b: " * 100 + "1" + "}" * 100, "nested deeper than 64 levels"),
     (BILLION_LAUGHS, "repeats a mapping or list"),
-    ("a=\"" + "x" * 1_000_000, "not valid YAML"),  # an unclosed megabyte-long string: the line stays short
+    ("a=\"" + "x" * 1_000_000, "not a valid YAML value"),  # an unclosed megabyte-long string: the line stays short
     ("engine.kind=", "empty value"),
     ("=x", "expected KEY=VALUE"),
     ("a..b=1", "expected a dotted key"),

@@ -127,7 +127,7 @@ def _set_value(key: str, text: str) -> Any:
     """A --set value read as YAML (numbers, true/false, lists), the way the profile file would say it."""
     if not text.strip():
         raise UserError(f"--set {key}=: empty value; give a value, or null to clear the key")
-    return parse_yaml(text, f"--set {key}")
+    return parse_yaml(text, f"--set {key}={shown(text)}", value=True)
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
