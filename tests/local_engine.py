@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import httpx
+from ports import free_port
 
 from ornith_stack.engines import EngineAdapter, adapter_for, launch_args
 from ornith_stack.errors import UserError
@@ -90,12 +90,6 @@ def engine_command(profile: Profile, port: int, host: str = "127.0.0.1") -> tupl
     argv[0] = sys.executable  # launch_args says python3; use the interpreter that has the engine
     env = {**os.environ, **profile.serve.env}
     return argv, env
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def check_engine_installed(profile: Profile) -> None:

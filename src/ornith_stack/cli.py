@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import pkgutil
 import sys
@@ -11,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ornith_stack import commands
-from ornith_stack.errors import UserError
+from ornith_stack.errors import UserError, one_line
 
 app = typer.Typer(
     name="ornith-stack",
@@ -33,10 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: user mistakes become one 'error:' line and exit status 2, never a traceback."""
     _register_commands()
     try:
-        rc = app(args=argv, standalone_mode=False)
+        rc = app(args=argv, prog_name="ornith-stack", standalone_mode=False)
     except UserError as exc:
-        err.print("[bold red]error:[/] " + escape(str(exc)), highlight=False, soft_wrap=True)
-        return 2
+        return _error(str(exc))
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        return _error(f"a name is longer than the system allows ({len(str(exc.filename or ''))} characters)")
     except typer.Exit as exc:
         return exc.exit_code
     except (typer.Abort, KeyboardInterrupt):
@@ -45,12 +49,21 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # Usage errors (unknown option, missing argument) carry their own message and exit code.
         # Typer vendors click, so match the behaviour rather than one module's class.
-        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
-        if callable(show) and isinstance(code, int):
-            show()
-            return code
+        message, code = getattr(exc, "format_message", None), getattr(exc, "exit_code", None)
+        if callable(message) and isinstance(code, int):
+            return _error(f"{message()} (see '{_command_path(exc)} --help')", code)
         raise
     return rc if isinstance(rc, int) else 0
+
+
+def _error(message: str, code: int = 2) -> int:
+    err.print("[bold red]error:[/] " + escape(one_line(message)), highlight=False, soft_wrap=True)
+    return code
+
+
+def _command_path(exc: Exception) -> str:
+    ctx = getattr(exc, "ctx", None)
+    return str(getattr(ctx, "command_path", None) or app.info.name)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ Python imports these names; Jinja2 templates see this module as the global `depl
 
 from __future__ import annotations
 
+# The version of ornith-stack, of its images (ornith-stack/exporter, ornith-stack/vllm-cpu-demo) and of
+# the Helm chart (version and appVersion).
+VERSION = "0.1.0"
+
 # The exporter: the port it serves /metrics on and the compose service that runs it.
 EXPORTER_PORT = 9400
 # Containers listen on every address of their own network namespace; a host-mode exporter listens
@@ -13,6 +17,8 @@ EXPORTER_PORT = 9400
 EXPORTER_LISTEN = f":{EXPORTER_PORT}"
 EXPORTER_LISTEN_HOST = f"127.0.0.1:{EXPORTER_PORT}"
 EXPORTER_SERVICE = "exporter"
+# The unprivileged user (and group) the images this project builds run as, in Docker and in Helm.
+EXPORTER_UID = 10001
 METRICS_PATH = "/metrics"
 # Prometheus HTTP service discovery on the exporter: the engines it watches, so Prometheus scrapes
 # their raw /metrics without a second list of addresses.
@@ -22,6 +28,9 @@ SD_PATH = "/sd/engines"
 EXPORTER_JOB = "ornith-exporter"
 ENGINE_JOB = "engine"
 SCRAPE_INTERVAL = "15s"
+# Ports Prometheus and Grafana serve on, in their containers and by default on the host.
+PROMETHEUS_PORT = 9090
+GRAFANA_PORT = 3000
 
 # Alertmanager: its compose service and port, and the webhook URL of the generated configuration until
 # the operator's replaces it (a reserved name, RFC 2606, that never resolves: nothing leaves unasked).

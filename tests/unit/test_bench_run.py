@@ -229,14 +229,11 @@ def test_a_busy_engine_is_called_out_in_the_report(tmp_path: Path) -> None:
 
 
 def test_the_command_turns_an_engine_that_is_down_into_one_error_line(tmp_path: Path, capsys) -> None:
-    import socket
+    from ports import free_port
 
     from ornith_stack.cli import main
 
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    rc = main(["bench", "--url", f"http://127.0.0.1:{port}", "--out", str(tmp_path / "out")])
+    rc = main(["bench", "--url", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert err.startswith("error: cannot reach") and "Traceback" not in err and len(err.splitlines()) == 1

@@ -200,7 +200,7 @@ def test_entrypoint_refuses_an_unknown_profile_even_with_the_doctor_skipped() ->
 
 
 def test_entrypoint_refuses_when_the_doctor_finds_no_gpu() -> None:
-    # This machine has no GPU (shared FACTS section 6), so the doctor must fail for a GPU profile.
+    # The CI machines have no GPU, so the doctor fails a GPU profile.
     result = _entrypoint("touch", "/tmp/should-not-run", ORNITH_PROFILE="gpu96")
     assert result.returncode == 1
     assert "FAIL  gpu: no GPU detected" in result.stderr

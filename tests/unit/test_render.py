@@ -112,6 +112,38 @@ def test_a_read_only_generated_file_is_refused_too(checkout: Path, capsys: pytes
     assert "error: cannot write compose/spark.yml" in capsys.readouterr().err
 
 
+def test_a_folder_where_a_generated_file_belongs_is_refused_before_any_write(
+    checkout: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (checkout / "compose" / "a100x2.yml").write_text("stale\n")
+    blocker = checkout / "monitoring" / "README.md"
+    blocker.unlink()
+    blocker.mkdir()
+    before = _snapshot(checkout)
+    assert main(["render", "--root", str(checkout)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert _snapshot(checkout) == before and blocker.is_dir()
+    assert len(err) == 1 and err[0].startswith("error: ") and "monitoring/README.md is in the way" in err[0], err
+
+
+def test_a_full_disk_midway_leaves_every_file_as_it_was_and_no_temporary(checkout: Path) -> None:
+    """RLIMIT_FSIZE makes writes past 4 KiB fail with EFBIG, as ENOSPC would: small files fit, big ones not."""
+    stale = ["ansible/profiles/a100x2.yml", "compose/a100x2.yml", "monitoring/grafana/dashboards/ornith-overview.json"]
+    for rel in stale:
+        (checkout / rel).write_text("stale\n")
+    before = _snapshot(checkout)
+    script = ("import resource, signal, sys\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+              "from ornith_stack.cli import main\n"
+              f"sys.exit(main(['render', '--root', {str(checkout)!r}]))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: cannot write") and "nothing was written" in done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert _snapshot(checkout) == before  # no file rewritten, no temporary left beside one
+
+
 @pytest.mark.parametrize("where", ["missing", "inside", "empty"])
 def test_a_mistyped_root_is_one_error_line_and_writes_nothing(
     checkout: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], where: str

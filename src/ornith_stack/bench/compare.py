@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,17 +9,16 @@ from ornith_stack.bench import stats
 from ornith_stack.bench.roofline import roofline_for
 from ornith_stack.errors import UserError
 from ornith_stack.profiles.model import Profile
+from ornith_stack.reading import read_json_object
 
 
 def load_result(path: Path) -> dict[str, Any]:
     """A previous bench result (the JSON this command writes); anything else is a one-line error."""
     try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise UserError(f"--baseline {path}: cannot read it ({exc.strerror})") from None
-    except ValueError as exc:
-        raise UserError(f"--baseline {path}: not JSON ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("suites"), dict):
+        data = read_json_object(path)
+    except UserError as exc:
+        raise UserError(f"--baseline: {exc}") from None
+    if not isinstance(data.get("suites"), dict):
         raise UserError(f"--baseline {path}: not an ornith-stack bench result (no 'suites')")
     return data
 

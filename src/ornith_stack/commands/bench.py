@@ -22,6 +22,7 @@ from ornith_stack.bench.serving import parse_goodput
 from ornith_stack.bench.suites import DEFAULT_CONCURRENCY, DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_LENGTHS
 from ornith_stack.errors import UserError
 from ornith_stack.profiles import load_profile
+from ornith_stack.urls import engine_url
 
 out = Console()
 err = Console(stderr=True)
@@ -154,7 +155,7 @@ def register(app: typer.Typer) -> None:
         """Measure decode, TTFT, task accuracy and acceptance, and throughput; write JSON, Markdown and plots."""
         chosen = load_profile(profile) if profile else None
         config = BenchConfig(
-            url=url, suites=parse_suites(suite), model=model, max_tokens=max_tokens, samples=samples,
+            url=engine_url(url, "--url"), suites=parse_suites(suite), model=model, max_tokens=max_tokens, samples=samples,
             warmup=warmup, prompt_lengths=parse_ints("--prompt-lengths", prompt_lengths),
             concurrency=parse_ints("--concurrency", concurrency), task_limit=task_limit,
             task_max_tokens=task_max_tokens, tasks_dir=tasks_dir,

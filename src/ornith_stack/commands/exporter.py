@@ -12,6 +12,7 @@ from ornith_stack.errors import UserError
 from ornith_stack.exporter.scrape import Target
 from ornith_stack.exporter.server import Settings, check_timeout, normalise_target, parse_listen, serve
 from ornith_stack.profiles import load_profile
+from ornith_stack.urls import engine_url
 
 
 def register(app: typer.Typer) -> None:
@@ -43,7 +44,8 @@ def register(app: typer.Typer) -> None:
             loaded = load_profile(profile)
             draft = loaded.draft.repo or "" if loaded.draft else ""
         # One target per address: two URLs differing only in credentials would give duplicate series.
-        unique = {Target(normalise_target(url)).public: normalise_target(url) for url in target}
+        bases = [normalise_target(engine_url(url, "--target")) for url in target]
+        unique = {Target(url).public: url for url in bases}
         if target_name is not None and (len(unique) != 1 or not target_name.strip()):
             raise UserError("--target-name names one target: pass exactly one --target with it, and a non-empty name")
         targets = [Target(url, profile or "", draft, (target_name or "").strip()) for url in unique.values()]

@@ -9,11 +9,27 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ornith_stack.errors import UserError, shown
 from ornith_stack.planner import GIB, Plan, PlanOptions, build_request, plan_request
+from ornith_stack.planner.shapes import resolve_config_path
 
 out = Console()
 
 Opt = typer.Option
+# The speculative methods vLLM and SGLang name (SGLang's spelled in lower case, as its adapter reads them).
+SPECULATIVE_METHODS = ("dflash", "draft_model", "eagle", "eagle3", "mtp", "nextn", "ngram", "standalone")
+
+
+def check_plan_text(texts: dict[str, str | None]) -> None:
+    """Text options the planner would otherwise read as 'not given' or as a method it does not know."""
+    for option, text in texts.items():
+        if text is not None and not text.strip():
+            raise UserError(f"{option}: empty value; leave the option out to use the profile's")
+    method = texts.get("--speculative-method")
+    if method is not None and method.lower() not in SPECULATIVE_METHODS:
+        raise UserError(f"--speculative-method {shown(method)}: choose one of {', '.join(SPECULATIVE_METHODS)}")
+    if texts.get("--draft-config") is not None:
+        resolve_config_path(str(texts["--draft-config"]))  # a draft named on purpose must exist
 
 
 def register(app: typer.Typer) -> None:
@@ -58,6 +74,9 @@ def register(app: typer.Typer) -> None:
 
         Exit status: 0 fits, 1 does not fit, 2 bad input.
         """
+        check_plan_text({"PROFILE": profile, "--engine": engine, "--engine-version": engine_version,
+                         "--model-config": model_config, "--draft-config": draft_config, "--dtype": dtype,
+                         "--kv-cache-dtype": kv_cache_dtype, "--speculative-method": speculative_method})
         options = PlanOptions(
             profile=profile, engine=engine, engine_version=engine_version, model_config=model_config,
             draft_config=draft_config, gpu_memory_gib=gpu_memory_gib, gpu_count=gpu_count,

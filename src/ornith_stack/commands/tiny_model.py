@@ -12,7 +12,7 @@ from ornith_stack.errors import UserError
 
 
 def tiny_model(
-    out: Annotated[Path, typer.Argument(help="Directory to write; an earlier tiny model there is replaced.")],
+    out: Annotated[str, typer.Argument(help="Directory to write; an earlier tiny model there is replaced.")],
     arch: Annotated[
         str,
         typer.Option(help="qwen3_5_moe: the hybrid (Qwen3_5MoeForCausalLM); qwen3_moe: Qwen3MoeForCausalLM."),
@@ -35,12 +35,16 @@ def tiny_model(
     """Write a tiny random checkpoint (config, sharded safetensors + index, tokenizer, chat template)."""
     from ornith_stack import tiny_model as tm
 
+    if not out.strip():
+        raise UserError("tiny-model OUT: empty directory name; name a new directory, e.g. models/ornith-tiny")
+    if not 0 <= seed < 2**32:
+        raise UserError(f"--seed {seed}: expected an integer from 0 to {2**32 - 1}")
     if arch not in tm.ARCHES:
         raise UserError(f"--arch {arch!r}: choose one of {', '.join(tm.ARCHES)}")
     arch_name: tm.Arch = arch  # type: ignore[assignment]  # checked against tm.ARCHES above
     start = time.monotonic()
     path = tm.make_tiny_model(
-        out, arch_name, seed=seed, with_vision=with_vision, mtp=mtp, zero_mask_row=zero_mask_row
+        Path(out), arch_name, seed=seed, with_vision=with_vision, mtp=mtp, zero_mask_row=zero_mask_row
     )
     size_mb = tm.checkpoint_size(path) / 1e6
     typer.echo(f"wrote {path} ({arch}, {size_mb:.1f} MB) in {time.monotonic() - start:.1f} s")

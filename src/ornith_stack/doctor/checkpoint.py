@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ornith_stack.errors import UserError
-from ornith_stack.planner.shapes import read_json_object
+from ornith_stack.reading import read_json_object, require_regular
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -65,6 +65,7 @@ class Checkpoint:
 
 def read_safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
     """(header, data start) of one safetensors file; a malformed file is a UserError naming it."""
+    require_regular(path)
     try:
         size = path.stat().st_size
         with path.open("rb") as fh:

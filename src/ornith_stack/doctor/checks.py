@@ -25,8 +25,9 @@ from ornith_stack.doctor.report import Report
 from ornith_stack.engines import ServeSettings, adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.planner import GIB, load_shape, plan_request, request_for_profile
-from ornith_stack.planner.shapes import VisionShape, read_json_object, shape_from_config
+from ornith_stack.planner.shapes import VisionShape, shape_from_config
 from ornith_stack.profiles.model import Profile
+from ornith_stack.reading import read_json_object
 
 MASK_EMBEDDING = "mask_embedding.safetensors"
 # Seed 004: the DFlash 2 drafter reads the target's embedding of its mask token, id 248077.

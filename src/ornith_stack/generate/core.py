@@ -1,8 +1,9 @@
 """The generated-file record, its header, and writing or checking a set of generated files.
 
 `render(check=True)` compares instead of writing, so CI fails when a committed file drifts.
-Writing builds every file and checks every target is writable before the first write, so a failing
-template or a read-only folder leaves the tree as it was.
+Writing builds every file, checks every target (a file or nothing where it goes, a writable folder),
+writes each beside its target as a temporary, and renames them all at the end: a failing template, a
+folder where a file belongs, a read-only folder or a full disk leaves the tree as it was.
 """
 
 from __future__ import annotations
@@ -88,13 +89,14 @@ def render(root: Path, files: Iterable[GeneratedFile], check: bool = False) -> l
                  for rel, text in changed}
     else:
         _require_writable(root, [rel for rel, _ in changed])
-        for rel, text in changed:
-            _atomic_write(root / rel, text)
+        _write_all(root, changed)
         stale = {rel: Outcome(rel, "written") for rel, _ in changed}
     return [stale.get(rel, Outcome(rel, "unchanged")) for rel, _ in built]
 
 
 def _read(path: Path) -> str | None:
+    if path.exists() and not path.is_file():
+        raise UserError(f"{path} is in the way of a generated file: not a regular file; move it; nothing was written")
     return path.read_text() if path.is_file() else None
 
 
@@ -122,17 +124,31 @@ def _require_writable(root: Path, rels: list[str]) -> None:
         raise UserError(f"cannot write {blocked[0]}{more} under {root}: read-only; nothing was written")
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def _write_all(root: Path, files: list[tuple[str, str]]) -> None:
+    """Every file to a temporary beside its target, then every rename; a failure removes the temporaries."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for rel, text in files:
+            staged.append((rel, _staged(root / rel, text)))
+    except OSError as exc:
+        for _, tmp in staged:
+            tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {exc.filename or root}: {exc.strerror}; nothing was written") from None
+    for rel, tmp in staged:
+        os.replace(tmp, root / rel)
+
+
+def _staged(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+    return Path(tmp)
 
 
 def is_checkout(path: Path) -> bool:

@@ -7,35 +7,49 @@ A profile file may start with `extends: <base>`; bases live in `bases/` and are 
 from __future__ import annotations
 
 import os
+import re
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
-from ornith_stack.errors import UserError
+from ornith_stack.errors import UserError, shown
 from ornith_stack.merge import deep_merge
 from ornith_stack.profiles.model import Profile
+from ornith_stack.reading import parse_yaml, read_yaml_mapping
 
 DEFAULT_PROFILE = "cpu-demo"
 _PROFILE_DIR = Path(str(resources.files(__package__)))
 _IMAGES = _PROFILE_DIR.parent / "images.yaml"
+# A profile name is a file name in the profile folder: no path separators, no leading dot.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# A --set key: dotted names, each a YAML key a profile uses.
+SET_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,15}")
 
 
 def profile_dir() -> Path:
     """Where profile files are read from; ORNITH_PROFILE_DIR points elsewhere (tests, operators)."""
-    return Path(os.environ.get("ORNITH_PROFILE_DIR", _PROFILE_DIR))
+    configured = os.environ.get("ORNITH_PROFILE_DIR")
+    if configured is None:
+        return _PROFILE_DIR
+    if not configured or not Path(configured).is_dir():
+        raise UserError(f"ORNITH_PROFILE_DIR={shown(configured)} is not a folder; point it at a folder of "
+                        "profile files or unset it")
+    return Path(configured)
 
 
 def profile_names() -> list[str]:
-    return sorted(p.stem for p in profile_dir().glob("*.yaml"))
+    return sorted(p.stem for p in profile_dir().glob("*.yaml") if NAME.fullmatch(p.stem))
 
 
 def profile_path(name: str) -> Path:
+    if not NAME.fullmatch(name):
+        raise UserError(f"profile {shown(name)}: a profile name is letters, digits, '.', '_' and '-' "
+                        f"(at most 64, no path); known profiles: {', '.join(profile_names())}")
     path = profile_dir() / f"{name}.yaml"
-    if not path.is_file():
+    if not path.exists():  # anything else there is the reader's to refuse (a FIFO, a device, a folder)
         known = ", ".join(profile_names())
         raise UserError(f"unknown profile {name!r}; known profiles: {known}")
     return path
@@ -46,9 +60,10 @@ def load_profile(name: str, overrides: dict[str, str] | None = None) -> Profile:
     path = profile_path(name)
     data = _resolve_extends(_read_yaml(path), path)
     data.setdefault("name", name)
-    _inject_engine_image(data, path)
     for key, value in (overrides or {}).items():
         _set_dotted(data, key, _set_value(key, value) if isinstance(value, str) else value)
+    # After --set, so that --set engine.version=X takes X's image.
+    _inject_engine_image(data, path)
     return validate(data, path)
 
 
@@ -82,17 +97,7 @@ def _cached_yaml(path: Path) -> dict[str, Any]:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}:{where} is not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
+    return read_yaml_mapping(path)
 
 
 def _resolve_extends(data: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -120,13 +125,14 @@ def _inject_engine_image(data: dict[str, Any], path: Path) -> None:
 
 def _set_value(key: str, text: str) -> Any:
     """A --set value read as YAML (numbers, true/false, lists), the way the profile file would say it."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UserError(f"--set {key}={text!r}: not a valid YAML value ({getattr(exc, 'problem', exc)})") from None
+    if not text.strip():
+        raise UserError(f"--set {key}=: empty value; give a value, or null to clear the key")
+    return parse_yaml(text, f"--set {key}={shown(text)}", value=True)
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    if not SET_KEY.fullmatch(key):
+        raise UserError(f"--set {shown(key)}: expected a dotted key such as model.repo")
     node = data
     *parents, leaf = key.split(".")
     for part in parents:
@@ -148,7 +154,5 @@ def _describe(exc: ValidationError, path: Path) -> str:
         elif err["type"] == "value_error" and not err["loc"]:
             lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"  {field}: {err['msg']} (got {err.get('input')!r})")
-    if len(lines) == 2:  # one problem: one line
-        return f"{lines[0]}: {lines[1].strip()}"
-    return "\n".join(lines)
+            lines.append(f"  {field}: {err['msg']} (got {shown(err.get('input'))})")
+    return f"{lines[0]}: " + "; ".join(line.strip() for line in lines[1:])

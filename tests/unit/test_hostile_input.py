@@ -1,0 +1,196 @@
+"""Hostile input, by class: each is one `error:` line, exit status 2, and the disk as it was.
+
+The inputs are representatives of the classes a run of ~1,000 hostile inputs found (issue 19): usage
+errors, names that are paths, input that parses without limits, files that are not files, URLs, and
+values that used to be read as "not given" or as something else.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ornith_stack.cli import main
+
+BILLION_LAUGHS = ("a=[&a [lol,lol,lol,lol,lol,lol,lol,lol,lol],&b [*a,*a,*a,*a,*a,*a,*a,*a,*a],"
+                  "&c [*b,*b,*b,*b,*b,*b,*b,*b,*b],&d [*c,*c,*c,*c,*c,*c,*c,*c,*c],"
+                  "&e [*d,*d,*d,*d,*d,*d,*d,*d,*d],&f [*e,*e,*e,*e,*e,*e,*e,*e,*e]]")
+
+
+def _tree(root: Path) -> dict[str, tuple[int, bytes | None]]:
+    return {str(p.relative_to(root)): (p.lstat().st_mode, p.read_bytes() if p.is_file() and not p.is_symlink()
+                                       else None) for p in sorted(root.rglob("*"))}
+
+
+def _within(seconds: int, call: Callable[..., int], *args: object) -> int:
+    """`call(*args)`, failing the test after `seconds` (a FIFO read blocks; a hang must not stall CI)."""
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        return call(*args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
+def refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+            capsys: pytest.CaptureFixture[str]) -> Callable[..., str]:
+    """Run the CLI in a scratch folder; assert one error line, exit 2, nothing written; return the line."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*argv: str) -> str:
+        before = _tree(tmp_path)
+        capsys.readouterr()
+        assert _within(30, main, list(argv)) == 2
+        out, err = capsys.readouterr()
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), err[:2000]
+        assert len(lines[0]) <= 1000 and out == ""
+        assert _tree(tmp_path) == before
+        return lines[0]
+
+    return run
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["profiles", "--bogus"], "No such option: --bogus (see 'ornith-stack profiles --help')"),
+    (["profiles", "show"], "Missing argument 'name'. (see 'ornith-stack profiles show --help')"),
+    (["plan", "gpu96", "--tp", "two"], "Invalid value for '--tp'"),
+    (["no-such-command"], "No such command 'no-such-command'. (see 'ornith-stack --help')"),
+])
+def test_usage_errors_are_one_error_line(refused: Callable[..., str], argv: list[str], says: str) -> None:
+    line = refused(*argv)
+    assert says in line
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/hostname", "cpu-demo/../cpu-demo", ".hidden",
+                                  "a" * 5000, "", "cpu demo", "cpu-demo\n"])
+def test_a_profile_name_is_a_name_never_a_path(refused: Callable[..., str], name: str) -> None:
+    line = refused("profiles", "show", name)
+    assert "a profile name is letters, digits" in line
+    assert len(line) < 400  # the 5,000-character name is quoted cut short
+
+
+def test_a_profile_folder_that_does_not_exist_is_an_error_not_an_empty_list(
+    refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", str(tmp_path / "nonexistent"))
+    assert "ORNITH_PROFILE_DIR=" in refused("profiles")
+    assert "is not a folder" in refused("launch-args", "cpu-demo")
+
+
+@pytest.mark.parametrize("value, says", [
+    ("a=" + "[" * 10_000, "nested deeper than 64 levels"),
+    ("a=" + "{b: " * 100 + "1" + "}" * 100, "nested deeper than 64 levels"),
+    (BILLION_LAUGHS, "repeats a mapping or list"),
+    ("a=\"" + "x" * 1_000_000, "not a valid YAML value"),  # an unclosed megabyte-long string: the line stays short
+    ("engine.kind=", "empty value"),
+    ("=x", "expected KEY=VALUE"),
+    ("a..b=1", "expected a dotted key"),
+])
+def test_set_values_parse_with_limits(refused: Callable[..., str], value: str, says: str) -> None:
+    assert says in refused("profiles", "show", "cpu-demo", "--set", value)
+
+
+def test_a_profile_file_with_an_alias_bomb_is_refused(
+    refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    folder = tmp_path_factory.mktemp("profiles")
+    (folder / "bomb.yaml").write_text(BILLION_LAUGHS.replace("a=", "x: ", 1) + "\n")
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", str(folder))
+    assert "repeats a mapping or list" in refused("profiles", "show", "bomb")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder", "huge"])
+def test_files_that_are_not_configuration_files_are_refused_before_reading(
+    refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory,
+    kind: str,
+) -> None:
+    """A profile, a checkpoint's config.json, a bench baseline: a FIFO would hang the reader, /dev/zero
+    would fill memory."""
+    folder = tmp_path_factory.mktemp(kind)
+    for name in ("x.yaml", "config.json"):
+        target = folder / name
+        if kind == "fifo":
+            os.mkfifo(target)
+        elif kind == "dev-zero":
+            target.symlink_to("/dev/zero")
+        elif kind == "folder":
+            target.mkdir()
+        else:
+            with target.open("wb") as handle:
+                handle.truncate(65 << 20)  # sparse: 65 MiB, over the 64 MiB cap
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", str(folder))
+    says = "larger than" if kind == "huge" else "not a regular file"
+    assert says in refused("profiles", "show", "x")
+    monkeypatch.delenv("ORNITH_PROFILE_DIR")
+    assert says in refused("doctor", "--profile", "cpu-demo", "--weights", str(folder), "--allow-no-gpu")
+    assert says in refused("bench", "--url", "http://127.0.0.1:1", "--baseline", str(folder / "config.json"),
+                           "--out", "out", "--suite", "decode")
+
+
+BAD_URLS = ["http://127.0.0.1:0", "http://127.0.0.1:70000", "http://127.0.0.1:-1", "http://", "http://:8000",
+            "http://127.0.0.1:8000\r\nX-Injected: 1", "http://[::1", "http://127.0.0.1 :8000", "javascript:alert(1)",
+            "file:///etc/passwd", "ftp://127.0.0.1", "http://127.0.0.1:8000/?a=1", "", "http://" + "h" * 5000]
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_engine_urls_are_validated_once_for_the_exporter_and_the_bench(
+    refused: Callable[..., str], url: str
+) -> None:
+    target = refused("exporter", "--target", url, "--listen", "127.0.0.1:1")
+    bench = refused("bench", "--url", url, "--out", "out", "--suite", "decode")
+    assert target.startswith("error: --target") and bench.startswith("error: --url")
+    assert target.removeprefix("error: --target") == bench.removeprefix("error: --url").replace(
+        "--url", "--target")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["plan", "gpu96", "--speculative-method", "bogus"], "--speculative-method 'bogus': choose one of"),
+    (["plan", "gpu96", "--draft-config", "nosuch"], "model config 'nosuch' is neither a file nor a shipped"),
+    (["plan", "gpu96", "--model-config", ""], "--model-config: empty value"),
+    (["plan", "gpu96", "--engine-version", " "], "--engine-version: empty value"),
+    (["plan", ""], "PROFILE: empty value"),
+    (["launch-args", ""], "a profile name is letters"),
+    (["tiny-model", ""], "empty directory name"),
+    (["tiny-model", "."], "is the current directory or above it"),
+    (["tiny-model", "x", "--seed", str(2**64)], "--seed"),
+])
+def test_values_once_read_as_not_given_are_errors(refused: Callable[..., str], argv: list[str], says: str) -> None:
+    assert says in refused(*argv)
+
+
+def test_set_engine_version_takes_that_versions_image(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profiles", "show", "gpu96", "--json", "--set", "engine.version=0.5.21"]) == 0
+    assert '"image": "lmsysorg/sglang:v0.5.21-cu130"' in capsys.readouterr().out
+
+
+def test_an_over_long_output_folder_is_one_error_line(refused: Callable[..., str]) -> None:
+    """ENAMETOOLONG from the file system, wherever a path reaches it."""
+    assert "longer than the system allows" in refused("render", "--root", "x" * 5000)
+
+
+def test_tiny_model_replaces_an_old_model_whole_or_not_at_all(tmp_path: Path) -> None:
+    """The model is written to a folder beside OUT and swapped in; a failure midway leaves OUT as it was."""
+    from ornith_stack.tiny_model import _swapped_in
+
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "config.json").write_text('{"old": true}')
+    before = _tree(tmp_path)
+    with pytest.raises(OSError), _swapped_in(out) as staging:
+        (staging / "config.json").write_text('{"new": true}')
+        raise OSError(28, "No space left on device")
+    assert _tree(tmp_path) == before
+    with _swapped_in(out) as staging:
+        (staging / "config.json").write_text('{"new": true}')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    assert (out / "config.json").read_text() == '{"new": true}'
