@@ -165,14 +165,24 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     engine_details: dict[str, Any] = field(default_factory=dict)
     suggestion: str | None = None
+    # What the plan could not know (e.g. a draft shape guessed, not read): no problem found, but no "fits".
+    unknowns: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """"does not fit" (a problem), "unknown" (none found, but a figure is a guess) or "fits"."""
+        if self.problems:
+            return "does not fit"
+        return "unknown" if self.unknowns else "fits"
 
     @property
     def fits(self) -> bool:
-        return not self.problems
+        return self.verdict == "fits"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["fits"] = self.fits
+        data["verdict"] = self.verdict
         data["max_concurrency"] = round(self.max_concurrency, 2)
         data["problems"] = [asdict(p) | {"line": p.line()} for p in self.problems]
         return data
