@@ -275,7 +275,7 @@ def record(profile: str, out: Path, target: str, draft: str, port: int = 30000, 
         (out / "chat-meta-info.json").write_text(json.dumps(chat, indent=2) + "\n")
         time.sleep(2)
         _save(out / "metrics-after-chat.txt", f"{base}/metrics")
-        summary["bench_rc"] = bench(base, out, variant, 240 if variant else 150)
+        summary["bench_rc"] = bench(base, out, variant, 480 if variant else 150)
         time.sleep(2)
         _save(out / "exporter-metrics-final.txt", f"{exporter}/metrics")
         _save(out / "metrics-final.txt", f"{base}/metrics")
