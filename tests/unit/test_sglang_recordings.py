@@ -27,6 +27,7 @@ RUNS = {"tp1": "gpu96", "tp2": "a100x2"}  # capped by the profiles' --max-total-
 UNCAPPED = "uncapped-tp1"  # gpu96's flags without those two caps, --context-length 16384
 LIVE_EXPORTER = ("tp1", UNCAPPED)  # recorded with the current exporter
 GB = 1 << 30  # SGLang's "GB" in these lines is bytes / 2**30
+H200_MIB = 143_771  # nvidia-smi's memory.total of the H200s (machine.txt, machine-h200x1.txt)
 
 
 def logged(run: str) -> dict[str, float]:
@@ -57,7 +58,8 @@ def logged(run: str) -> dict[str, float]:
 def tiny_plan(run: str):  # type: ignore[no-untyped-def]
     req = request_for_profile(
         load_profile(RUNS.get(run, "gpu96")),
-        gpu_memory_gib=logged(run)["avail_before_load_gib"],
+        gpu_memory_gib=H200_MIB / 1024,
+        free_memory_gib=logged(run)["avail_before_load_gib"],  # SGLang sizes from what is free then
         model_config=str(RECORDINGS / "target-config.json"),
         draft_config=str(RECORDINGS / "draft-config.json"),
     )

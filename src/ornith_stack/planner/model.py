@@ -35,10 +35,14 @@ class PlanRequest:
     dtype: str | None = None  # weight dtype; None: settings.dtype (--dtype), else the config's
     profile: str | None = None
     notes: tuple[str, ...] = ()  # said in the plan, e.g. a profile's draft shape that is not shipped
+    # Memory free on each GPU before the engine loads (the doctor: NVML at check time); SGLang sizes its
+    # pools from it. None: the total (an idle GPU, less the driver's own share).
+    free_memory_gib: float | None = None
 
     def __post_init__(self) -> None:
         s = self.settings
         for name, number in (("GPU memory", self.gpu_memory_gib), ("--reserve-gib", self.reserve_gib),
+                             ("free GPU memory", self.free_memory_gib),
                              ("--mem-fraction-static", s.mem_fraction_static),
                              ("--gpu-memory-utilization", s.gpu_memory_utilization),
                              ("--mamba-full-memory-ratio", s.mamba_full_memory_ratio)):
@@ -46,6 +50,8 @@ class PlanRequest:
                 raise UserError(f"{name} must be a finite number, got {number}")
         if self.gpu_memory_gib <= 0:
             raise UserError(f"GPU memory must be positive, got {self.gpu_memory_gib} GiB")
+        if self.free_memory_gib is not None and self.free_memory_gib <= 0:
+            raise UserError(f"free GPU memory must be positive, got {self.free_memory_gib} GiB")
         if self.gpu_count < 1:
             raise UserError(f"the plan needs at least one GPU, got {self.gpu_count}")
         if s.mamba_full_memory_ratio is not None and s.mamba_full_memory_ratio <= 0:
@@ -96,6 +102,11 @@ class PlanRequest:
     def kv_dtype_bytes(self) -> int:
         kv = self.settings.kv_cache_dtype
         return self.model_dtype_bytes if kv in ("auto", None) else dtype_bytes(kv, "--kv-cache-dtype")
+
+    @property
+    def memory_before_load_gib(self) -> float:
+        """What an engine starting now finds free on each GPU: the free memory if known, else the total."""
+        return self.free_memory_gib if self.free_memory_gib is not None else self.gpu_memory_gib
 
     @property
     def max_model_len(self) -> int:

@@ -357,7 +357,7 @@ class Split:
 
 def split(req: PlanRequest) -> Split:
     s, shape = req.settings, req.shape
-    total = int(req.gpu_memory_gib * GIB)
+    total = int(req.memory_before_load_gib * GIB)  # SGLang's pre_model_load_memory
     rel = release_for(req.engine_version)
     frac = resolve_mem_fraction_static(req)
     strategy, overlap = resolve_mamba_strategy(req)
@@ -388,9 +388,12 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
     s, shape = req.settings, req.shape
     refuse_tp(shape, s.tp)
     sp = split(req)
-    headroom = int(int(req.gpu_memory_gib * GIB) * (1 - sp.mem_fraction_static))
-    notes = [*req.notes, f"static pool = {sp.mem_fraction_static:g} x {req.gpu_memory_gib:g} GiB; headroom "
+    headroom = int(int(req.memory_before_load_gib * GIB) * (1 - sp.mem_fraction_static))
+    notes = [*req.notes, f"static pool = {sp.mem_fraction_static:g} x {req.memory_before_load_gib:g} GiB; headroom "
              f"{gib(headroom)} for CUDA graphs and activations; DFlash verify buffers are in the static pool"]
+    if req.free_memory_gib is not None:
+        notes.append(f"pools sized from the {req.free_memory_gib:g} GiB free before loading (of "
+                     f"{req.gpu_memory_gib:g} GiB), as SGLang sizes them")
     if s.mem_fraction_static is None:
         notes.append(f"--mem-fraction-static not set: SGLang's default for {req.gpu_memory_gib:g} GiB at tp "
                      f"{s.tp} is {sp.mem_fraction_static:.4g}")
@@ -416,6 +419,7 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
         problems=problems, notes=notes, unknowns=_unknowns(req),
         engine_details={
             "accounting_release": sp.release.name,
+            "memory_before_load_gib": req.memory_before_load_gib,
             "page_size": sp.page,
             "mm_runtime_reservation_bytes": sp.mm_reservation,
             "mem_fraction_static": sp.mem_fraction_static,
@@ -482,7 +486,7 @@ def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
     if sp.rest <= 0:
         # _profile_available_bytes raises this ValueError before any pool exists.
         weights = req.weights_per_gpu() + req.draft_weights_per_gpu()
-        minimum = math.ceil(weights / (req.gpu_memory_gib * GIB) * 1000) / 1000  # SGLang's suggestion
+        minimum = math.ceil(weights / (req.memory_before_load_gib * GIB) * 1000) / 1000  # SGLang's suggestion
         fix = (f"--mem-fraction-static above {minimum:.3f}" if minimum < 1
                else f"--tp {s.tp * 2} (more GPUs) or a smaller checkpoint")
         return [Problem("weights", f"SGLang: loaded weights ({gib(weights)} per GPU, target + draft) leave no "
