@@ -60,11 +60,13 @@ with zipfile.ZipFile(wheel) as archive:
 PY
 }
 
-step "vLLM 0.24.0's and SGLang 0.5.17's Python sources (the planner's accounting and defaults are checked against them)"
+step "vLLM 0.24.0's and SGLang 0.5.17's and 0.5.21's Python sources (the planner's accounting and defaults are checked against them)"
 export ORNITH_VLLM024_SRC="${ORNITH_VLLM024_SRC:-$ORNITH_CACHE_DIR/vllm-0.24.0-src}"
 export ORNITH_SGLANG0517_SRC="${ORNITH_SGLANG0517_SRC:-$ORNITH_CACHE_DIR/sglang-0.5.17-src}"
+export ORNITH_SGLANG0521_SRC="${ORNITH_SGLANG0521_SRC:-$ORNITH_CACHE_DIR/sglang-0.5.21-src}"
 engine_sources vllm 0.24.0 manylinux_2_28_x86_64 "$ORNITH_VLLM024_SRC"
 engine_sources sglang 0.5.17 manylinux_2_34_x86_64 "$ORNITH_SGLANG0517_SRC"
+engine_sources sglang 0.5.21 manylinux_2_34_x86_64 "$ORNITH_SGLANG0521_SRC"
 
 # shellcheck disable=SC1091
 source .venv/bin/activate

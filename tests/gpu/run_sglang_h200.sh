@@ -11,6 +11,7 @@
 #   ...                                                           # unpacks, checks the import, makes models
 #   bash tests/gpu/run_sglang_h200.sh serve tp1                   # pytest -m gpu -k tp1: starts SGLang
 #   bash tests/gpu/run_sglang_h200.sh serve tp2                   # and records into $W/runs/tpN
+#   bash tests/gpu/run_sglang_h200.sh serve uncapped-tp1          # tp 1 without the KV / request caps
 #
 # The device tool sends the session's own checkout, not a helper's worktree: the recorded runs carried
 # this tree as a tarball (`git ls-files -co --exclude-standard | tar -czf .gpu/.../tree.tar.gz -T -`)
@@ -82,7 +83,7 @@ stage() {  # copy one carried folder of parts; the last one unpacks and prepares
 serve() {  # $1 = tp1 | tp2
     local run=$1
     if [ ! -f "$W/site/.sglang-payload" ] || [ ! -f "$W/models/.done" ]; then log "not staged"; exit 1; fi
-    if [ "$run" = tp1 ]; then export CUDA_VISIBLE_DEVICES=0; else export CUDA_VISIBLE_DEVICES=0,1; fi
+    case $run in *tp1) export CUDA_VISIBLE_DEVICES=0 ;; *) export CUDA_VISIBLE_DEVICES=0,1 ;; esac
     log "pytest -m gpu -k live-$run (CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES)"
     python3 -m pytest -p no:cacheprovider -q -m gpu -k "live-$run" "$REPO/tests/gpu/test_sglang_h200.py" \
         2>&1 | tee "$W/runs/pytest-gpu-$run.txt"
@@ -99,5 +100,5 @@ serve() {  # $1 = tp1 | tp2
 case ${1:-} in
     stage) stage "$2" ;;
     serve) serve "$2" ;;
-    *) echo "usage: $0 stage DIR | serve tp1|tp2" >&2; exit 2 ;;
+    *) echo "usage: $0 stage DIR | serve tp1|tp2|uncapped-tp1" >&2; exit 2 ;;
 esac

@@ -17,7 +17,14 @@ each with the reason the tiny model or the test machine forces it. Writes into O
   metrics-after.txt             /metrics after it (and exporter-metrics-after.txt, server_info-after.json)
   bench/, bench.log             a short `ornith-stack bench` run
   exporter-metrics-final.txt    the exporter after the bench; metrics-final.txt the engine's
+  chat-meta-info.json           a non-streaming /v1/chat/completions with return_meta_info (the route the
+                                bench's seed 004 method reads per-request steps from), and
+                                metrics-after-chat.txt, /metrics after it
   summary.json                  start-up seconds, the key lines, acceptance per request and overall
+
+The `uncapped` variant drops the profile's --max-total-tokens and --max-running-requests (SGLang then
+sizes the KV pool from memory and clamps running requests itself) and runs the bench's seed 004 method
+(thinking on, dflash prompts, up to 4,096 new tokens) instead of the long generation and the speed bench.
 """
 
 from __future__ import annotations
@@ -46,7 +53,19 @@ OVERRIDES: dict[str, list[tuple[list[str], str]]] = {
     "tp2": [
         (["--disable-prefill-cuda-graph"], "tp 2 spends over 6 minutes capturing prefill CUDA graphs (FACTS section 10)"),
     ],
+    "uncapped": [
+        (["--context-length", "16384"], "seed 004 asks up to 4,096 new tokens; the tiny model has 4,096 positions "
+         "(SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 lets SGLang serve more)"),
+    ],
 }  # fmt: skip
+# Flags of the launch args a variant removes (with their values), and why.
+REMOVED: dict[str, list[tuple[str, str]]] = {
+    "uncapped": [
+        ("--max-total-tokens", "the KV pool is sized by SGLang from memory: the planner must predict it"),
+        ("--max-running-requests", "SGLang resolves running requests itself (DFlash's 48, the state-slot clamp)"),
+    ],
+}
+ENV: dict[str, dict[str, str]] = {"uncapped": {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}}
 # Lines of the server log the planner is checked against, and the start-up milestones.
 KEY_LINES = re.compile(
     r"Mamba Cache is allocated|KV Cache is allocated|max_total_num_tokens|max_running_requests|"
@@ -70,7 +89,7 @@ def _post(url: str, body: dict, timeout: float = 600) -> dict:
         return json.loads(r.read())
 
 
-def engine_command(profile: str, target: str, draft: str, port: int) -> tuple[list[str], list[dict]]:
+def engine_command(profile: str, target: str, draft: str, port: int, variant: str = "") -> tuple[list[str], list[dict]]:
     out = subprocess.run(
         [sys.executable, "-m", "ornith_stack", "launch-args", profile, "--json", "--host", "127.0.0.1",
          "--port", str(port), "--set", f"model.repo={target}", "--set", f"draft.repo={draft}"],
@@ -78,18 +97,26 @@ def engine_command(profile: str, target: str, draft: str, port: int) -> tuple[li
     ).stdout  # fmt: skip
     cmd = json.loads(out)
     tp = cmd[cmd.index("--tp-size" if "--tp-size" in cmd else "--tp") + 1]
-    added = OVERRIDES["common"] + (OVERRIDES["tp2"] if tp == "2" else [])
+    added = OVERRIDES["common"] + (OVERRIDES["tp2"] if tp == "2" else []) + OVERRIDES.get(variant, [])
+    removed = []
+    for flag, why in REMOVED.get(variant, []):
+        if flag in cmd:
+            i = cmd.index(flag)
+            removed.append({"removed": cmd[i : i + 2], "why": why})
+            del cmd[i : i + 2]
     for flags, _ in added:
         cmd += flags
     cmd[0] = sys.executable
-    return cmd, [{"flags": f, "why": why} for f, why in added]
+    return cmd, [{"flags": f, "why": why} for f, why in added] + removed
 
 
 class Engine:
-    def __init__(self, cmd: list[str], out: Path, port: int) -> None:
+    def __init__(self, cmd: list[str], out: Path, port: int, env: dict[str, str] | None = None) -> None:
         self.base = f"http://127.0.0.1:{port}"
         self.log = open(out / "engine.log", "wb")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+        )
         self.t0 = time.monotonic()
 
     def wait_healthy(self, health: Path, deadline_s: float) -> float:
@@ -134,6 +161,19 @@ def generate(base: str, max_new_tokens: int, prompt: str = PROMPT) -> dict:
     }
 
 
+def chat_meta_info(base: str, model: str) -> dict:
+    """One non-streaming chat completion asking for SGLang's meta_info (return_meta_info), thinking off."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 200,
+        "temperature": 0,
+        "return_meta_info": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    return _post(f"{base}/v1/chat/completions", body)
+
+
 def long_generation(base: str, out: Path, exporter: str | None, max_new_tokens: int, streams: int) -> list[dict]:
     """`streams` concurrent greedy generations; /metrics (engine and exporter) scraped every second meanwhile."""
     results: list[dict] = []
@@ -176,25 +216,38 @@ def start_exporter(engine: str, port: int, out: Path) -> subprocess.Popen | None
     return proc
 
 
-def bench(engine: str, out: Path) -> int:
-    cmd = [sys.executable, "-m", "ornith_stack", "bench", "--url", engine, "--out", str(out / "bench"),
-           "--suite", "decode,concurrency", "--max-tokens", "256", "--samples", "3", "--warmup", "1",
-           "--concurrency", "1,4"]  # fmt: skip
+BENCH = {
+    "": ["--suite", "decode,concurrency", "--max-tokens", "256", "--samples", "3", "--warmup", "1",
+         "--concurrency", "1,4"],
+    # Seed 004's method on one problem per task (5 tasks, each at concurrency 1, 8 and 32); the tiny
+    # model's code answers run unconfined (no bubblewrap on the GPU machine, which is discarded after).
+    "uncapped": ["--method", "seed004", "--task-limit", "1", "--warmup", "1", "--unsafe-run-code-without-sandbox"],
+}  # fmt: skip
+
+
+def bench(engine: str, out: Path, variant: str = "", timeout_s: float = 150) -> int:
+    cmd = [sys.executable, "-m", "ornith_stack", "bench", "--url", engine, "--out", str(out / "bench"), *BENCH[variant]]
     with open(out / "bench.log", "wb") as log:
         try:
-            return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=150).returncode
+            return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
             return -1
 
 
 def record(profile: str, out: Path, target: str, draft: str, port: int = 30000, exporter_port: int = 9400,
-           health_deadline_s: float = 420) -> dict:  # fmt: skip
+           health_deadline_s: float = 420, variant: str = "") -> dict:  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    cmd, added = engine_command(profile, target, draft, port)
+    cmd, added = engine_command(profile, target, draft, port, variant)
     (out / "command.txt").write_text(" ".join(cmd) + "\n")
     (out / "overrides.json").write_text(json.dumps(added, indent=2) + "\n")
-    summary: dict = {"profile": profile, "command": cmd, "overrides": added}
-    engine = Engine(cmd, out, port)
+    summary: dict = {
+        "profile": profile,
+        "variant": variant,
+        "command": cmd,
+        "overrides": added,
+        "env": ENV.get(variant, {}),
+    }
+    engine = Engine(cmd, out, port, ENV.get(variant))
     exporter_proc = None
     try:
         summary["healthy_after_s"] = round(engine.wait_healthy(out / "health.txt", health_deadline_s), 1)
@@ -206,7 +259,7 @@ def record(profile: str, out: Path, target: str, draft: str, port: int = 30000, 
         exporter = f"http://127.0.0.1:{exporter_port}"
         _save(out / "exporter-metrics-idle.txt", f"{exporter}/metrics")
         summary["generate"] = [generate(base, n) for n in (16, 64, 256, 256)]
-        summary["long_generation"] = long_generation(base, out, exporter, 3000, 2)
+        summary["long_generation"] = [] if variant else long_generation(base, out, exporter, 3000, 2)
         time.sleep(2)
         _save(out / "metrics-after.txt", f"{base}/metrics")
         _save(out / "exporter-metrics-after.txt", f"{exporter}/metrics")
@@ -214,7 +267,15 @@ def record(profile: str, out: Path, target: str, draft: str, port: int = 30000, 
         (out / "generate.json").write_text(
             json.dumps(summary["generate"] + summary["long_generation"], indent=2) + "\n"
         )
-        summary["bench_rc"] = bench(base, out)
+        model = json.loads((out / "models.json").read_text())["data"][0]["id"]
+        try:
+            chat = chat_meta_info(base, model)
+        except (OSError, ValueError) as e:  # recorded, and the test says so; the bench still runs
+            chat = {"error": repr(e)}
+        (out / "chat-meta-info.json").write_text(json.dumps(chat, indent=2) + "\n")
+        time.sleep(2)
+        _save(out / "metrics-after-chat.txt", f"{base}/metrics")
+        summary["bench_rc"] = bench(base, out, variant, 480 if variant else 150)
         time.sleep(2)
         _save(out / "exporter-metrics-final.txt", f"{exporter}/metrics")
         _save(out / "metrics-final.txt", f"{base}/metrics")
@@ -240,8 +301,9 @@ def main() -> None:
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", required=True)
     ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--variant", default="", choices=sorted(BENCH))
     args = ap.parse_args()
-    s = record(args.profile, args.out, args.target, args.draft, args.port)
+    s = record(args.profile, args.out, args.target, args.draft, args.port, variant=args.variant)
     print(json.dumps({k: s.get(k) for k in ("healthy_after_s", "acceptance_length", "bench_rc")}))
 
 

@@ -25,7 +25,8 @@ import sglang_run  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines" / "sglang-0.5.17"
 WORK = Path(os.environ.get("ORNITH_GPU_WORK", "/tmp/ornith-gpu"))
-RUNS = {"tp1": "gpu96", "tp2": "a100x2"}
+# run -> (profile, sglang_run variant); uncapped-tp1 drops --max-total-tokens / --max-running-requests.
+RUNS = {"tp1": ("gpu96", ""), "tp2": ("a100x2", ""), "uncapped-tp1": ("gpu96", "uncapped")}
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,8 @@ def live_runs() -> dict[str, Path]:
 
 def _record_live(run: str) -> Path:
     out = WORK / "runs" / run
-    sglang_run.record(RUNS[run], out, str(WORK / "models" / "target"), str(WORK / "models" / "draft"))
+    profile, variant = RUNS[run]
+    sglang_run.record(profile, out, str(WORK / "models" / "target"), str(WORK / "models" / "draft"), variant=variant)
     return out
 
 
@@ -69,7 +71,7 @@ def test_started_from_launch_args_and_became_healthy(run_dir: Path) -> None:
     codes = [line.split("\t")[1] for line in (run_dir / "health.txt").read_text().splitlines()]
     assert codes[-1] == "200" and "503" in codes  # 503 while starting (once the port is open), then 200
     assert "--speculative-algorithm" in summary["command"] and "DFLASH" in summary["command"]
-    added = [f for o in summary["overrides"] for f in o["flags"]]
+    added = [f for o in summary["overrides"] for f in o.get("flags", [])]
     assert "--attention-backend" in added and all(o["why"] for o in summary["overrides"])
 
 
@@ -94,3 +96,20 @@ def test_server_info_names_the_engine(run_dir: Path) -> None:
     info = json.loads((run_dir / "server_info-after.json").read_text())
     assert info["version"] == "0.5.17"
     assert info["speculative_algorithm"] == "DFLASH"
+
+
+def test_chat_completion_returns_meta_info(run_dir: Path) -> None:
+    """Non-streaming chat with return_meta_info (the route the bench's seed 004 method reads): the answer
+    carries the request's own verify steps, and the engine's counters move by exactly its figures."""
+    path = run_dir / "chat-meta-info.json"
+    if not path.is_file():
+        pytest.skip("recorded before the chat route was (the tp 2 recording of 2026-11-30)")
+    chat = json.loads(path.read_text())
+    meta, usage = chat["choices"][0]["meta_info"], chat["usage"]
+    assert meta["spec_verify_ct"] >= 1 and meta["completion_tokens"] == usage["completion_tokens"]
+    after, after_chat = ((run_dir / f).read_text() for f in ("metrics-after.txt", "metrics-after-chat.txt"))
+    for name, value in (
+        ("generation_tokens_total", meta["completion_tokens"]),
+        ("spec_verify_calls_total", meta["spec_verify_ct"]),
+    ):
+        assert _sum(after_chat, f"sglang:{name}") - _sum(after, f"sglang:{name}") == value

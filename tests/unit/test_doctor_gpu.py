@@ -6,7 +6,8 @@ classes (`pynvml.NVMLError(code)` builds the subclass NVML raises for that retur
 recorded on real machines:
 - H200 (HGX board, measured on this project's GPU machine): name "NVIDIA H200", compute capability
   9.0, memory total 150,754,820,096 bytes, driver 580.159.04, NVLinks 0-17 end at NVSwitches (remote
-  device type 2), link 18 answers INVALID_ARGUMENT;
+  device type 2), link 18 answers INVALID_ARGUMENT; idle, nvidia-smi shows 143,156 MiB of 143,771 MiB
+  free (2026-12-01) and SGLang 0.5.17 logs "avail mem=139.09 GB" before loading its weights;
 - DGX Spark (kubernetes-sigs/dra-driver-nvidia-gpu#1073, XuehaiPan/nvitop#208): name "NVIDIA GB10",
   compute capability 12.1, driver 580.173.02, the memory query answers NOT_SUPPORTED and
   /proc/meminfo says "MemTotal: 127600748 kB".
@@ -41,6 +42,7 @@ class Device:
     capability: tuple[int, int]
     memory: int | None = None  # bytes; None: the memory query answers `memory_error`
     memory_error: int = pynvml.NVML_ERROR_NOT_SUPPORTED
+    free: int | None = None  # bytes free; None: all of it
     links: list[int] = field(default_factory=list)  # remote device type per NVLink
     links_error: int = pynvml.NVML_ERROR_NOT_SUPPORTED  # answer for links past the list
     fabric: tuple[int, int] | None = None  # (state, status); None: the query answers NOT_SUPPORTED
@@ -55,7 +57,8 @@ def install_nvml(monkeypatch: pytest.MonkeyPatch, devices: list[Device], driver:
     def memory(dev: Device) -> Any:
         if dev.memory is None:
             raise nvml_error(dev.memory_error)
-        return pynvml.c_nvmlMemory_t(total=dev.memory, free=dev.memory, used=0)
+        free = dev.memory if dev.free is None else dev.free
+        return pynvml.c_nvmlMemory_t(total=dev.memory, free=free, used=dev.memory - free)
 
     def remote_type(dev: Device, link: int) -> int:
         if link < len(dev.links):
@@ -199,3 +202,23 @@ def test_host_memory_reads_memtotal(tmp_path: Path) -> None:
     path.write_text(SPARK_MEMINFO)
     assert gpu_probe.host_memory_gib(path) == 121.69
     assert gpu_probe.host_memory_gib(tmp_path / "absent") is None
+
+
+def test_the_plan_uses_the_free_memory_nvml_reports_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang sizes its pools from the memory free before it loads, not the total: on an H200 the total
+    reads about 1.3 GiB high. The doctor plans on NVML's free memory at check time and names it."""
+    free = int(139.09 * (1 << 30))  # what SGLang found free on the recorded H200 (tp 1)
+    install_nvml(monkeypatch, [Device("NVIDIA H200", (9, 0), H200_MEMORY_BYTES, free=free)], "580.159.04")
+    (gpu,) = probe_gpus()
+    assert (gpu.memory_gib, gpu.free_gib) == (140.4, 139.09)
+    report = diagnose(Options(profile="gpu96"))
+    (plan,) = [f for f in report.findings if f.topic == "plan" and f.level == "ok"]
+    assert "planned on the 139.09 GiB NVML reports free now" in plan.message
+    assert report.plan is not None and report.plan.engine_details["memory_before_load_gib"] == 139.09
+    assert any("pools sized from the 139.09 GiB free before loading (of 140.4 GiB)" in n for n in report.plan.notes)
+    # Planning on the total instead overstates the state slots SGLang will allocate.
+    install_nvml(monkeypatch, [Device("NVIDIA H200", (9, 0), H200_MEMORY_BYTES)], "580.159.04")
+    on_total = diagnose(Options(profile="gpu96")).plan
+    assert on_total is not None
+    slots = on_total.engine_details["max_mamba_cache_size"], report.plan.engine_details["max_mamba_cache_size"]
+    assert slots[0] > slots[1] * 1.005

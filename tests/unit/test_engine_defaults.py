@@ -1,7 +1,7 @@
 """Every default the planner assumes when a flag is absent, read in the pinned engine's own sources.
 
-vLLM 0.24.0 from $ORNITH_VLLM024_SRC and SGLang 0.5.17 from $ORNITH_SGLANG0517_SRC (the Python files of
-the released wheels; scripts/test.sh unpacks both). Field defaults are read from the class bodies with
+vLLM 0.24.0 from $ORNITH_VLLM024_SRC, SGLang 0.5.17 from $ORNITH_SGLANG0517_SRC and 0.5.21 from
+$ORNITH_SGLANG0521_SRC (the Python files of the released wheels; scripts/test.sh unpacks them). Field defaults are read from the class bodies with
 `ast`; SGLang's memory functions (`_handle_max_mamba_cache`, `_calculate_mamba_ratio`,
 `resolve_max_num_reqs`, the DFlash cell scaling, the prefill capture sizes, the VLM fraction) are taken
 out of its files and run on the planner's inputs, so the planner and the engine compute side by side.
@@ -11,7 +11,10 @@ Each check names the file and line where the engine states the value (0.5.17 / 0
 from __future__ import annotations
 
 import ast
+import dataclasses
+import json
 import logging
+import numbers
 import os
 import sys
 from dataclasses import replace
@@ -21,14 +24,16 @@ from typing import Any
 
 import pytest
 
-from ornith_stack.planner import plan_request, request_for_profile, sglang, vllm
+from ornith_stack.planner import GIB, plan_request, request_for_profile, sglang, vllm
 from ornith_stack.planner.common import attention_bytes_per_token
-from ornith_stack.planner.shapes import load_shape
+from ornith_stack.planner.shapes import load_shape, shape_from_config
 from ornith_stack.profiles import load_profile
 
 CACHE = Path(os.environ.get("ORNITH_CACHE_DIR", Path(__file__).resolve().parents[2] / ".cache"))
 VLLM = Path(os.environ.get("ORNITH_VLLM024_SRC", CACHE / "vllm-0.24.0-src")) / "vllm"
 SGLANG = Path(os.environ.get("ORNITH_SGLANG0517_SRC", CACHE / "sglang-0.5.17-src")) / "sglang" / "srt"
+SGLANG21 = Path(os.environ.get("ORNITH_SGLANG0521_SRC", CACHE / "sglang-0.5.21-src")) / "sglang" / "srt"
+SGLANG_RELEASES = {"0.5.17": SGLANG, "0.5.21": SGLANG21}
 
 
 def _source(root: Path, rel: str) -> str:
@@ -64,12 +69,21 @@ def module_constant(root: Path, rel: str, name: str) -> tuple[Any, int]:
 
 def engine_function(root: Path, rel: str, name: str, env: dict[str, Any]) -> Any:
     """The engine's function (or method) `name`, compiled from its file with `env` as its globals."""
-    text = _source(root, rel)
-    node = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == name)
-    node.decorator_list = []
+    return engine_definitions(root, rel, [name], env)[name]
+
+
+def engine_definitions(root: Path, rel: str, names: list[str], env: dict[str, Any]) -> dict[str, Any]:
+    """Several of the engine's functions and classes, compiled together from its file (a function's
+    decorators dropped, a class's kept: `@dataclass`), so that they call each other as in the engine."""
+    tree = ast.parse(_source(root, rel))
+    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name in names]
+    for node in nodes:
+        if isinstance(node, ast.FunctionDef):
+            node.decorator_list = []
+    assert sorted({n.name for n in nodes}) == sorted(names), f"{rel}: not all of {names} found"
     namespace: dict[str, Any] = {"logger": logging.getLogger("engine"), "logging": logging, **env}
-    exec(compile(ast.Module([node], []), f"{root / rel}", "exec"), namespace)  # noqa: S102
-    return namespace[name]
+    exec(compile(ast.Module(nodes, []), f"{root / rel}", "exec"), namespace)  # noqa: S102
+    return namespace
 
 
 def line_of(root: Path, rel: str, text: str) -> int:
@@ -221,13 +235,14 @@ class _Schedule(NS):
 
 
 def _engine_mamba(req_rest_bytes: int, per_req: int, *, draft: int, requested: int | None, ratio_flags: dict[str, Any],
-                  max_mamba_cache_size: int | None = None, radix: bool = True) -> tuple[int, float]:
+                  max_mamba_cache_size: int | None = None, radix: bool = True, root: Path = SGLANG) -> tuple[int, float]:
     """(max_mamba_cache_size, rest in GB after the state pool and verify buffers) from SGLang's own
-    `_handle_max_mamba_cache` (kv_cache_configurator.py:1816) and `_calculate_mamba_ratio` (:1659)."""
+    `_handle_max_mamba_cache` (0.5.17 kv_cache_configurator.py:1816) and `_calculate_mamba_ratio` (:1659);
+    0.5.21 reads the same through its runtime contexts (get_exec().mamba) and its own attributes."""
     rel = "mem_cache/kv_cache_configurator.py"
     schedule = _Schedule(max_mamba_cache_size=max_mamba_cache_size, max_running_requests=requested,
                          mamba_full_memory_ratio=0.9, disable_overlap_schedule=not ratio_flags["overlap"])
-    constants = {name: module_constant(SGLANG, rel, name)[0] for name in (
+    constants = {name: module_constant(root, rel, name)[0] for name in (
         "MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO", "MAMBA_CACHE_BASE_RATIO_DROP_ON_SKIP",
         "MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP", "MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP_LAZY",
         "MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_OVERLAP", "MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_BUFFER")}
@@ -236,19 +251,21 @@ def _engine_mamba(req_rest_bytes: int, per_req: int, *, draft: int, requested: i
         "get_schedule": lambda: schedule,
         "get_memory": lambda: NS(disable_radix_cache=not radix),
         "get_spec": lambda: NS(speculative_num_draft_tokens=draft),
-        "get_exec": lambda: NS(mamba=NS(enable_linear_replayssm_spec=False)),
+        "get_exec": lambda: NS(mamba=NS(enable_linear_replayssm_spec=False, enable_mamba_extra_buffer_lazy=False,
+                                        enable_mamba_extra_buffer=ratio_flags["extra_buffer"])),
         "get_context": lambda: NS(override=lambda source, **kw: schedule.__dict__.update(kw)),
         "envs": NS(SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=NS(get=lambda: False)),
         "kimi_linear_config": lambda config: None,
         "get_pp_indices": None,
     }
-    handle = engine_function(SGLANG, rel, "_handle_max_mamba_cache", env)
-    ratio = engine_function(SGLANG, rel, "_calculate_mamba_ratio", env)
+    handle = engine_function(root, rel, "_handle_max_mamba_cache", env)
+    ratio = engine_function(root, rel, "_calculate_mamba_ratio", env)
     server_args = NS(enable_mamba_extra_buffer=lambda: ratio_flags["extra_buffer"],
                      enable_mamba_extra_buffer_lazy=lambda: False, max_speculative_num_draft_tokens=None)
     me = NS(mambaish_config=NS(mamba2_cache_params=NS(layers=list(range(30)), mamba_cache_per_req=per_req)),
             server_args=server_args, ps=NS(pp_size=1, attn_dp_size=1), hybrid_gdn_config=NS(),
-            spec_algorithm=NS(is_none=lambda: draft == 0), model_config=NS(num_hidden_layers=40))
+            spec_algorithm=NS(is_none=lambda: draft == 0), model_config=NS(num_hidden_layers=40),
+            pp_size=1, attn_dp_size=1, hybrid_kda_config=None)
     me._calculate_mamba_ratio = lambda: ratio(me)
     rest_gb = handle(me, req_rest_bytes / (1 << 30))
     return schedule.max_mamba_cache_size, rest_gb
@@ -329,3 +346,162 @@ def test_sglang_default_mem_fraction_static_follows_the_engine_heuristic() -> No
     adjust(me, NS(hf_config=NS(vision_config=NS(hidden_size=1152, depth=27))))
     shape = load_shape("ornith-1.5-35b-a3b")
     assert sglang.default_mem_fraction_static(141, 1, shape.vision) == pytest.approx(me.mem_fraction_static, abs=1e-12)
+
+
+# -- SGLang 0.5.21 beside 0.5.17: the resolutions that moved or changed, run from each release's files ---
+
+
+def _gb300x2() -> Any:
+    return request_for_profile(load_profile("gb300x2"))
+
+
+@pytest.mark.parametrize("release", SGLANG_RELEASES)
+@pytest.mark.parametrize("backend", [None, "triton", "fa3", "flashinfer", "trtllm_mha", "fa4", "hpc_ops"])
+@pytest.mark.parametrize("page", [None, 1, 16, 32, 64, 128])
+def test_sglang_page_size_by_attention_backend_equals_the_engine(release: str, backend: str | None,
+                                                                 page: int | None) -> None:
+    """overrides.py's post-processes in their registration (file) order, on a CUDA Blackwell machine:
+    `_mla_backend_page_constraints` (trtllm_mha: 16/32/64/128 else 64; hpc_ops: 64), `_fa4_page_constraint`
+    (fa4: 128) and `_page_size_default` (unset: 1 on CUDA)."""
+    root = SGLANG_RELEASES[release]
+    cuda = NS(is_hip=False, is_musa=False, is_sm100=True)
+    env = {"Any": Any, "is_sm100_supported": lambda: True, "is_hip": lambda: False, "is_musa": lambda: False,
+           "get_platform": lambda: cuda, "use_mla_backend": lambda view: False, "envs": NS()}
+    steps = engine_definitions(root, "arg_groups/overrides.py",
+                               ["_mla_backend_page_constraints", "_fa4_page_constraint", "_page_size_default"], env)
+    view = NS(attention_backend=backend, decode_attention_backend=None, prefill_attention_backend=None,
+              speculative_draft_attention_backend=None, page_size=page, speculative_eagle_topk=None,
+              use_mla_backend=lambda: False)
+    for step in ("_mla_backend_page_constraints", "_fa4_page_constraint", "_page_size_default"):
+        view.page_size = steps[step](view).get("page_size", view.page_size)
+    req = _gb300x2().with_settings(attention_backend=backend, block_size=page)
+    assert sglang.resolve_page_size(req) == view.page_size
+
+
+@pytest.mark.parametrize("changes", [{}, {"max_running_requests": 8}, {"tp": 1}])
+def test_sglang_0521_state_pool_and_running_requests_equal_the_engine_functions(changes: dict[str, Any]) -> None:
+    """gb300x2 (0.5.21, tp 2, extra_buffer, 16 draft tokens) through 0.5.21's own `_handle_max_mamba_cache`,
+    `_calculate_mamba_ratio` and `resolve_max_num_reqs` on the planner's rest (after weights, slack and
+    the multimodal reservation)."""
+    req = _gb300x2().with_settings(**changes)
+    if changes.get("tp") == 1:
+        req = replace(req, gpu_count=1).with_settings(mem_fraction_static=0.95)
+        req = replace(req, gpu_memory_gib=560)  # a GPU the 122B fits on alone, so the pools exist
+    sp = sglang.split(req)
+    slots, rest_gb = _engine_mamba(sp.rest, sp.per_request_state, draft=sp.draft_tokens,
+                                   requested=sp.requested_running, root=SGLANG21,
+                                   ratio_flags={"overlap": sp.overlap, "extra_buffer": sp.strategy == "extra_buffer"})
+    assert sp.mamba.slots == slots > 0
+    assert abs(sp.kv_rest - rest_gb * (1 << 30)) < 2
+    schedule = _Schedule(max_running_requests=sp.requested_running, max_mamba_cache_size=slots)
+    resolve = engine_function(SGLANG21, "mem_cache/kv_cache_configurator.py", "resolve_max_num_reqs",
+                              {"get_schedule": lambda: schedule})
+    me = NS(model_config=NS(context_len=req.max_model_len), attn_dp_size=1, mambaish_config=NS(),
+            _calculate_mamba_ratio=lambda: sp.ratio)
+    assert sp.running == resolve(me, sp.kv_tokens)
+
+
+def test_sglang_releases_are_chosen_by_the_profiles_engine_version() -> None:
+    assert sglang.release_for("0.5.21").name == "0.5.21" and sglang.release_for("0.5.17").name == "0.5.17"
+    assert sglang.release_for("0.5.19").name == "0.5.17" and sglang.release_for("0.6.0").name == "0.5.21"
+    assert sglang.release_for(None).name == "0.5.17"
+    assert plan_request(_gb300x2()).engine_details["accounting_release"] == "0.5.21"
+    assert plan_request(request_for_profile(load_profile("gpu96"))).engine_details["accounting_release"] == "0.5.17"
+
+
+@pytest.mark.parametrize("transport", [None, "cpu", "cuda_ipc", "cuda_vmm"])
+def test_sglang_0521_multimodal_reservation_equals_the_engine(transport: str | None) -> None:
+    # kv_cache_configurator.py:154 mm_runtime_reservation_gb, subtracted in _profile_available_bytes
+    # (:2204); environ.py:1409 SGLANG_VLM_CACHE_SIZE_MB = EnvInt(100), :1433 SGLANG_MM_FEATURE_CACHE_MB 1024.
+    rel = "mem_cache/kv_cache_configurator.py"
+    assert line_of(SGLANG21, "environ.py", "SGLANG_VLM_CACHE_SIZE_MB = EnvInt(100)") == 1409
+    assert line_of(SGLANG21, "environ.py", "SGLANG_MM_FEATURE_CACHE_MB = EnvInt(1 * 1024)") == 1433
+    assert line_of(SGLANG21, rel, "rest_memory = available_gpu_memory - slack_gb - mm_reservation_gb") > 2190
+    envs = NS(SGLANG_VLM_CACHE_SIZE_MB=NS(get=lambda: 100), SGLANG_MM_FEATURE_CACHE_MB=NS(get=lambda: 1024))
+    reserve = engine_function(SGLANG21, rel, "mm_runtime_reservation_gb", {"envs": envs, "Optional": Any})
+    req = _gb300x2()
+    req = req.with_settings(extra={**req.settings.extra, "mm-feature-transport": transport} if transport
+                            else req.settings.extra)
+    rel21 = sglang.release_for("0.5.21")
+    assert req.shape.vision is not None  # the composite Qwen3.5 config: SGLang's is_multimodal
+    assert sglang.mm_reservation_bytes(req, rel21) == reserve(is_multimodal=True, mm_feature_transport=transport) * GIB
+    # --language-model-only makes the model not multimodal (configs/model_config.py is_lm_only).
+    text_only = req.with_settings(language_model_only=True)
+    assert sglang.mm_reservation_bytes(text_only, rel21) == reserve(is_multimodal=False, mm_feature_transport=transport)
+    assert sglang.mm_reservation_bytes(req, sglang.release_for("0.5.17")) == 0  # 0.5.17 has no reservation
+    sp = sglang.split(req)
+    without = sglang.static_pool_rest(int(req.gpu_memory_gib * GIB), req.weights_per_gpu() + req.draft_weights_per_gpu(),
+                                      sp.mem_fraction_static)
+    assert without - sp.rest == sp.mm_reservation > 0
+
+
+def test_sglang_0521_default_mem_fraction_follows_memory_hook() -> None:
+    # 0.5.21 moved the heuristic to arg_groups/memory_hook.py handle_gpu_memory_settings: the same
+    # reserve (:304-307, graphs in reserve_for_graph_mb), 0.95 when the GPU memory is unknown (:320), the
+    # VLM share skipped with --language-model-only (:279); GPUs of 20-35 GiB take 4096 / 48 (tp < 4).
+    hook = "arg_groups/memory_hook.py"
+    for snippet in ("reserved_mem += activation_tokens * 1.5", "reserved_mem = max(reserved_mem, 10 * 1024)",
+                    "round((gpu_mem - reserved_mem) / gpu_mem, 3)", "else 0.95", "and not cfg.language_model_only",
+                    "reserved_mem += decode_cuda_graph_config.max_bs * 2",
+                    "reserved_mem += len(prefill_cuda_graph_config.bs) * 8",
+                    "reserved_mem += cfg.tp_size * cfg.pp_size / 8 * 1024"):
+        assert snippet in _source(SGLANG21, hook), snippet
+    rel21 = sglang.release_for("0.5.21")
+    assert sglang.chunked_prefill_and_decode_bs(24 * 1024, 1, rel21) == (4096, 48)
+    assert sglang.chunked_prefill_and_decode_bs(24 * 1024, 1) == (2048, 24)  # 0.5.17
+    adjust = engine_function(SGLANG21, hook, "adjust_mem_fraction_for_vlm", {})
+    shape = load_shape("ornith-1.5-35b-a3b")
+    base = round((141 * 1024 - sglang.reserved_mib(141, 1, rel21)) / (141 * 1024), 3)
+    engine = adjust(base, NS(hf_config=NS(vision_config=NS(hidden_size=1152, depth=27))), False, 141 * 1024)
+    assert sglang.default_mem_fraction_static(141, 1, shape.vision, rel21) == pytest.approx(engine, abs=1e-12)
+    req = request_for_profile(load_profile("gpu96"), gpu_memory_gib=141)
+    req = replace(req, engine_version="0.5.21").with_settings(mem_fraction_static=None)
+    assert sglang.resolve_mem_fraction_static(req) == pytest.approx(engine, abs=1e-12)
+    assert sglang.resolve_mem_fraction_static(req.with_settings(language_model_only=True)) == base
+
+
+def test_sglang_0521_dflash_kv_cell_adds_the_drafts_own_kv() -> None:
+    # model_executor/pool_configurator.py:260-272 passes draft_cell_size_per_token (speculative/dflash_utils.py
+    # dflash_draft_cell_size_per_token: KV heads per rank x (head_dim + v_head_dim) x layers x dtype bytes);
+    # scale_kv_cell_size_per_token_for_dflash then sums the two.
+    utils = "speculative/dflash_utils.py"
+    fns = engine_definitions(SGLANG21, utils, ["dflash_draft_cell_size_per_token",
+                                               "scale_kv_cell_size_per_token_for_dflash"],
+                             {"Any": Any, "Optional": Any, "torch": NS(_utils=NS(_element_size=lambda d: d))})
+    for tp in (1, 2):
+        req = _gb300x2().with_settings(tp=tp)
+        draft = req.draft
+        config = NS(get_num_kv_heads=lambda t, d=draft: max(1, d.num_key_value_heads // t), head_dim=draft.head_dim,
+                    v_head_dim=draft.head_dim)
+        draft_cell = fns["dflash_draft_cell_size_per_token"](draft_model_config=config, draft_num_layers=draft.num_layers,
+                                                            draft_kv_cache_dtype=2, tp_size=tp)
+        target = attention_bytes_per_token(req.shape, tp, 2) * req.shape.num_full_attention_layers
+        expected = fns["scale_kv_cell_size_per_token_for_dflash"](
+            target_cell_size_per_token=target, target_num_layers=req.shape.num_full_attention_layers,
+            draft_num_layers=draft.num_layers, draft_cell_size_per_token=draft_cell)
+        assert sglang.kv_cell_bytes(req, sglang.release_for("0.5.21")) == expected == plan_request(req).kv_bytes_per_token
+
+
+@pytest.mark.parametrize("release", SGLANG_RELEASES)
+@pytest.mark.parametrize("draft", ["qwen3.5-35b-a3b-dflash", "ornith-1.5-122b-dflash2", "top-level-only",
+                                   "nested-wins"])
+def test_sglang_dflash_block_size_is_read_where_the_engine_reads_it(release: str, draft: str) -> None:
+    """speculative/dflash_utils.py parse_dflash_draft_config: dflash_config.block_size, else the top-level
+    key ("Keep support for current checkpoints where block_size is top-level"); both releases."""
+    root = SGLANG_RELEASES[release]
+    utils = "speculative/dflash_utils.py"
+    names = ["parse_dflash_draft_config", "DFlashDraftConfig", "_get_dflash_config", "_get_text_config",
+             "_cfg_get", "_parse_optional_int"]
+    parse = engine_definitions(root, utils, names, {
+        "Any": Any, "Optional": Any, "List": list, "Tuple": tuple, "dataclass": dataclasses.dataclass,
+        "Integral": numbers.Integral, "DEFAULT_DFLASH_MASK_TOKEN": "<|MASK|>",
+    })["parse_dflash_draft_config"]
+    if draft in ("top-level-only", "nested-wins"):
+        config = {"architectures": ["DFlashDraftModel"], "hidden_size": 64, "num_attention_heads": 4,
+                  "num_hidden_layers": 2, "vocab_size": 32, "max_position_embeddings": 128, "block_size": 8,
+                  "dflash_config": {"target_layer_ids": [1]} | ({"block_size": 4} if draft == "nested-wins" else {})}
+        shape = shape_from_config(config)
+    else:
+        shape = load_shape(draft)
+        config = json.loads(Path(shape.source).read_text())
+    assert shape.block_size == parse(draft_hf_config=config).resolve_block_size(default=None)

@@ -189,11 +189,27 @@ def test_dflash_default_of_48_running_requests_is_clamped_by_the_state_slots() -
     assert any("DFlash sets --max-running-requests to 48" in n for n in plan.notes)
 
 
-def test_gb300x2_fits_and_one_gb300_does_not() -> None:
-    assert plan_profile(load_profile("gb300x2")).fits
+def test_gb300x2_counts_its_draft_and_calls_the_guessed_shape_unknown(tmp_path: Path) -> None:
+    plan = plan_profile(load_profile("gb300x2"))
+    # trtllm_mha pages are 64 tokens (SGLang forces them); the DFlash 2 draft's weights and KV count.
+    assert (plan.block_size, plan.engine_details["page_size"]) == (64, 64)
+    assert plan.kv_cache_tokens % 64 == 0 and plan.draft == "ornith-1.5-122b-dflash2"
+    assert plan.draft_weights_bytes > 0.5 * GIB and plan.engine_details["dflash_verify_buffer_bytes"] > 0
+    # 0.5.21 adds the draft's own KV: 12 target layers x 1 KV head x 256 x 2 x 2 B + 5 x 4 x 128 x 2 x 2 B.
+    assert plan.kv_bytes_per_token == 12 * 1024 + 5 * 2048
+    # No problem found, but the draft's shape is DFlash 2's published form, not this checkpoint's own.
+    assert not plan.problems and plan.verdict == "unknown" and not plan.fits
+    assert "guessed" in plan.unknowns[0] and plan.to_json()["verdict"] == "unknown"
+    assert any("--enable-flashinfer-allreduce-fusion is deprecated in SGLang 0.5.21" in n for n in plan.notes)
+    # The same numbers read from a checkpoint's own config give a verdict.
+    read = json.loads(Path(load_shape("ornith-1.5-122b-dflash2").source).read_text())
+    del read["_ornith_inferred"]
+    (tmp_path / "config.json").write_text(json.dumps(read))
+    known = plan_profile(load_profile("gb300x2"), draft_config=str(tmp_path))
+    assert known.verdict == "fits" and known.kv_cache_tokens == plan.kv_cache_tokens
     # FACTS 2: 122B is about 250 GB of BF16 and does not fit one GPU.
     single = plan_profile(load_profile("gb300x2"), setting_overrides={"tp": 1})
-    assert not single.fits
+    assert single.verdict == "does not fit"
     assert single.problems[0].component == "weights"
 
 

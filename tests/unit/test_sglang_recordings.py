@@ -1,9 +1,12 @@
 """The planner and the exporter against what SGLang 0.5.17 itself logged and counted on the H200s.
 
-Recordings: tests/fixtures/engines/sglang-0.5.17/{tp1,tp2} (README there): the project's tiny Ornith
-model with a DFlash draft (block 16) started from `ornith-stack launch-args gpu96` (tp 1) and
-`launch-args a100x2` (tp 2). The planner gets the tiny model's config, the draft's, and the GPU memory
-SGLang logged before loading the weights; it must reproduce SGLang's own figures from engine.log.
+Recordings: tests/fixtures/engines/sglang-0.5.17/{tp1,tp2,uncapped-tp1} (README there): the project's
+tiny Ornith model with a DFlash draft (block 16) started from `ornith-stack launch-args gpu96` (tp 1),
+`launch-args a100x2` (tp 2), and gpu96 without --max-total-tokens / --max-running-requests (uncapped-tp1,
+driven with the bench's seed 004 method). The planner gets the tiny model's config, the draft's, and
+the GPU memory SGLang logged before loading the weights; it must reproduce SGLang's own figures from
+engine.log. tp1 and uncapped-tp1 were recorded on 2026-12-01 with the current exporter; tp2's
+exporter-metrics files come from the exporter of 2026-11-30 and are not asserted on.
 """
 
 from __future__ import annotations
@@ -15,12 +18,16 @@ from pathlib import Path
 import pytest
 
 from ornith_stack.engines.exposition import parse
+from ornith_stack.exporter.catalogue import CATALOGUE
 from ornith_stack.planner import plan_request, request_for_profile
 from ornith_stack.profiles import load_profile
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "fixtures" / "engines" / "sglang-0.5.17"
-RUNS = {"tp1": "gpu96", "tp2": "a100x2"}
+RUNS = {"tp1": "gpu96", "tp2": "a100x2"}  # capped by the profiles' --max-total-tokens 40960, 4 requests
+UNCAPPED = "uncapped-tp1"  # gpu96's flags without those two caps, --context-length 16384
+LIVE_EXPORTER = ("tp1", UNCAPPED)  # recorded with the current exporter
 GB = 1 << 30  # SGLang's "GB" in these lines is bytes / 2**30
+H200_MIB = 143_771  # nvidia-smi's memory.total of the H200s (machine.txt, machine-h200x1.txt)
 
 
 def logged(run: str) -> dict[str, float]:
@@ -50,11 +57,16 @@ def logged(run: str) -> dict[str, float]:
 
 def tiny_plan(run: str):  # type: ignore[no-untyped-def]
     req = request_for_profile(
-        load_profile(RUNS[run]),
-        gpu_memory_gib=logged(run)["avail_before_load_gib"],
+        load_profile(RUNS.get(run, "gpu96")),
+        gpu_memory_gib=H200_MIB / 1024,
+        free_memory_gib=logged(run)["avail_before_load_gib"],  # SGLang sizes from what is free then
         model_config=str(RECORDINGS / "target-config.json"),
         draft_config=str(RECORDINGS / "draft-config.json"),
     )
+    if run == UNCAPPED:
+        # The context length (16384, over the tiny model's 4096 positions by SGLang's override) enters
+        # neither figure: the KV pool is sized from memory and DFlash's 48 requests are asked for.
+        req = req.with_settings(max_total_tokens=None, max_running_requests=None)
     return plan_request(req)
 
 
@@ -95,17 +107,102 @@ def test_planner_state_slots_match_the_logged_max_mamba_cache_size(run: str) -> 
     assert plan.engine_details["max_mamba_cache_size"] == pytest.approx(log["max_mamba_cache_size"], rel=5e-4)
 
 
-@pytest.mark.parametrize("run", RUNS)
+def test_planner_predicts_the_uncapped_runs_kv_pool_and_running_requests() -> None:
+    """Without --max-total-tokens and --max-running-requests SGLang sizes the KV pool from memory and
+    resolves the running requests itself; the planner predicts both (not copies of a flag)."""
+    log, plan = logged(UNCAPPED), tiny_plan(UNCAPPED)
+    d = plan.engine_details
+    assert log["max_total_num_tokens"] == log["kv_tokens"] == 73_192_991  # target and draft pools alike
+    # Planned 73,213,372: +0.03%. The log gives the pre-load memory to two decimals (±5 MiB of ~62 GB
+    # of KV budget) and does not itemise SGLang's ~40 MB between loading and sizing.
+    assert plan.kv_cache_tokens == pytest.approx(log["max_total_num_tokens"], rel=0.01)
+    assert plan.kv_cache_tokens == pytest.approx(log["max_total_num_tokens"], rel=5e-4)
+    # DFlash asks for 48 when the flag is absent; the clamps (tokens / 2, 69,529 slots / 5) do not bind.
+    assert d["requested_running_requests"] == 48
+    assert d["max_running_requests"] == log["max_running_requests"] == 48
+    assert d["max_mamba_cache_size"] == pytest.approx(log["max_mamba_cache_size"], rel=5e-4)
+
+
+def _acceptance(metrics: str) -> float:
+    exported = parse(metrics)
+    return 1 + exported.total("ornith_spec_accepted_tokens_total") / exported.total("ornith_spec_verify_steps_total")
+
+
+@pytest.mark.parametrize("run", LIVE_EXPORTER)
 def test_exporter_acceptance_equals_sglangs_own(run: str) -> None:
-    """The live exporter's acceptance length after the native /generate requests, against SGLang's own
-    definition over those requests: completion tokens / verify calls (meta_info.spec_verify_ct)."""
+    """The live exporter's acceptance (1 + accepted / verify steps) after the native /generate requests,
+    against SGLang's own definition over every request so far: completion tokens / verify calls."""
     reqs = json.loads((RECORDINGS / run / "generate.json").read_text())
     own = sum(r["completion_tokens"] for r in reqs) / sum(r["spec_verify_ct"] for r in reqs)
     assert own > 1.2  # the --agree draft gets drafts accepted: the figure is not the trivial 1.0
-    exported = parse((RECORDINGS / run / "exporter-metrics-after.txt").read_text())
-    assert exported.total("ornith_spec_acceptance_length") == pytest.approx(own, rel=0.01)
-    # The same from the engine's counters over the requests (after - idle scrape).
     idle, after = (parse((RECORDINGS / run / f).read_text()) for f in ("metrics-idle.txt", "metrics-after.txt"))
     generated = after.total("sglang:generation_tokens_total") - idle.total("sglang:generation_tokens_total")
     verify = after.total("sglang:spec_verify_calls_total") - idle.total("sglang:spec_verify_calls_total")
     assert generated / verify == pytest.approx(own, rel=1e-9)
+    # The exporter's counters are the engine's since start (its warm-up request included: 8 tokens in 5 steps).
+    engine_since_start = after.total("sglang:generation_tokens_total") / after.total("sglang:spec_verify_calls_total")
+    assert _acceptance((RECORDINGS / run / "exporter-metrics-after.txt").read_text()) == pytest.approx(
+        engine_since_start, rel=1e-9)
+    assert engine_since_start == pytest.approx(own, rel=0.01)
+
+
+def _during(run: str, prefix: str) -> list[str]:
+    return [p.read_text() for p in sorted((RECORDINGS / run).glob(f"{prefix}-during-*.txt"))]
+
+
+def test_current_exporter_reports_decode_every_second_during_generation() -> None:
+    """Scraped every second while two 3,000-token generations ran: the exporter's decode counter rises at
+    every scrape, while SGLang's finish-time generation counter stands still until a request ends."""
+    exporter, engine = _during("tp1", "exporter-metrics"), _during("tp1", "metrics")
+    assert len(exporter) == len(engine) >= 5
+    decode = [parse(t).total("ornith_decode_tokens_total") for t in exporter]
+    assert all(b > a for a, b in zip(decode, decode[1:], strict=False)), decode
+    generated = [parse(t).total("sglang:generation_tokens_total") for t in engine]
+    assert len(set(generated[:-1])) == 1  # still during the generations; the last scrape saw them end
+    running = [parse(t).total("ornith_requests_running") for t in exporter]
+    assert max(running) == 2
+
+
+@pytest.mark.parametrize("run", LIVE_EXPORTER)
+def test_exporter_output_is_the_catalogues(run: str) -> None:
+    """Every ornith_* family the live exporter wrote is in today's catalogue (the previous exporter's
+    ornith_spec_acceptance_length is gone), and the engine's info names SGLang 0.5.17."""
+    names = {m.name for m in CATALOGUE}
+    wire = {f"{m.name}{suffix}" for m in CATALOGUE for suffix in ("", "_total", "_bucket", "_sum", "_count")}
+    for path in sorted((RECORDINGS / run).glob("exporter-metrics-*.txt")):
+        families = set(re.findall(r"^(ornith_[a-z0-9_]+)", path.read_text(), re.M))
+        assert families and families <= wire, (path.name, sorted(families - wire))
+    final = (RECORDINGS / run / "exporter-metrics-final.txt").read_text()
+    assert "ornith_spec_acceptance_length" not in names
+    assert re.search(r'^ornith_engine_info\{[^}]*engine="sglang",version="0.5.17"', final, re.M)
+
+
+@pytest.mark.parametrize("run", LIVE_EXPORTER)
+def test_chat_return_meta_info_reports_the_requests_own_steps(run: str) -> None:
+    """Non-streaming /v1/chat/completions with return_meta_info (what the bench's seed 004 method reads):
+    meta_info.spec_verify_ct is the request's own, equal to the engine's counters moving over it."""
+    chat = json.loads((RECORDINGS / run / "chat-meta-info.json").read_text())
+    meta = chat["choices"][0]["meta_info"]
+    before, after = (parse((RECORDINGS / run / f).read_text()) for f in ("metrics-after.txt", "metrics-after-chat.txt"))
+    assert after.total("sglang:spec_verify_calls_total") - before.total("sglang:spec_verify_calls_total") == (
+        meta["spec_verify_ct"])
+    assert meta["completion_tokens"] == chat["usage"]["completion_tokens"] == 200
+
+
+def test_seed_004_method_ran_with_thinking_and_each_requests_own_steps() -> None:
+    """The uncapped run drove the bench's seed 004 method (thinking on, dflash prompt format, sampling
+    0.6 / 0.95 / 20, up to 4,096 new tokens): every task's requests carry their own verify steps."""
+    bench = json.loads((RECORDINGS / UNCAPPED / "bench" / "bench.json").read_text())
+    assert bench["method"] == "seed004" and not bench["interrupted"] and bench["failures"]["count"] == 0
+    tasks = bench["suites"]["tasks"]
+    assert (tasks["thinking"], tasks["prompt_format"], tasks["max_tokens"]) == (True, "dflash", 4096)
+    assert tasks["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    assert set(tasks["tasks"]) == {"gsm8k", "math500", "humaneval", "mbpp", "mt-bench"}
+    for task in tasks["tasks"].values():
+        assert [t["concurrency"] for t in task["throughput"]] == [1, 8, 32]
+        for sample in task["samples"]:
+            extra = sample["extra"]
+            # Thinking on: the tiny model never closes its think block, so the reasoning parser keeps it all.
+            assert sample["reasoning"] and sample["completion_tokens"] == extra["engine_generation_tokens"]
+            assert extra["spec_verify_ct"] == extra["spec"]["steps"] >= 1
+            assert extra["acceptance_length"] == pytest.approx(sample["completion_tokens"] / extra["spec_verify_ct"])

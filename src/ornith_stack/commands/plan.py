@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
         DFlash verify buffers. Then a verdict naming what overflows and the
         flag that fixes it.
 
-        Exit status: 0 fits, 1 does not fit, 2 bad input.
+        Exit status: 0 fits (or unknown: no problem found, a figure guessed), 1 does not fit, 2 bad input.
         """
         check_plan_text({"PROFILE": profile, "--engine": engine, "--engine-version": engine_version,
                          "--model-config": model_config, "--draft-config": draft_config, "--dtype": dtype,
@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(result.to_json(), indent=2))
         else:
             print_plan(result)
-        if not result.fits:
+        if result.problems:
             raise typer.Exit(1)
 
 
@@ -139,6 +139,11 @@ def print_plan(p: Plan) -> None:
         out.print(f"note: {note}", highlight=False)
     if p.fits:
         out.print("[bold green]verdict: fits[/]")
+        return
+    if not p.problems:
+        out.print("[bold yellow]verdict: unknown[/] (no problem found, but not every figure is known)")
+        for unknown in p.unknowns:
+            out.print(f"  - {unknown}", highlight=False)
         return
     out.print("[bold red]verdict: does not fit[/]")
     for problem in p.problems:

@@ -59,6 +59,7 @@ def choose_profile(name: str, gpus: list[GpuInfo]) -> tuple[Profile | None, str 
 
 def _plan_fits(profile: Profile, memory: float, count: int) -> bool:
     try:
-        return plan_request(request_for_profile(profile, gpu_memory_gib=memory, gpu_count=count)).fits
+        # An unknown verdict (a guessed draft shape) found no problem: it counts as fitting here.
+        return not plan_request(request_for_profile(profile, gpu_memory_gib=memory, gpu_count=count)).problems
     except UserError:
         return False

@@ -266,11 +266,19 @@ def _check_draft(report: Report, settings: ServeSettings, opts: Options, ckpt: C
                                             f"{MASK_EMBEDDING}")
 
 
+def least_free(gpus: list[GpuInfo]) -> float | None:
+    """The least free memory among the GPUs (what the most loaded one leaves an engine); None when a
+    GPU's free memory is not known (unified memory: the planner then takes the total)."""
+    free = [g.free_gib for g in gpus]
+    return None if not free or None in free else min(f for f in free if f is not None)
+
+
 def _check_plan(report: Report, profile: Profile | None, settings: ServeSettings, gpus: list[GpuInfo],
                 ckpt: Checkpoint | None) -> None:
     if profile is None or profile.hardware.gpu is None or profile.model.shape is None:
         return
     memory = least_memory(gpus)
+    free = least_free(gpus) if memory else None
     weights = None
     if ckpt is not None:
         language_only = settings.language_model_only
@@ -279,12 +287,19 @@ def _check_plan(report: Report, profile: Profile | None, settings: ServeSettings
         # Too few GPUs is reported above; plan with the profile's count so the memory verdict still shows.
         count = len(gpus) if len(gpus) >= profile.hardware.gpu.count else None
         plan = plan_request(request_for_profile(profile, gpu_memory_gib=memory, gpu_count=count,
-                                                weights_bytes=weights))
+                                                weights_bytes=weights, free_memory_gib=free))
     except UserError as exc:
         report.add("problem", "plan", str(exc))
         return
     report.plan = plan
     where = f"{len(gpus)}x {memory:g} GiB" if memory else f"the profile's {profile.hardware.gpu.memory_gib:g} GiB"
+    if free is not None:
+        where += f" (planned on the {free:g} GiB NVML reports free now, the least of the GPUs)"
+    elif memory:
+        where += " (planned on the total: NVML gave no free memory)"
+    if plan.verdict == "unknown":
+        report.add("warn", "plan", f"no problem found on {where}, but the verdict is unknown: "
+                                   + "; ".join(plan.unknowns))
     if plan.fits:
         report.add("ok", "plan", f"fits on {where}: weights {plan.weights_bytes / GIB:.2f} GiB/GPU, "
                                  f"KV {plan.kv_cache_tokens:,} tokens, {plan.max_concurrency:.2f}x at "

@@ -2,8 +2,10 @@
 
 Only a failure to start NVML, or zero devices, means "no GPU". Any other query may fail on its
 own (NVML raises a subclass of `pynvml.NVMLError` per return code) and is recorded with the GPU:
-- memory: unified-memory parts (DGX Spark's GB10) answer NOT_SUPPORTED because the GPU has no
-  memory of its own; the GPU then uses the host's memory, read from /proc/meminfo (MemTotal);
+- memory: total and free (what an engine starting now would find: SGLang sizes its pools from the
+  free memory before it loads). Unified-memory parts (DGX Spark's GB10) answer NOT_SUPPORTED because
+  the GPU has no memory of its own; the GPU then uses the host's memory, read from /proc/meminfo
+  (MemTotal; no free figure);
 - NVLink remote device types tell whether the GPU's links end at NVSwitches (HGX boards);
 - the GPU fabric state (Hopper and later) tells whether nvidia-fabricmanager has registered the
   GPU with the NVSwitch fabric: without it CUDA fails with error 802 although NVML answers.
@@ -39,6 +41,7 @@ class GpuInfo:
     compute_capability: str
     driver_version: str
     memory_source: str = NVML_MEMORY
+    free_gib: float | None = None  # NVML's free memory at check time; None: not known
     nvswitch: bool = False  # an NVLink of this GPU ends at an NVSwitch
     fabric_state: str | None = None  # "not started", "in progress", "completed", ...; None: no fabric
     unanswered: tuple[str, ...] = ()  # NVML queries that failed, with NVML's reason
@@ -107,7 +110,7 @@ def _probe_one(nvml: Any, index: int, driver: str) -> GpuInfo:
         return GpuInfo(index, "unknown", None, "unknown", driver, unanswered=tuple(unanswered))
     name = ask("name", nvml.nvmlDeviceGetName, handle)
     capability = ask("compute capability", nvml.nvmlDeviceGetCudaComputeCapability, handle)
-    memory, source = _memory(nvml, handle, unanswered)
+    memory, free, source = _memory(nvml, handle, unanswered)
     return GpuInfo(
         index=index,
         name=_text(name) if name is not None else "unknown",
@@ -115,21 +118,23 @@ def _probe_one(nvml: Any, index: int, driver: str) -> GpuInfo:
         compute_capability=f"{capability[0]}.{capability[1]}" if capability else "unknown",
         driver_version=driver,
         memory_source=source,
+        free_gib=free,
         nvswitch=_links_to_nvswitch(nvml, handle),
         fabric_state=_fabric_state(nvml, handle),
         unanswered=tuple(unanswered),
     )
 
 
-def _memory(nvml: Any, handle: Any, unanswered: list[str]) -> tuple[float | None, str]:
+def _memory(nvml: Any, handle: Any, unanswered: list[str]) -> tuple[float | None, float | None, str]:
+    """(total GiB, free GiB, where the figures come from)."""
     try:
-        total = nvml.nvmlDeviceGetMemoryInfo(handle).total
+        info = nvml.nvmlDeviceGetMemoryInfo(handle)
     except nvml.NVMLError_NotSupported:
-        return host_memory_gib(), HOST_MEMORY
+        return host_memory_gib(), None, HOST_MEMORY
     except nvml.NVMLError as exc:
         unanswered.append(f"memory: {exc}")
-        return None, NVML_MEMORY
-    return round(total / GIB, 2), NVML_MEMORY
+        return None, None, NVML_MEMORY
+    return round(info.total / GIB, 2), round(info.free / GIB, 2), NVML_MEMORY
 
 
 def host_memory_gib(meminfo: Path | None = None) -> float | None:

@@ -39,8 +39,9 @@ class ServeSettings:
     # "auto", "no_buffer", "extra_buffer"...; None: "auto".
     mamba_radix_cache_strategy: str | None = None
     overlap_schedule: bool = True  # SGLang: --disable-overlap-schedule turns it off
-    language_model_only: bool = False  # vLLM --language-model-only: the vision tower is not loaded
-    extra: dict[str, ArgValue] = field(default_factory=dict)
+    language_model_only: bool = False  # --language-model-only (vLLM, SGLang 0.5.21): no vision tower
+    attention_backend: str | None = None  # --attention-backend; None: the engine's choice
+    extra: dict[str, ArgValue] = field(default_factory=dict)  # engine spelling: flags the planner checks
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,8 @@ class SglangAdapter(EngineAdapter):
             # A DFlash block of 16 verifies 15 drafted tokens plus the bonus token.
             num_speculative_tokens=block - 1 if block else 0,
             draft_block_size=block,
-            extra={k: v for k, v in args.items() if k.startswith("mamba-")},
+            # Every flag as given: the planner checks them against the release's removed and deprecated ones.
+            extra=dict(args),
             dtype=str_arg(first(args, "dtype")),
             block_size=int_arg(first(args, "page-size")),
             mamba_ssm_cache_dtype=str_arg(first(args, "mamba-ssm-dtype")),
@@ -93,6 +94,8 @@ class SglangAdapter(EngineAdapter):
             # 0.5.17 spells it --mamba-scheduler-strategy, 0.5.21 --mamba-radix-cache-strategy.
             mamba_radix_cache_strategy=str_arg(first(args, "mamba-radix-cache-strategy", "mamba-scheduler-strategy")),
             overlap_schedule=not args.get("disable-overlap-schedule", False),
+            language_model_only=bool(args.get("language-model-only", False)),
+            attention_backend=str_arg(first(args, "attention-backend")),
         )
 
     def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:

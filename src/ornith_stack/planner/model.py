@@ -52,12 +52,17 @@ class PlanRequest:
     dtype: str | None = None  # weight dtype; None: settings.dtype (--dtype), else the config's
     profile: str | None = None
     notes: tuple[str, ...] = ()  # said in the plan, e.g. a profile's draft shape that is not shipped
+    # Memory free on each GPU before the engine loads (the doctor: NVML at check time); SGLang sizes its
+    # pools from it. None: the total (an idle GPU, less the driver's own share).
+    free_memory_gib: float | None = None
 
     def __post_init__(self) -> None:
         s = self.settings
         # Every number is checked before any arithmetic: a huge reserve or GPU times GIB overflows.
         check_number("GPU memory (GiB)", self.gpu_memory_gib, low=MIN_GPU_MEMORY_GIB, high=MAX_GPU_MEMORY_GIB,
                      low_inclusive=True)
+        check_number("free GPU memory (GiB)", self.free_memory_gib, low=MIN_GPU_MEMORY_GIB,
+                     high=self.gpu_memory_gib, low_inclusive=True)
         check_number("--reserve-gib", self.reserve_gib, low=0, high=self.gpu_memory_gib, low_inclusive=True)
         for name, number in (("--mem-fraction-static", s.mem_fraction_static),
                              ("--gpu-memory-utilization", s.gpu_memory_utilization)):
@@ -103,6 +108,11 @@ class PlanRequest:
     def kv_dtype_bytes(self) -> int:
         kv = self.settings.kv_cache_dtype
         return self.model_dtype_bytes if kv in ("auto", None) else dtype_bytes(kv, "--kv-cache-dtype")
+
+    @property
+    def memory_before_load_gib(self) -> float:
+        """What an engine starting now finds free on each GPU: the free memory if known, else the total."""
+        return self.free_memory_gib if self.free_memory_gib is not None else self.gpu_memory_gib
 
     @property
     def max_model_len(self) -> int:
@@ -172,14 +182,24 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     engine_details: dict[str, Any] = field(default_factory=dict)
     suggestion: str | None = None
+    # What the plan could not know (e.g. a draft shape guessed, not read): no problem found, but no "fits".
+    unknowns: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """"does not fit" (a problem), "unknown" (none found, but a figure is a guess) or "fits"."""
+        if self.problems:
+            return "does not fit"
+        return "unknown" if self.unknowns else "fits"
 
     @property
     def fits(self) -> bool:
-        return not self.problems
+        return self.verdict == "fits"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["fits"] = self.fits
+        data["verdict"] = self.verdict
         data["max_concurrency"] = round(self.max_concurrency, 2)
         data["problems"] = [asdict(p) | {"line": p.line()} for p in self.problems]
         return data

@@ -1,17 +1,21 @@
 """SGLang memory accounting for hybrid (gated-delta + full attention) models with a DFlash draft.
 
 Each step is one pure function named after the quantity SGLang logs or resolves, read in the 0.5.17
-wheel (tests/unit/test_engine_defaults.py checks every default against those sources):
+and 0.5.21 wheels (tests/unit/test_engine_defaults.py runs both releases' own functions beside these);
+what differs between them is one `Release` record, chosen by the profile's engine version:
 - `resolve_mem_fraction_static`: server_args.py `_handle_gpu_memory_settings` (reserve by GPU size,
   chunked prefill and CUDA graphs) and `adjust_mem_fraction_for_vlm`, when the flag is absent;
+- `resolve_page_size`: overrides.py `_mla_backend_page_constraints`, `_fa4_page_constraint` and
+  `_page_size_default` (trtllm_mha and hpc_ops force 64, fa4 128, otherwise 1 on CUDA);
 - `resolve_mamba_strategy`: arg_groups/overrides.py `_mamba_radix_cache_resolution` ("auto" becomes
   "extra_buffer" for Qwen3.5 with the overlap scheduler and the triton linear-attention backend);
 - `static_pool_rest`: kv_cache_configurator.py `_profile_available_bytes` (memory after weights, target
-  and draft, minus total x (1 - mem_fraction_static));
+  and draft, minus total x (1 - mem_fraction_static); 0.5.21 also minus `mm_runtime_reservation_gb`);
 - `mamba_pool`: `_handle_max_mamba_cache` (state slots K and the DFlash verify buffers solved jointly
   inside the static pool, each with the pool's +1 padding slot);
 - `kv_cell_bytes` and `max_total_num_tokens`: pool_configurator.py `DefaultPoolConfigurator` (full
-  attention layers, scaled for the DFlash draft's layers; page-aligned; capped by --max-total-tokens);
+  attention layers plus the DFlash draft's: 0.5.17 scales the target cell by layer counts, 0.5.21 adds
+  the draft's own KV bytes; page-aligned; capped by --max-total-tokens);
 - `running_requests`: `resolve_max_num_reqs` (requested or estimated, tokens / 2, slots / mamba ratio).
 """
 
@@ -28,8 +32,16 @@ from ornith_stack.planner.shapes import ModelShape, VisionShape
 MIB = 1 << 20
 # server_args.py ServerArgs field defaults.
 DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
-DEFAULT_PAGE_SIZE = 1  # page_size None resolves to 1 outside Blackwell's trtllm_mha path
+DEFAULT_PAGE_SIZE = 1  # overrides.py `_page_size_default`: page_size None resolves to 1 on CUDA
 DEFAULT_LINEAR_ATTN_BACKEND = "triton"
+# overrides.py (0.5.17 and 0.5.21) per attention backend of a non-MLA model: (page sizes it accepts, the
+# one it changes any other to). `_mla_backend_page_constraints` snaps trtllm_mha and hpc_ops,
+# `_fa4_page_constraint` forces fa4 to 128 (Blackwell). Every other backend keeps the default of 1.
+BACKEND_PAGE_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
+    "trtllm_mha": ((16, 32, 64, 128), 64),
+    "hpc_ops": ((64,), 64),
+    "fa4": ((128,), 128),
+}
 # arg_groups/speculative_hook.py `_handle_dflash` (and the ngram and EAGLE handlers): max_running_requests
 # when unset; DFlash's block size when neither the flags nor the draft config give one.
 DFLASH_DEFAULT_MAX_RUNNING_REQUESTS = 48
@@ -45,6 +57,65 @@ MAMBA_EXTRA_BUFFER_ARCHS = frozenset({
 })
 
 
+
+
+@dataclass(frozen=True)
+class Release:
+    """What the planner's arithmetic takes from one SGLang release, read in its wheel."""
+
+    version: tuple[int, ...]
+    # server_args.py / memory_hook.py `handle_gpu_memory_settings`, GPUs of 20-35 GiB: chunked prefill
+    # and decode CUDA-graph max batch at tp < 4 and tp >= 4.
+    mid_gpu: tuple[int, int, int]
+    # pool_configurator.py: the DFlash draft's KV bytes per token from its own geometry (0.5.21,
+    # `dflash_draft_cell_size_per_token`) rather than the target cell scaled by layer counts (0.5.17).
+    exact_draft_cell: bool
+    # kv_cache_configurator.py `mm_runtime_reservation_gb` (0.5.21): environ.py SGLANG_VLM_CACHE_SIZE_MB
+    # (100) for a multimodal model, plus SGLANG_MM_FEATURE_CACHE_MB (1024) with a GPU feature transport.
+    mm_reservation_mib: int
+    mm_feature_cache_mib: int
+    # --language-model-only: a flag of 0.5.21 that makes the model not multimodal.
+    has_language_model_only: bool
+    # Flags the release refuses, and flags it accepts but deprecates: flag -> what it does instead.
+    removed_flags: dict[str, str]
+    deprecated_flags: dict[str, str]
+
+    @property
+    def name(self) -> str:
+        return ".".join(map(str, self.version))
+
+
+RELEASES = (
+    Release((0, 5, 17), mid_gpu=(2048, 24, 80), exact_draft_cell=False, mm_reservation_mib=0,
+            mm_feature_cache_mib=0, has_language_model_only=False, removed_flags={},
+            deprecated_flags={"mamba-scheduler-strategy": "an alias of --mamba-radix-cache-strategy"}),
+    Release((0, 5, 21), mid_gpu=(4096, 48, 160), exact_draft_cell=True, mm_reservation_mib=100,
+            mm_feature_cache_mib=1024, has_language_model_only=True,
+            removed_flags={"mamba-scheduler-strategy": "use --mamba-radix-cache-strategy"},
+            deprecated_flags={"enable-flashinfer-allreduce-fusion": "SGLang warns and maps it to "
+                              "--flashinfer-allreduce-fusion-backend auto"}),
+)  # fmt: skip
+# GPU feature transports (arg_groups/fields/mm.py: unset means cpu on one node).
+GPU_MM_TRANSPORTS = ("cuda_ipc", "cuda_vmm")
+
+
+def release_for(version: str | None) -> Release:
+    """The newest release read that is not newer than `version` (the oldest for None or older ones)."""
+    wanted = _version_tuple(version)
+    older = [r for r in RELEASES if wanted is not None and r.version <= wanted]
+    return older[-1] if older else RELEASES[0]
+
+
+def _version_tuple(version: str | None) -> tuple[int, ...] | None:
+    parts = []
+    for part in (version or "").split("."):
+        digits = "".join(c for c in part if c.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or None
+
+
 # -- defaults SGLang resolves when a flag is absent --------------------------------------------------
 
 
@@ -53,24 +124,33 @@ def resolve_mem_fraction_static(req: PlanRequest) -> float:
     s = req.settings
     if s.mem_fraction_static is not None:
         return s.mem_fraction_static
-    return default_mem_fraction_static(req.gpu_memory_gib, s.tp, req.shape.vision)
+    rel = release_for(req.engine_version)
+    return default_mem_fraction_static(req.gpu_memory_gib, s.tp, multimodal_vision(req, rel), rel)
 
 
-def default_mem_fraction_static(gpu_memory_gib: float, tp: int, vision: VisionShape | None) -> float:
+def multimodal_vision(req: PlanRequest, rel: Release) -> VisionShape | None:
+    """The vision tower when SGLang treats the model as multimodal (0.5.21's --language-model-only: not)."""
+    if rel.has_language_model_only and req.settings.language_model_only:
+        return None
+    return req.shape.vision
+
+
+def default_mem_fraction_static(gpu_memory_gib: float, tp: int, vision: VisionShape | None,
+                                release: Release = RELEASES[0]) -> float:
     """`_handle_gpu_memory_settings`: (GPU memory - reserved) / GPU memory to three decimals; then a
     multimodal model gives up a share for its vision encoder."""
     gpu_mem = gpu_memory_gib * 1024  # MiB, as SGLang measures it
-    fraction = round((gpu_mem - reserved_mib(gpu_memory_gib, tp)) / gpu_mem, 3)
+    fraction = round((gpu_mem - reserved_mib(gpu_memory_gib, tp, release)) / gpu_mem, 3)
     return fraction * vlm_fraction_factor(vision) if vision is not None else fraction
 
 
-def reserved_mib(gpu_memory_gib: float, tp: int) -> float:
+def reserved_mib(gpu_memory_gib: float, tp: int, release: Release = RELEASES[0]) -> float:
     """SGLang's estimate of the memory outside the static pool (CUDA without PD disaggregation or DP
     attention): 512 MiB + 1.5 MiB per activation token (the chunked prefill size, at least 2048) +
     tp/8 GiB + CUDA graphs (2 MiB per decode batch size, 8 MiB per prefill capture size), at least
     10 GiB above 60 GiB. The planner uses it as the CUDA-graph and activation reserve."""
     gpu_mem = gpu_memory_gib * 1024
-    chunked_prefill, decode_max_bs = chunked_prefill_and_decode_bs(gpu_mem, tp)
+    chunked_prefill, decode_max_bs = chunked_prefill_and_decode_bs(gpu_mem, tp, release)
     reserved = 512 + max(chunked_prefill, 2048) * 1.5 + tp / 8 * 1024
     reserved += decode_max_bs * 2 + len(prefill_capture_sizes(chunked_prefill)) * 8
     return max(reserved, 10 * 1024) if gpu_mem > 60 * 1024 else reserved
@@ -80,15 +160,16 @@ def reserve_bytes(req: PlanRequest) -> int:
     """--reserve-gib, else SGLang's own reserve for this GPU and tp."""
     if req.reserve_gib is not None:
         return req.reserve_bytes
-    return int(reserved_mib(req.gpu_memory_gib, req.settings.tp) * MIB)
+    return int(reserved_mib(req.gpu_memory_gib, req.settings.tp, release_for(req.engine_version)) * MIB)
 
 
-def chunked_prefill_and_decode_bs(gpu_mem_mib: float, tp: int) -> tuple[int, int]:
+def chunked_prefill_and_decode_bs(gpu_mem_mib: float, tp: int, release: Release = RELEASES[0]) -> tuple[int, int]:
     """(chunked_prefill_size, decode CUDA-graph max batch) by GPU memory, as `_handle_gpu_memory_settings`."""
     if gpu_mem_mib < 20 * 1024:
         return 2048, 8
     if gpu_mem_mib < 35 * 1024:
-        return 2048, 24 if tp < 4 else 80
+        chunked, small_tp, large_tp = release.mid_gpu
+        return chunked, small_tp if tp < 4 else large_tp
     if gpu_mem_mib < 60 * 1024:
         return 4096, 32 if tp < 4 else 160
     if gpu_mem_mib < 160 * 1024:
@@ -111,6 +192,17 @@ def vlm_fraction_factor(vision: VisionShape) -> float:
     return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
 
 
+def resolve_page_size(req: PlanRequest) -> int:
+    """Tokens per KV page: --page-size, snapped to what the attention backend accepts; unset, the
+    backend's forced size (trtllm_mha 64, fa4 128) or 1. With no --attention-backend SGLang picks one
+    itself (on Blackwell Qwen3.5 may get trtllm_mha and 64): the planner then assumes 1."""
+    page = req.settings.block_size
+    accepted, forced = BACKEND_PAGE_SIZES.get(req.settings.attention_backend or "", ((), 0))
+    if forced and page not in accepted:
+        return forced
+    return page or DEFAULT_PAGE_SIZE
+
+
 def resolve_mamba_strategy(req: PlanRequest) -> tuple[str, bool]:
     """(mamba radix cache strategy, overlap scheduler on) as `_mamba_radix_cache_resolution` leaves them.
     "auto" becomes "extra_buffer" when the overlap scheduler is on (or pages are longer than one token)
@@ -120,7 +212,7 @@ def resolve_mamba_strategy(req: PlanRequest) -> tuple[str, bool]:
     strategy = s.mamba_radix_cache_strategy or "auto"
     if strategy != "auto" or not radix_cache(req):
         return strategy, s.overlap_schedule
-    wants = s.overlap_schedule or (s.block_size or DEFAULT_PAGE_SIZE) > 1
+    wants = s.overlap_schedule or resolve_page_size(req) > 1
     if wants and req.shape.architecture in MAMBA_EXTRA_BUFFER_ARCHS and DEFAULT_LINEAR_ATTN_BACKEND == "triton":
         return "extra_buffer", s.overlap_schedule
     return "no_buffer", False
@@ -163,9 +255,19 @@ def mamba_ratio(strategy: str, radix: bool, overlap: bool) -> int:
 # -- the pool split -----------------------------------------------------------------------------------
 
 
-def static_pool_rest(total: int, weights: int, frac: float) -> int:
-    """Bytes left for the KV and state pools: memory after the weights minus total x (1 - fraction)."""
-    return total - weights - int(total * (1 - frac))
+def static_pool_rest(total: int, weights: int, frac: float, mm_reservation: int = 0) -> int:
+    """Bytes left for the KV and state pools: memory after the weights minus total x (1 - fraction),
+    minus what 0.5.21 keeps for multimodal allocations made after sizing."""
+    return total - weights - int(total * (1 - frac)) - mm_reservation
+
+
+def mm_reservation_bytes(req: PlanRequest, rel: Release) -> int:
+    """`mm_runtime_reservation_gb`: the VLM embedding cache (and the feature-transport pool with
+    --mm-feature-transport cuda_ipc / cuda_vmm) for a multimodal model; 0 before 0.5.21."""
+    if multimodal_vision(req, rel) is None:
+        return 0
+    gpu_transport = req.settings.extra.get("mm-feature-transport") in GPU_MM_TRANSPORTS
+    return (rel.mm_reservation_mib + (rel.mm_feature_cache_mib if gpu_transport else 0)) * MIB
 
 
 @dataclass(frozen=True)
@@ -198,13 +300,16 @@ def mamba_pool(rest: int, per_req: int, *, ratio: int, draft: int, requested: in
     return MambaPool(slots, (slots + 1) * per_req, verify)
 
 
-def kv_cell_bytes(req: PlanRequest) -> int:
-    """KV bytes per token on one rank: the target's full-attention layers, scaled by (target + draft
-    layers) / target layers for DFlash (`scale_kv_cell_size_per_token_for_dflash`, rounded up)."""
+def kv_cell_bytes(req: PlanRequest, release: Release = RELEASES[0]) -> int:
+    """KV bytes per token on one rank: the target's full-attention layers, plus for DFlash the draft's
+    (`scale_kv_cell_size_per_token_for_dflash`): 0.5.17 scales by (target + draft layers) / target
+    layers, rounded up; 0.5.21 adds the draft's own KV heads x head_dim x layers."""
     shape, tp = req.shape, req.settings.tp
     layers = shape.num_full_attention_layers
     cell = attention_bytes_per_token(shape, tp, req.kv_dtype_bytes) * layers
     if req.draft is not None and req.settings.speculative_method == "dflash" and layers and cell:
+        if release.exact_draft_cell:
+            return cell + attention_bytes_per_token(req.draft, tp, req.kv_dtype_bytes) * req.draft.num_layers
         return (cell * (layers + req.draft.num_layers) + layers - 1) // layers
     if req.draft is not None and req.settings.speculative_method and layers:
         return cell + attention_bytes_per_token(req.draft, tp, req.kv_dtype_bytes) * req.draft.num_layers
@@ -236,6 +341,8 @@ class Split:
     overlap: bool
     ratio: int
     draft_tokens: int
+    release: Release
+    mm_reservation: int  # 0.5.21: kept out of the pool for multimodal allocations after sizing
     rest: int  # static pool after weights, before the state pool
     per_request_state: int
     mamba: MambaPool
@@ -250,13 +357,15 @@ class Split:
 
 def split(req: PlanRequest) -> Split:
     s, shape = req.settings, req.shape
-    total = int(req.gpu_memory_gib * GIB)
+    total = int(req.memory_before_load_gib * GIB)  # SGLang's pre_model_load_memory
+    rel = release_for(req.engine_version)
     frac = resolve_mem_fraction_static(req)
     strategy, overlap = resolve_mamba_strategy(req)
     radix = radix_cache(req)
     ratio, d = mamba_ratio(strategy, radix, overlap), draft_tokens(req)
     requested = requested_running_requests(req)
-    rest = static_pool_rest(total, req.weights_per_gpu() + req.draft_weights_per_gpu(), frac)
+    mm = mm_reservation_bytes(req, rel)
+    rest = static_pool_rest(total, req.weights_per_gpu() + req.draft_weights_per_gpu(), frac, mm)
     conv, recurrent = mamba_state_bytes(req, 0) if shape.is_hybrid else (0, 0)
     per_req = (conv + recurrent) * shape.num_linear_attention_layers
     pool = MambaPool(0, 0, 0)
@@ -265,11 +374,11 @@ def split(req: PlanRequest) -> Split:
                           full_memory_ratio=s.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO,
                           max_mamba_cache_size=s.max_mamba_cache_size, radix=radix)
     kv_rest = rest - pool.state_bytes - pool.verify_bytes
-    cell, page = kv_cell_bytes(req), s.block_size or DEFAULT_PAGE_SIZE
+    cell, page = kv_cell_bytes(req, rel), resolve_page_size(req)
     profiled, tokens = max_total_num_tokens(kv_rest, cell, page, s.max_total_tokens)
     running = running_requests(tokens, req.max_model_len, requested, pool.slots if per_req else None, ratio)
-    return Split(frac, strategy, overlap, ratio, d, rest, per_req, pool, kv_rest, cell, page, profiled, tokens,
-                 requested, running)
+    return Split(frac, strategy, overlap, ratio, d, rel, mm, rest, per_req, pool, kv_rest, cell, page, profiled,
+                 tokens, requested, running)
 
 
 # -- the plan -------------------------------------------------------------------------------------------
@@ -279,9 +388,12 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
     s, shape = req.settings, req.shape
     refuse_tp(shape, s.tp)
     sp = split(req)
-    headroom = int(int(req.gpu_memory_gib * GIB) * (1 - sp.mem_fraction_static))
-    notes = [*req.notes, f"static pool = {sp.mem_fraction_static:g} x {req.gpu_memory_gib:g} GiB; headroom "
+    headroom = int(int(req.memory_before_load_gib * GIB) * (1 - sp.mem_fraction_static))
+    notes = [*req.notes, f"static pool = {sp.mem_fraction_static:g} x {req.memory_before_load_gib:g} GiB; headroom "
              f"{gib(headroom)} for CUDA graphs and activations; DFlash verify buffers are in the static pool"]
+    if req.free_memory_gib is not None:
+        notes.append(f"pools sized from the {req.free_memory_gib:g} GiB free before loading (of "
+                     f"{req.gpu_memory_gib:g} GiB), as SGLang sizes them")
     if s.mem_fraction_static is None:
         notes.append(f"--mem-fraction-static not set: SGLang's default for {req.gpu_memory_gib:g} GiB at tp "
                      f"{s.tp} is {sp.mem_fraction_static:.4g}")
@@ -290,11 +402,10 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
     if shape.is_hybrid and s.mamba_radix_cache_strategy in (None, "auto") and radix_cache(req):
         notes.append(f"mamba radix cache strategy auto resolves to {sp.strategy} ({sp.ratio} state slots "
                      "per running request)")
-    if s.speculative_method == "dflash" and req.draft is None and not req.notes:
-        notes.append("no draft shape: draft weights and draft KV are not counted (pass --draft-config)")
     if sp.kv_tokens and sp.kv_tokens < req.max_model_len:
         notes.append(f"the KV pool ({sp.kv_tokens:,} tokens) is shorter than the context length "
                      f"({req.max_model_len:,}): the longest request is limited by the pool")
+    notes += _release_notes(req, sp)
     problems = _check(req, sp, headroom)
     result = Plan(
         engine="sglang", engine_version=req.engine_version, profile=req.profile, model=shape.name,
@@ -305,8 +416,12 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
         kv_pool_bytes=sp.kv_tokens * sp.cell, block_size=sp.page, page_size_bytes=sp.page * sp.cell,
         num_blocks=sp.kv_tokens // sp.page, blocks_per_request=cdiv(req.max_model_len, sp.page),
         max_concurrency=sp.kv_tokens / req.max_model_len, kv_cache_tokens=sp.kv_tokens,
-        problems=problems, notes=notes,
+        problems=problems, notes=notes, unknowns=_unknowns(req),
         engine_details={
+            "accounting_release": sp.release.name,
+            "memory_before_load_gib": req.memory_before_load_gib,
+            "page_size": sp.page,
+            "mm_runtime_reservation_bytes": sp.mm_reservation,
             "mem_fraction_static": sp.mem_fraction_static,
             "headroom_bytes": headroom,
             "static_pool_rest_bytes": max(sp.rest, 0),
@@ -328,6 +443,36 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
     return result
 
 
+def _release_notes(req: PlanRequest, sp: Split) -> list[str]:
+    """What the release SGLang resolves or warns about that the plan's figures depend on."""
+    s, rel = req.settings, sp.release
+    notes = []
+    if req.engine_version != rel.name:
+        notes.append(f"SGLang {req.engine_version or '(version not given)'}: planned with the accounting of "
+                     f"{rel.name}, the nearest release read")
+    if s.attention_backend in BACKEND_PAGE_SIZES and sp.page != s.block_size:
+        notes.append(f"--attention-backend {s.attention_backend}: SGLang sets the page size to {sp.page} tokens")
+    if sp.mm_reservation:
+        notes.append(f"SGLang {rel.name} keeps {sp.mm_reservation / MIB:g} MiB of the KV budget for multimodal "
+                     "allocations made after sizing (--language-model-only drops it)")
+    for flag, what in rel.deprecated_flags.items():
+        if flag in s.extra:
+            notes.append(f"--{flag} is deprecated in SGLang {rel.name} ({what}); the profile keeps it")
+    return notes
+
+
+def _unknowns(req: PlanRequest) -> list[str]:
+    """Figures the plan cannot know: a speculative draft without a shape, or one whose shape is guessed."""
+    draft, method = req.draft, req.settings.speculative_method
+    if method == "dflash" and draft is None:
+        return ["no draft shape: the draft's weights, KV and verify buffers are not counted (pass --draft-config)"]
+    if method and draft is not None and draft.inferred:
+        return [f"the draft shape {draft.name!r} is not its checkpoint's published config ({', '.join(draft.inferred)} "
+                f"guessed): its weights ({gib(req.draft_weights_per_gpu())} per GPU), KV and verify buffers are "
+                "estimates"]
+    return []
+
+
 def refuse_tp(shape: ModelShape, tp: int) -> None:
     """SGLang asserts that tp divides the attention heads (models/qwen3_5.py: `total_num_heads %
     attn_tp_size == 0`) and the linear-attention heads (distributed/utils.py `divide`)."""
@@ -341,13 +486,14 @@ def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
     if sp.rest <= 0:
         # _profile_available_bytes raises this ValueError before any pool exists.
         weights = req.weights_per_gpu() + req.draft_weights_per_gpu()
-        minimum = math.ceil(weights / (req.gpu_memory_gib * GIB) * 1000) / 1000  # SGLang's suggestion
+        minimum = math.ceil(weights / (req.memory_before_load_gib * GIB) * 1000) / 1000  # SGLang's suggestion
         fix = (f"--mem-fraction-static above {minimum:.3f}" if minimum < 1
                else f"--tp {s.tp * 2} (more GPUs) or a smaller checkpoint")
         return [Problem("weights", f"SGLang: loaded weights ({gib(weights)} per GPU, target + draft) leave no "
                         f"GPU memory for the KV cache under --mem-fraction-static={sp.mem_fraction_static:g}",
                         fix)]
-    problems: list[Problem] = []
+    problems = [Problem("flags", f"--{flag} is not a flag of SGLang {sp.release.name}: it refuses to start", what)
+                for flag, what in sp.release.removed_flags.items() if flag in s.extra]
     if req.shape.is_hybrid and sp.mamba.slots <= 0:
         problems.append(Problem(
             "mamba state cache", f"SGLang: not enough GPU memory for the hybrid state cache "
@@ -380,7 +526,7 @@ def _suggest(req: PlanRequest) -> str | None:
     while tp <= 8:
         bigger = replace(req, gpu_count=max(req.gpu_count, tp)).with_settings(tp=tp)
         for candidate in candidates if not tp_divisibility(req.shape, tp) else ():
-            if plan(bigger.with_settings(mem_fraction_static=candidate), suggest=False).fits:
+            if not plan(bigger.with_settings(mem_fraction_static=candidate), suggest=False).problems:
                 flag = f"--mem-fraction-static {candidate:g}"
                 if tp == req.settings.tp:
                     return flag

@@ -2,9 +2,11 @@
 
 Accepts the composite Qwen3.5 form (`text_config` + `vision_config`, what Ornith publishes), a flat
 text config (`Qwen3_5MoeTextConfig`, a Qwen3-style dense or MoE model) and a DFlash draft config
-(`DFlashDraftModel`, a small dense Qwen3 stack whose embeddings and head come from the target).
-Fields the config leaves out take the engines' defaults: no `mamba_ssm_dtype` means the model dtype,
-no `layer_types` means every layer is full attention, no `head_dim` means hidden / heads.
+(`DFlashDraftModel`, or DFlash 2's `DFlash2DraftModel` with sliding-window layers: a small dense Qwen3
+stack whose embeddings and head come from the target). Fields the config leaves out take the engines'
+defaults: no `mamba_ssm_dtype` means the model dtype, no `layer_types` means every layer is full
+attention, no `head_dim` means hidden / heads. A shipped config that could not be read from its
+published checkpoint names its guessed keys in `_ornith_inferred`: the plan's verdict is then unknown.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ DTYPE_BYTES = {
     "int8": 1,
 }
 LINEAR_ATTENTION = "linear_attention"
+# DFlash 2 drafts: windowed attention; SGLang's draft KV pool still holds every token for each layer.
+SLIDING_ATTENTION = "sliding_attention"
 # Larger than any real model dimension or count (vocabularies reach ~10^6, context ~10^7).
 MAX_CONFIG_INT = 1 << 40
 FULL_ATTENTION = "full_attention"
@@ -116,6 +120,7 @@ class ModelShape:
     mask_token_id: int | None = None
     block_size: int | None = None
     quantization: str | None = None
+    inferred: tuple[str, ...] = ()  # config keys guessed, not read from the published checkpoint
 
     # -- layer counts -----------------------------------------------------------------------------
     @property
@@ -311,9 +316,18 @@ def shape_from_config(data: dict[str, Any], source: str = "config.json", name: s
         is_dflash_draft=dflash is not None,
         dflash_target_layers=len(target_layers),
         mask_token_id=(dflash or {}).get("mask_token_id", data.get("ornith_mask_token_id")),
-        block_size=_Getter(data, source).int("block_size", default=None, minimum=1),
+        block_size=_block_size(data, dflash, source),
         quantization=str(quant.get("quant_method")) if isinstance(quant, dict) else None,
+        inferred=tuple(str(k) for k in data.get("_ornith_inferred") or ()),
     )
+
+
+def _block_size(data: dict[str, Any], dflash: dict[str, Any] | None, source: str) -> int | None:
+    """DFlash's block: `dflash_config.block_size` when the key is there, else the top-level key (as
+    SGLang's `parse_dflash_draft_config` reads it, 0.5.17 and 0.5.21)."""
+    if dflash is not None and "block_size" in dflash:
+        return _Getter(dflash, f"{source}: dflash_config").int("block_size", default=None, minimum=1)
+    return _Getter(data, source).int("block_size", default=None, minimum=1)
 
 
 def _default_head_dim(hidden: int, heads: int, where: str) -> int:
@@ -329,13 +343,13 @@ def _layer_types(value: Any, layers: int, where: str) -> tuple[str, ...]:
         return (FULL_ATTENTION,) * layers
     if not isinstance(value, list):
         raise UserError(f"{where}: layer_types must be a list, got {type(value).__name__}")
-    unknown = sorted({repr(t) for t in value if t not in (FULL_ATTENTION, LINEAR_ATTENTION)})
+    known = (FULL_ATTENTION, SLIDING_ATTENTION, LINEAR_ATTENTION)
+    unknown = sorted({repr(t) for t in value if t not in known})
     if unknown:
-        raise UserError(f"{where}: layer_types holds {', '.join(unknown[:3])}; known: {FULL_ATTENTION}, "
-                        f"{LINEAR_ATTENTION}")
+        raise UserError(f"{where}: layer_types holds {', '.join(unknown[:3])}; known: {', '.join(known)}")
     if len(value) != layers:
         raise UserError(f"{where}: layer_types has {len(value)} entries but num_hidden_layers is {layers}")
-    if FULL_ATTENTION not in value:
+    if all(t == LINEAR_ATTENTION for t in value):
         raise UserError(f"{where}: every layer is linear attention; the planner models models with at least "
                         "one full-attention layer")
     return tuple(value)
