@@ -7,13 +7,14 @@ every 8th row of MBPP (and test_bench_checkers of HumanEval), the integration ti
 from __future__ import annotations
 
 import json
+import random
 import threading
 from functools import cache
 from pathlib import Path
 
 import pytest
 
-from ornith_stack.bench.checkers import check, check_math, math_equivalent, reference_answer
+from ornith_stack.bench.checkers import check, check_humaneval, check_math, math_equivalent, reference_answer
 from ornith_stack.bench.datasets import PROMPT_FORMATS, SEED000_TASKS, TASKS, load_tasks, prompt_format
 from ornith_stack.errors import UserError
 
@@ -67,6 +68,85 @@ def test_the_samples_are_distinct_rows_in_the_datasets_own_fields() -> None:
     (shipped,) = load_tasks(tasks=("humaneval",))
     assert shipped.source == str(DATA / "humaneval.jsonl")
     assert [p.id for p in shipped.problems] == [r["task_id"] for r in _rows("humaneval.jsonl")]
+
+
+# Rows in each dataset's test split, which the shipped draws were taken from.
+SPLIT_ROWS = {"gsm8k.jsonl": 1319, "math500.jsonl": 500, "humaneval.jsonl": 164, "mbpp.jsonl": 257}
+
+
+def test_the_file_order_samples_and_the_shuffled_draws_come_from_the_same_rows() -> None:
+    """`file_order/` holds each split's first 160 rows; the shuffled draw (random.Random(42) over the
+    whole split) must put those same rows where the draw says, which both files' provenance promises."""
+    for name, n in SPLIT_ROWS.items():
+        first = [json.dumps(r) for r in _rows(f"file_order/{name}")]
+        drawn = [json.dumps(r) for r in _rows(name)]
+        assert len(first) == 160, name
+        order = list(range(n))
+        random.Random(42).shuffle(order)
+        shared = [(position, row) for position, row in enumerate(order[:128]) if row < 160]
+        assert len(shared) > 10, name
+        assert all(drawn[position] == first[row] for position, row in shared), name
+
+
+def test_server_order_warms_up_on_the_first_rows_and_measures_the_next() -> None:
+    (gsm,) = load_tasks(tasks=("gsm8k",), limit=4, order="server", prompt_format_name="dflash")
+    assert gsm.source == str(DATA / "file_order/gsm8k.jsonl")
+    assert [p.id for p in gsm.problems] == ["gsm8k/1", "gsm8k/2", "gsm8k/3", "gsm8k/4"]
+    warm, measured = gsm.window(8)
+    assert [p.id for p in warm] == [f"gsm8k/{i}" for i in range(8)]
+    assert [p.id for p in measured] == [f"gsm8k/{i}" for i in range(8, 12)]
+    # A set shorter than warm-up plus the limit wraps round, as dflash's `dataset[i % len(dataset)]`.
+    (mt,) = load_tasks(tasks=("mt-bench",), limit=128, order="server")
+    warm, measured = mt.window(32)
+    assert len(measured) == 128 and measured[48].id == warm[0].id
+    # Shuffled, the draw is the same at every level and nothing warms up.
+    (drawn,) = load_tasks(tasks=("gsm8k",), limit=4)
+    assert drawn.window(32) == ([], drawn.problems)
+    with pytest.raises(UserError, match="task order"):
+        load_tasks(order="random")
+
+
+def test_a_full_dataset_is_drawn_from_as_dflash_does(tmp_path: Path) -> None:
+    rows = [{"question": f"q{i}", "answer": f"#### {i}"} for i in range(50)]
+    (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (shuffled,) = load_tasks(tmp_path, limit=5, tasks=("gsm8k",))
+    order = list(range(50))
+    random.Random(42).shuffle(order)
+    assert [p.id for p in shuffled.problems] == [f"gsm8k/{i}" for i in order[:5]]
+    (server,) = load_tasks(tmp_path, limit=5, tasks=("gsm8k",), order="server")
+    assert [p.id for p in server.problems] == [f"gsm8k/{i}" for i in range(1, 6)]
+
+
+def test_every_file_order_reference_grades_correct() -> None:
+    sets = {s.task: s for s in load_tasks(tasks=("gsm8k", "math500"), order="server")}
+    for problem in sets["gsm8k"].pool:
+        verdict = check(problem, problem.answer)
+        assert verdict is not None and verdict.passed, problem.id
+    for problem in sets["math500"].pool:
+        assert check_math(f"\\boxed{{{problem.answer}}}", problem.answer).passed, problem.id
+
+
+def _new_rows(name: str) -> list:
+    """The file-order rows of a code task that the shuffled draw lacks (those are graded above), each
+    8th in the fast tier and the rest with `-m integration`."""
+    drawn = set(map(json.dumps, _rows(name)))
+    new = [i for i, row in enumerate(_rows(f"file_order/{name}")) if json.dumps(row) not in drawn]
+    return [pytest.param(i, id=str(i), marks=() if n % 8 == 0 else pytest.mark.integration) for n, i in enumerate(new)]
+
+
+@pytest.mark.parametrize("index", _new_rows("humaneval.jsonl"))
+def test_every_file_order_humaneval_reference_passes(index: int) -> None:
+    row = _rows("file_order/humaneval.jsonl")[index]
+    verdict = check_humaneval(row["prompt"], row["canonical_solution"], row["test"], row["entry_point"])
+    assert verdict.passed, (row["task_id"], verdict.detail)
+
+
+@pytest.mark.parametrize("index", _new_rows("mbpp.jsonl"))
+def test_every_file_order_mbpp_reference_passes(index: int) -> None:
+    (mbpp,) = load_tasks(tasks=("mbpp",), order="server")
+    problem, row = mbpp.pool[index], _rows("file_order/mbpp.jsonl")[index]
+    verdict = check(problem, "```python\n" + row["code"] + "\n```")
+    assert verdict is not None and verdict.passed, (problem.id, verdict)
 
 
 def test_the_default_task_set_is_seed_000s() -> None:

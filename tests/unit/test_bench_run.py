@@ -18,7 +18,8 @@ from ornith_stack.bench.sandbox import Limits
 from ornith_stack.profiles import load_profile
 
 DATA = Path(__file__).parents[2] / "src/ornith_stack/bench/data"
-ANSWERS = {json.loads(line)["question"]: json.loads(line)["answer"] for line in (DATA / "gsm8k.jsonl").read_text().splitlines()}
+ANSWERS = {json.loads(line)["question"]: json.loads(line)["answer"]
+           for name in ("gsm8k.jsonl", "file_order/gsm8k.jsonl") for line in (DATA / name).read_text().splitlines()}
 TOKENS_PER_CHUNK = 4  # the fake drafts 3 tokens per step and all are accepted: 4 tokens a step
 
 
@@ -260,7 +261,8 @@ def test_seed004_method_reports_acceptance_per_task_and_throughput_at_1_8_32(tmp
     table = write_outputs(result, tmp_path)["markdown"].read_text()
     assert "| task | acceptance length | concurrency 1 tok/s | concurrency 8 tok/s | concurrency 32 tok/s |" in table
     assert "| acceptance (per-request mean) | acceptance (token-weighted) |" in table
-    assert "The method asks 128 samples per task; --task-limit ran fewer: GSM8K 2 of 128, MATH-500 2 of 128" in table
+    # Server order draws from the first 160 rows of each set (128 measured after up to 32 warm-up).
+    assert "The method asks 128 samples per task; --task-limit ran fewer: GSM8K 2 of 160, MATH-500 2 of 160" in table
     assert "thinking on; sampling: temperature 0.6, top-p 0.95, top-k 20; up to 4096 new tokens" in table
     # Without a limit the shipped sets give 128 each and MT-Bench all 80 of its questions.
     for name, t in tasks.items():
@@ -385,8 +387,33 @@ def test_seed004_on_sglang_takes_each_request_s_own_steps_whatever_else_runs(tmp
     # The acceptance requests asked for meta_info without streaming; the throughput levels streamed.
     asked = [b for b in engine.bodies if b.get("return_meta_info")]
     assert len(asked) == 2 * len(tasks) and not any(b["stream"] for b in asked)
-    # Streamed: the warm-up, then each task's two problems again at concurrency 8 and at 32.
-    assert sum(1 for b in engine.bodies if b.get("stream")) == 1 + len(tasks) * 2 * 2
+    # Streamed: the run's warm-up; per task and level, dflash's warm-up (the first 1, 8 and 32 rows), then
+    # the task's two problems again at concurrency 8 and at 32.
+    assert sum(1 for b in engine.bodies if b.get("stream")) == 1 + len(tasks) * (1 + 8 + 32) + len(tasks) * 2 * 2
+
+
+def test_seed004_draws_problems_as_dflash_s_server_path(tmp_path: Path) -> None:
+    """Rows in file order: at each concurrency c the first c rows warm up, the next ones are measured."""
+    from ornith_stack.bench.methods import apply_method
+
+    engine = _Recording()
+    config = apply_method(_config(task_limit=3, repeats=1, tasks=("gsm8k",)), "seed004")
+    result = run_bench(config, None, transport=httpx.MockTransport(engine))
+    rows = [json.loads(line)["question"] for line in (DATA / "file_order/gsm8k.jsonl").read_text().splitlines()]
+    sent = [next(i for i, q in enumerate(rows) if q in content) for content, _ in engine.sent if any(q in content for q in rows)]
+    assert sent[:4] == [0, 1, 2, 3]  # warm-up row 0, then rows 1-3 one at a time
+    assert sorted(sent[4:12]) == list(range(8)) and sorted(sent[12:15]) == [8, 9, 10]
+    assert sorted(sent[15:47]) == list(range(32)) and sorted(sent[47:]) == [32, 33, 34]
+    assert [s["id"] for s in result["suites"]["tasks"]["tasks"]["gsm8k"]["samples"]] == ["gsm8k/1", "gsm8k/2", "gsm8k/3"]
+    assert result["suites"]["tasks"]["order"] == "server"
+    assert "Problem order: dflash's server path" in write_outputs(result, tmp_path)["markdown"].read_text()
+    # The shuffled draw stays an option: the shipped draw's first rows, no warm-up per level.
+    engine = _Recording()
+    shuffled = apply_method(_config(task_limit=3, repeats=1, tasks=("gsm8k",), task_order="shuffled"), "seed004")
+    run_bench(shuffled, None, transport=httpx.MockTransport(engine))
+    drawn = [json.loads(line)["question"] for line in (DATA / "gsm8k.jsonl").read_text().splitlines()][:3]
+    measured = [c for c, _ in engine.sent if any(q in c for q in drawn)]
+    assert len(measured) == 3 * 3 and all(drawn[0] in c for c in measured[:1])
 
 
 def test_non_streaming_answers_that_are_not_chat_completions_fail_that_request_only() -> None:

@@ -98,6 +98,7 @@ def _header(config: BenchConfig, profile: Profile | None, model: str, max_model_
             "method": config.method,
             "tasks": list(config.tasks),
             "prompt_format": config.prompt_format,
+            "task_order": config.task_order,
             "thinking": config.thinking,
             "task_concurrency": list(config.task_concurrency),
             "requested_task_samples": config.requested_task_samples,

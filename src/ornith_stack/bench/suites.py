@@ -19,7 +19,14 @@ from ornith_stack.bench import prompts, stats
 from ornith_stack.bench.acceptance import per_request, summarize_acceptance
 from ornith_stack.bench.checkers import check
 from ornith_stack.bench.client import EngineClient, RequestSample, ServerInfo, decode_rate
-from ornith_stack.bench.datasets import SEED000_TASKS, Problem, ServingPrompt, load_serving_prompts, load_tasks
+from ornith_stack.bench.datasets import (
+    SEED000_TASKS,
+    Problem,
+    ServingPrompt,
+    TaskSet,
+    load_serving_prompts,
+    load_tasks,
+)
 from ornith_stack.bench.sandbox import Limits, require_sandbox
 from ornith_stack.bench.serving import Load, run_load, serving_metrics, spread
 from ornith_stack.engines import EngineAdapter, SpecCounters, acceptance_length, detect_adapter
@@ -57,6 +64,8 @@ class BenchConfig:
     api_key: str | None = None
     tasks: tuple[str, ...] = SEED000_TASKS
     prompt_format: str = "seed000"
+    # datasets.TASK_ORDERS; None: the method's (seed 004 ran on dflash's server path), else "shuffled".
+    task_order: str | None = None
     thinking: bool = False  # chat_template_kwargs.enable_thinking of task requests
     task_concurrency: tuple[int, ...] = ()  # seed 004: each task's problems again at these concurrencies
     requested_task_samples: int | None = None  # what the method asks for (seed 004: 128 per task)
@@ -210,8 +219,9 @@ class Runner:
         each of the method's concurrencies for throughput (seed 004: 1, 8, 32)."""
         cfg = self.config
         require_sandbox(cfg.sandbox)
-        sets = load_tasks(cfg.tasks_dir, cfg.task_limit, cfg.tasks, cfg.prompt_format)
+        sets = load_tasks(cfg.tasks_dir, cfg.task_limit, cfg.tasks, cfg.prompt_format, cfg.task_order or "shuffled")
         suite: dict[str, Any] = {"max_tokens": cfg.task_max_tokens, "prompt_format": cfg.prompt_format,
+                                 "order": cfg.task_order or "shuffled",
                                  "thinking": cfg.thinking, "requested_samples": cfg.requested_task_samples,
                                  "sampling": cfg.sampling.model_dump() if cfg.sampling else "greedy",
                                  "tasks": {}}
@@ -222,6 +232,7 @@ class Runner:
             entry: dict[str, Any] = {"source": task_set.source, "available": task_set.available, "samples": [],
                                      "throughput": []}
             suite["tasks"][task_set.task] = entry
+            self.task_warm_up(task_set, 1)
             first_spec = self.spec(self.scrape())
             for problem in task_set.problems:
                 sample = self.measured(self.body(problem.message, cfg.task_max_tokens, speed=False),
@@ -238,12 +249,23 @@ class Runner:
                 wall = sum(x["e2e_s"] or 0.0 for x in entry["samples"])
                 entry["throughput"].append(_throughput(1, entry["samples"], wall))
             for level in loads:
-                bodies = [self.body(p.message, cfg.task_max_tokens, speed=False) for p in task_set.problems]
+                measured = self.task_warm_up(task_set, level)
+                bodies = [self.body(p.message, cfg.task_max_tokens, speed=False) for p in measured]
                 run = run_load(self.client.stream_chat, bodies, Load(max_concurrency=level), self.rng,
                                self.client.stop, on_done=lambda s: self.progress.advance(_note(s)))
                 entry["throughput"].append(_throughput(level, [x.to_json() for x in run.samples], run.duration_s))
                 if run.interrupted:
                     raise KeyboardInterrupt
+
+    def task_warm_up(self, task_set: TaskSet, level: int) -> list[Problem]:
+        """Send the warm-up requests of one concurrency level (server order: the first `level` rows,
+        all at once, unrecorded) and return the problems to measure at that level."""
+        warm, measured = task_set.window(level)
+        bodies = [self.body(p.message, self.config.task_max_tokens, speed=False) for p in warm]
+        if bodies and run_load(self.client.stream_chat, bodies, Load(max_concurrency=level), self.rng,
+                               self.client.stop).interrupted:
+            raise KeyboardInterrupt
+        return measured
 
     def verdict(self, problem: Problem, sample: RequestSample) -> dict[str, Any]:
         if sample.error:
