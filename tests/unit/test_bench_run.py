@@ -29,15 +29,16 @@ class FakeEngine:
     GSM8K questions get the right answer, code questions a wrong one; `interrupt_at` raises
     KeyboardInterrupt in the Nth chat request, as Ctrl-C would in the middle of a stream."""
 
-    def __init__(self, interrupt_at: int | None = None, other_traffic: int = 0) -> None:
+    def __init__(self, interrupt_at: int | None = None, other_traffic: int = 0, max_model_len: int = 4096) -> None:
         self.lock = threading.Lock()
+        self.max_model_len = max_model_len
         self.generated = self.steps = self.accepted = self.requests = 0
         self.interrupt_at = interrupt_at
         self.other_traffic = other_traffic  # tokens another client generates alongside each request
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"data": [{"id": "fake", "max_model_len": 4096}]})
+            return httpx.Response(200, json={"data": [{"id": "fake", "max_model_len": self.max_model_len}]})
         if request.url.path == "/metrics":
             return httpx.Response(200, text=self.exposition())
         return self.chat(json.loads(request.content))
@@ -247,7 +248,7 @@ def test_the_command_turns_an_engine_that_is_down_into_one_error_line(tmp_path: 
 def test_seed004_method_reports_acceptance_per_task_and_throughput_at_1_8_32(tmp_path: Path) -> None:
     from ornith_stack.bench.methods import apply_method
 
-    engine = FakeEngine()
+    engine = FakeEngine(max_model_len=32768)
     config = apply_method(_config(task_limit=2, repeats=1), "seed004")
     result = run_bench(config, None, transport=httpx.MockTransport(engine))
     tasks = result["suites"]["tasks"]["tasks"]
@@ -290,8 +291,8 @@ def test_serving_suite_reports_percentiles_and_spread(tmp_path: Path) -> None:
 class _Recording(FakeEngine):
     """FakeEngine that keeps the user message and max_tokens of every chat request."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, max_model_len: int = 4096) -> None:
+        super().__init__(max_model_len=max_model_len)
         self.sent: list[tuple[str, int]] = []
 
     def chat(self, body: dict) -> httpx.Response:
@@ -345,7 +346,7 @@ class FakeSGLang(FakeEngine):
     `other_traffic` tokens and 10 steps of someone else's (the exporter's canary, say)."""
 
     def __init__(self, other_traffic: int = 0) -> None:
-        super().__init__(other_traffic=other_traffic)
+        super().__init__(other_traffic=other_traffic, max_model_len=32768)
         self.bodies: list[dict] = []
 
     def exposition(self) -> str:
@@ -392,11 +393,32 @@ def test_seed004_on_sglang_takes_each_request_s_own_steps_whatever_else_runs(tmp
     assert sum(1 for b in engine.bodies if b.get("stream")) == 1 + len(tasks) * (1 + 8 + 32) + len(tasks) * 2 * 2
 
 
+def test_a_run_that_cannot_fit_the_served_context_is_refused_before_any_request(tmp_path: Path) -> None:
+    """Seed 004 asks 4,096 new tokens: on a 4,096-position engine every request would come back HTTP 400."""
+    from ornith_stack.bench.methods import apply_method
+    from ornith_stack.errors import UserError
+
+    engine = _Recording(max_model_len=4096)
+    with pytest.raises(UserError) as refused:
+        run_bench(apply_method(_config(), "seed004"), None, transport=httpx.MockTransport(engine))
+    message = str(refused.value)
+    assert "the tasks suite asks 4097 tokens per request" in message and "--method seed004" in message
+    assert "serves 4096" in message and "--max-model-len" in message and "--context-length" in message
+    serving = _config(suites=("serving",), random_input_len=4000, random_output_len=128)
+    with pytest.raises(UserError, match="--random-input-len/--random-output-len"):
+        run_bench(serving, None, transport=httpx.MockTransport(engine))
+    assert engine.sent == []
+    # What fits runs: a smaller serving workload on the same engine is not refused.
+    run_bench(_config(suites=("serving",), random_input_len=64, random_output_len=8, num_prompts=2, repeats=1,
+                      max_concurrency=(1,)), None, transport=httpx.MockTransport(engine))
+    assert engine.sent
+
+
 def test_seed004_draws_problems_as_dflash_s_server_path(tmp_path: Path) -> None:
     """Rows in file order: at each concurrency c the first c rows warm up, the next ones are measured."""
     from ornith_stack.bench.methods import apply_method
 
-    engine = _Recording()
+    engine = _Recording(max_model_len=32768)
     config = apply_method(_config(task_limit=3, repeats=1, tasks=("gsm8k",)), "seed004")
     result = run_bench(config, None, transport=httpx.MockTransport(engine))
     rows = [json.loads(line)["question"] for line in (DATA / "file_order/gsm8k.jsonl").read_text().splitlines()]
@@ -408,7 +430,7 @@ def test_seed004_draws_problems_as_dflash_s_server_path(tmp_path: Path) -> None:
     assert result["suites"]["tasks"]["order"] == "server"
     assert "Problem order: dflash's server path" in write_outputs(result, tmp_path)["markdown"].read_text()
     # The shuffled draw stays an option: the shipped draw's first rows, no warm-up per level.
-    engine = _Recording()
+    engine = _Recording(max_model_len=32768)
     shuffled = apply_method(_config(task_limit=3, repeats=1, tasks=("gsm8k",), task_order="shuffled"), "seed004")
     run_bench(shuffled, None, transport=httpx.MockTransport(engine))
     drawn = [json.loads(line)["question"] for line in (DATA / "gsm8k.jsonl").read_text().splitlines()][:3]

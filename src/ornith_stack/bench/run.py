@@ -14,7 +14,7 @@ import httpx
 from ornith_stack.bench.client import EngineClient, ServerInfo
 from ornith_stack.bench.compare import compare
 from ornith_stack.bench.sandbox import isolation
-from ornith_stack.bench.suites import BenchConfig, Progress, Runner
+from ornith_stack.bench.suites import BenchConfig, Progress, Runner, refuse_what_cannot_fit
 from ornith_stack.engines import adapter_for
 from ornith_stack.profiles.model import Profile
 
@@ -34,6 +34,7 @@ def run_bench(config: BenchConfig, profile: Profile | None = None, baseline: dic
         if info.max_model_len is None and profile is not None:
             # Not every engine lists max_model_len in /v1/models; the profile's flag is the next best.
             info = ServerInfo(info.model, adapter_for(profile).settings(profile).max_model_len)
+        refuse_what_cannot_fit(config, info.max_model_len)
         runner = Runner(config, client, info, progress)
         result = _header(config, profile, info.model, info.max_model_len, runner)
         result["suites"] = runner.result

@@ -86,6 +86,38 @@ class BenchConfig:
     goodput: dict[str, float] = field(default_factory=dict)  # SLOs in ms: ttft, tpot, e2el
 
 
+# The engine flag that sets the context window a request's prompt and new tokens must fit in.
+CONTEXT_FLAGS = "vLLM --max-model-len, SGLang --context-length"
+
+
+def refuse_what_cannot_fit(config: BenchConfig, max_model_len: int | None) -> None:
+    """Before any request: every suite's largest request (prompt tokens, at least one, plus the new
+    tokens it asks) must fit the served context, else one error naming the flags that fix it. An engine
+    answers a request that does not fit with HTTP 400, so a run would spend its time collecting errors."""
+    if not max_model_len:
+        return
+    for suite in config.suites:
+        prompt, new, flag = _largest_request(config, suite)
+        if prompt + new > max_model_len:
+            source = f"--method {config.method}" if config.method != "custom" and suite == "tasks" else flag
+            raise UserError(
+                f"the {suite} suite asks {prompt + new} tokens per request ({prompt} or more of prompt + {new} new, "
+                f"set by {source}) but the engine serves {max_model_len} (max_model_len in /v1/models): "
+                f"start the engine with a larger context ({CONTEXT_FLAGS}) or lower {flag}")
+
+
+def _largest_request(config: BenchConfig, suite: str) -> tuple[int, int, str]:
+    """(prompt tokens at least, new tokens, the bench flag that sets them) of a suite's largest request."""
+    if suite == "tasks":
+        return 1, config.task_max_tokens, "--task-max-tokens"
+    if suite == "serving" and config.dataset_path is None:
+        return config.random_input_len, config.random_output_len, "--random-input-len/--random-output-len"
+    if suite == "serving":
+        longest = max((p.output_tokens or 0 for p in load_serving_prompts(config.dataset_path)), default=0)
+        return 1, max(longest, config.random_output_len), "--random-output-len or the file's output_tokens"
+    return 1, config.max_tokens, "--max-tokens"
+
+
 class Progress(Protocol):
     def start(self, suite: str, total: int) -> None: ...
     def advance(self, note: str = "") -> None: ...
