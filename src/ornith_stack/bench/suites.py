@@ -112,7 +112,7 @@ def _largest_request(config: BenchConfig, suite: str) -> tuple[int, int, str]:
         return 1, config.task_max_tokens, "--task-max-tokens"
     if suite == "serving" and config.dataset_path is None:
         return config.random_input_len, config.random_output_len, "--random-input-len/--random-output-len"
-    if suite == "serving":
+    if suite == "serving" and config.dataset_path is not None:
         longest = max((p.output_tokens or 0 for p in load_serving_prompts(config.dataset_path)), default=0)
         return 1, max(longest, config.random_output_len), "--random-output-len or the file's output_tokens"
     return 1, config.max_tokens, "--max-tokens"
