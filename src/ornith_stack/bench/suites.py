@@ -82,6 +82,7 @@ class BenchConfig:
     request_rate: tuple[float, ...] = (math.inf,)
     burstiness: float = 1.0
     seed: int = 0
+    tokenizer: str | None = None  # counts the tokens of a stream without usage (a Hugging Face name or path)
     repeats: int = 3  # runs per load level (at least 3 gives a spread)
     goodput: dict[str, float] = field(default_factory=dict)  # SLOs in ms: ttft, tpot, e2el
 
@@ -104,6 +105,13 @@ def refuse_what_cannot_fit(config: BenchConfig, max_model_len: int | None) -> No
                 f"the {suite} suite asks {prompt + new} tokens per request ({prompt} or more of prompt + {new} new, "
                 f"set by {source}) but the engine serves {max_model_len} (max_model_len in /v1/models): "
                 f"start the engine with a larger context ({CONTEXT_FLAGS}) or lower {flag}")
+
+
+def largest_concurrency(config: BenchConfig) -> int:
+    """The most requests the chosen suites have in flight at once (the HTTP pool's size)."""
+    levels = {"concurrency": config.concurrency, "tasks": (1, *config.task_concurrency),
+              "serving": config.max_concurrency}
+    return max((c for suite in config.suites for c in levels.get(suite, (1,))), default=1)
 
 
 def _largest_request(config: BenchConfig, suite: str) -> tuple[int, int, str]:
@@ -401,7 +409,7 @@ class Runner:
         seeds = random.Random(cfg.seed)
 
         def bodies() -> list[dict[str, Any]]:
-            return [self.random_body(prompts.sized_prompt(words, seed=seeds.randrange(1 << 30)))
+            return [self.random_body(prompts.sized_prompt(words, seed=seeds.randrange(1 << 30), reproducible=True))
                     for _ in range(cfg.num_prompts)]
         return bodies
 

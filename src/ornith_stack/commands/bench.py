@@ -146,6 +146,8 @@ def register(app: typer.Typer) -> None:
         request_rate: Annotated[str, typer.Option(help="serving: requests per second, comma-separated; inf: no pacing.")] = "inf",
         burstiness: Annotated[float, typer.Option(min=0.01, help="serving: gamma shape of arrivals (1: Poisson).")] = 1.0,
         seed: Annotated[int, typer.Option(help="serving: seed of prompts and arrival times.")] = 0,
+        tokenizer: Annotated[str | None, typer.Option(help="The model's Hugging Face tokenizer (name or path): counts "
+                                                      "the tokens of a stream that reports no usage.")] = None,
         repeats: Annotated[int, typer.Option(min=1, help="Recorded runs per load level (3 or more gives a spread).")] = 3,
         goodput: Annotated[str, typer.Option(help="SLOs for goodput, e.g. 'ttft:500 tpot:50 e2el:10000' (ms).")] = "",
         ignore_eos: Annotated[bool, typer.Option(help="Send ignore_eos so speed requests generate max-tokens.")] = True,
@@ -169,6 +171,7 @@ def register(app: typer.Typer) -> None:
             dataset_path=dataset_path,
             max_concurrency=parse_ints("--max-concurrency", max_concurrency),
             request_rate=parse_rates(request_rate), burstiness=burstiness, seed=seed, repeats=repeats,
+            tokenizer=tokenizer,
             goodput=parse_goodput(goodput.replace(",", " ").split()),
         )
         if prompt_format not in PROMPT_FORMATS:
