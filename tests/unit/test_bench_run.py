@@ -32,6 +32,8 @@ class FakeEngine:
     def __init__(self, interrupt_at: int | None = None, other_traffic: int = 0, max_model_len: int = 4096) -> None:
         self.lock = threading.Lock()
         self.max_model_len = max_model_len
+        self.flush_path = "/reset_prefix_cache"  # vLLM's, in its dev mode
+        self.flushes: list[tuple[str, int]] = []  # (path, chat requests before it)
         self.generated = self.steps = self.accepted = self.requests = 0
         self.interrupt_at = interrupt_at
         self.other_traffic = other_traffic  # tokens another client generates alongside each request
@@ -41,6 +43,10 @@ class FakeEngine:
             return httpx.Response(200, json={"data": [{"id": "fake", "max_model_len": self.max_model_len}]})
         if request.url.path == "/metrics":
             return httpx.Response(200, text=self.exposition())
+        if request.url.path in ("/flush_cache", "/reset_prefix_cache"):
+            with self.lock:
+                self.flushes.append((request.url.path, self.requests))
+            return httpx.Response(200 if request.url.path == self.flush_path else 404)
         return self.chat(json.loads(request.content))
 
     def exposition(self) -> str:
@@ -428,6 +434,9 @@ def test_seed004_draws_problems_as_dflash_s_server_path(tmp_path: Path) -> None:
     assert sorted(sent[15:47]) == list(range(32)) and sorted(sent[47:]) == [32, 33, 34]
     assert [s["id"] for s in result["suites"]["tasks"]["tasks"]["gsm8k"]["samples"]] == ["gsm8k/1", "gsm8k/2", "gsm8k/3"]
     assert result["suites"]["tasks"]["order"] == "server"
+    # Before each level's warm-up the prefix cache is emptied (SGLang's path tried first, then vLLM's).
+    flushed = [n for path, n in engine.flushes if path == "/reset_prefix_cache"]
+    assert flushed[:3] == [1, 1 + 4, 1 + 4 + 11] and len(flushed) == 5 * 3  # after the run's one warm-up
     assert "Problem order: dflash's server path" in write_outputs(result, tmp_path)["markdown"].read_text()
     # The shuffled draw stays an option: the shipped draw's first rows, no warm-up per level.
     engine = _Recording(max_model_len=32768)

@@ -26,6 +26,7 @@ from ornith_stack.engines.exposition import Samples, parse
 from ornith_stack.errors import UserError
 
 _SSE_FIELDS = {"event", "id", "retry"}
+FLUSH_PATHS = ("/flush_cache", "/reset_prefix_cache")
 _MAX_LINE = 1 << 22  # one SSE line of 4 MiB is not a chunk of generated text
 
 
@@ -135,6 +136,17 @@ class EngineClient:
             found = _find_key(payload, "max_total_num_tokens")
             if isinstance(found, int) and found > 0:
                 return found
+        return None
+
+    def flush_cache(self) -> str | None:
+        """Empty the engine's prefix cache, as z-lab/dflash does before each run: the first of SGLang's
+        /flush_cache and vLLM's /reset_prefix_cache (served in its dev mode) that answers 200, or None."""
+        for path in FLUSH_PATHS:
+            try:
+                if self._http.post(self.url + path).status_code == 200:
+                    return path
+            except httpx.HTTPError:
+                continue
         return None
 
     def metrics(self) -> Samples | None:

@@ -298,9 +298,11 @@ class Runner:
                     raise KeyboardInterrupt
 
     def task_warm_up(self, task_set: TaskSet, level: int) -> list[Problem]:
-        """Send the warm-up requests of one concurrency level (server order: the first `level` rows,
-        all at once, unrecorded) and return the problems to measure at that level."""
+        """Empty the prefix cache where the engine allows it and send the warm-up requests of one
+        concurrency level (server order: the first `level` rows, all at once, unrecorded), as dflash does;
+        return the problems to measure at that level."""
         warm, measured = task_set.window(level)
+        self.client.flush_cache()
         bodies = [self.body(p.message, self.config.task_max_tokens, speed=False) for p in warm]
         if bodies and run_load(self.client.stream_chat, bodies, Load(max_concurrency=level), self.rng,
                                self.client.stop).interrupted:
@@ -429,11 +431,12 @@ class Runner:
         return body
 
     def level(self, entry: dict[str, Any], load: Load, bodies: Callable[[], list[dict[str, Any]]]) -> None:
-        """One load level into `entry`: unrecorded warm-up requests, then `repeats` recorded runs, each
+        """One load level into `entry`: the prefix cache emptied where the engine allows it, unrecorded
+        warm-up requests, then `repeats` recorded runs, each
         summarized as the peers do, with the spread of the headline figures across runs. Ctrl-C keeps
         the requests of the current run that finished."""
         cfg = self.config
-        entry |= {"load": load.label, "runs": [], "samples": []}
+        entry |= {"load": load.label, "runs": [], "samples": [], "flushed_cache": self.client.flush_cache()}
         warm = bodies()[: max(cfg.warmup, 0) * (load.max_concurrency or 1)]
         if warm and run_load(self.client.stream_chat, warm, Load(max_concurrency=load.max_concurrency),
                              self.rng, self.client.stop).interrupted:
