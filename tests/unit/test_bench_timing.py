@@ -3,7 +3,8 @@ vllm/benchmarks/lib/endpoint_request_func.py, loaded from the installed package)
 same scripted SSE streams from one loopback server, compared request by request.
 
 vLLM's file needs only aiohttp, regex and tqdm, so it is loaded by path: importing the `vllm` package
-would start torch, which these fast tests do not need."""
+would start torch, which these fast tests do not need. One integration test (`-m integration`) imports
+vllm.benchmarks.serve for its calculate_metrics and get_request."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import aiohttp
 import httpx
@@ -217,3 +218,45 @@ def test_the_seed_makes_the_serving_prompts_the_same_run_after_run() -> None:
 
     assert prompts(7) == prompts(7)
     assert prompts(7) != prompts(8)
+
+
+class _WhitespaceTokenizer:
+    """The tokenizer interface vLLM's calculate_metrics calls: `tokenizer(text, add_special_tokens=False).input_ids`."""
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> SimpleNamespace:
+        return SimpleNamespace(input_ids=text.split())
+
+
+@pytest.mark.integration
+def test_per_request_figures_match_vllm_s_calculate_metrics_and_arrival_schedule() -> None:
+    """vLLM's own calculate_metrics over each scripted stream (one request per run, so its means are the
+    request's values) against ours: output tokens (the tokenizer's count where the stream has no usage),
+    TTFT, TPOT, mean ITL and E2E; and its get_request's arrival times with --burstiness inf. Importing
+    vllm.benchmarks.serve starts torch (tens of seconds here), hence the integration tier."""
+    from vllm.benchmarks.datasets import SampleRequest
+    from vllm.benchmarks.serve import calculate_metrics, get_request
+
+    for name, stream in STREAMS.items():
+        server = ScriptedServer(stream)
+        try:
+            theirs, ours = _theirs(server.url), _ours(server.url, count_tokens=_whitespace_tokens)
+        finally:
+            server.close()
+        metrics, lengths = calculate_metrics([SampleRequest("hi", 1, 16)], [theirs], 1.0, _WhitespaceTokenizer(),
+                                             [99.0], {})
+        assert lengths == [ours.completion_tokens], name
+        assert ours.ttft_s is not None and ours.tpot_s is not None and ours.e2e_s is not None
+        assert ours.ttft_s * 1000 == pytest.approx(metrics.mean_ttft_ms, abs=TOLERANCE_S * 1000), name
+        assert ours.tpot_s * 1000 == pytest.approx(metrics.mean_tpot_ms, abs=TOLERANCE_S * 1000 / 4), name
+        assert sum(ours.itl_s) / len(ours.itl_s) * 1000 == pytest.approx(metrics.mean_itl_ms, abs=TOLERANCE_S * 1000)
+        assert ours.e2e_s * 1000 == pytest.approx(metrics.mean_e2el_ms, abs=TOLERANCE_S * 1000), name
+
+    async def arrivals() -> list[float]:
+        start, times = time.perf_counter(), []
+        async for _ in get_request([SampleRequest("hi", 1, 16)] * 4, 20.0, burstiness=math.inf):
+            times.append(time.perf_counter() - start)
+        return times
+
+    theirs_at = asyncio.run(arrivals())
+    ours_at = arrival_offsets(4, 20.0, math.inf, random.Random(0))
+    assert all(abs(a - b) < TOLERANCE_S for a, b in zip(ours_at, theirs_at, strict=True)), (ours_at, theirs_at)
