@@ -29,7 +29,9 @@ from ornith_stack.bench.client import EngineClient, RequestSample
 from ornith_stack.bench.serving import Load, arrival_offsets, run_load
 from ornith_stack.bench.suites import largest_concurrency
 
-TOLERANCE_S = 0.035  # two clients on a shared 2-core machine; the scripted gaps are 60 ms or more apart
+# Two clients timed one after the other on a shared, busy 2-core machine; the number of ITL values is
+# compared exactly.
+TOLERANCE_S = 0.1
 
 
 def _vllm_request_module() -> ModuleType:
@@ -53,27 +55,29 @@ def _chunk(delta: dict | None = None, finish: str | None = None, usage: dict | N
 
 
 USAGE = {"prompt_tokens": 7, "completion_tokens": 9}
-# Each stream: (seconds to wait, then the line to send). The waits differ so a shifted gap shows.
+# Each stream: (seconds to wait, then the line to send). What a definition decides moves a figure by
+# 0.25 s or more (E2E with or without the usage chunk and [DONE], TTFT at the role chunk or the first
+# text), well above the tolerance a busy shared machine needs.
 STREAMS = {
     # The closing chunk carries only the finish reason; usage and [DONE] come well after it.
     "finish chunk without text": [
-        (0.12, _chunk({"role": "assistant", "content": ""})), (0.06, _chunk({"content": "Hello"})),
-        (0.09, _chunk({"content": " there"})), (0.07, _chunk({"content": " friend"})),
-        (0.08, _chunk({}, finish="stop")), (0.25, _chunk(usage=USAGE)), (0.25, "data: [DONE]\n\n")],
+        (0.10, _chunk({"role": "assistant", "content": ""})), (0.25, _chunk({"content": "Hello"})),
+        (0.10, _chunk({"content": " there"})), (0.35, _chunk({"content": " friend"})),
+        (0.20, _chunk({}, finish="stop")), (0.40, _chunk(usage=USAGE)), (0.40, "data: [DONE]\n\n")],
     # A speculative engine: several tokens per chunk, the first token in the role chunk.
     "several tokens a chunk": [
-        (0.10, _chunk({"role": "assistant", "content": "one two"})), (0.11, _chunk({"content": " three four five"})),
-        (0.06, _chunk({"content": " six"}, finish="length")), (0.20, _chunk(usage=USAGE)), (0.0, "data: [DONE]\n\n")],
+        (0.10, _chunk({"role": "assistant", "content": "one two"})), (0.30, _chunk({"content": " three four five"})),
+        (0.15, _chunk({"content": " six"}, finish="length")), (0.40, _chunk(usage=USAGE)), (0.0, "data: [DONE]\n\n")],
     # A reasoning parser: reasoning chunks first, then the answer. (No keep-alive comment: vLLM's
     # client strips each read, so a comment joins the next event and hides it.)
     "reasoning then answer": [
-        (0.08, _chunk({"role": "assistant", "content": ""})), (0.07, _chunk({"reasoning_content": "think"})), (0.10, _chunk({"reasoning_content": " more"})),
-        (0.06, _chunk({"content": "42"})), (0.07, _chunk({}, finish="stop")), (0.15, _chunk(usage=USAGE)),
-        (0.0, "data: [DONE]\n\n")],
+        (0.10, _chunk({"role": "assistant", "content": ""})), (0.30, _chunk({"reasoning_content": "think"})),
+        (0.10, _chunk({"reasoning_content": " more"})), (0.25, _chunk({"content": "42"})),
+        (0.15, _chunk({}, finish="stop")), (0.40, _chunk(usage=USAGE)), (0.0, "data: [DONE]\n\n")],
     # No usage at all: tokens are counted with the tokenizer.
     "no usage": [
-        (0.09, _chunk({"role": "assistant", "content": ""})), (0.06, _chunk({"content": "alpha beta"})),
-        (0.08, _chunk({"content": " gamma"})), (0.07, _chunk({}, finish="stop")), (0.20, "data: [DONE]\n\n")],
+        (0.10, _chunk({"role": "assistant", "content": ""})), (0.25, _chunk({"content": "alpha beta"})),
+        (0.10, _chunk({"content": " gamma"})), (0.30, _chunk({}, finish="stop")), (0.40, "data: [DONE]\n\n")],
 }
 
 
@@ -84,6 +88,8 @@ class ScriptedServer(ThreadingHTTPServer):
     def __init__(self, stream: list[tuple[float, str]]) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.stream = stream
+        self.lock = threading.Lock()
+        self.in_flight = self.most_in_flight = 0
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property
@@ -103,6 +109,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
+        with self.server.lock:
+            self.server.in_flight += 1
+            self.server.most_in_flight = max(self.server.most_in_flight, self.server.in_flight)
+        try:
+            self._stream()
+        finally:
+            with self.server.lock:
+                self.server.in_flight -= 1
+
+    def _stream(self) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("connection", "close")
@@ -158,7 +174,7 @@ def test_ttft_itl_and_e2e_are_vllm_bench_serve_s_on_the_same_stream(name: str) -
         assert ours.completion_tokens == theirs.output_tokens == USAGE["completion_tokens"]
         # TPOT as vLLM's calculate_metrics: (latency - ttft) / (output tokens - 1).
         assert ours.tpot_s == pytest.approx((theirs.latency - theirs.ttft) / (theirs.output_tokens - 1),
-                                            abs=TOLERANCE_S / 8)
+                                            abs=2 * TOLERANCE_S / (theirs.output_tokens - 1))
 
 
 def test_a_stream_without_usage_and_no_tokenizer_says_which_flag_counts_it() -> None:
@@ -186,13 +202,14 @@ def test_the_tokenizer_flag_loads_a_model_s_tokenizer(tmp_path: Path) -> None:
 
 
 def test_the_connection_pool_is_the_concurrency_so_no_request_waits_for_a_connection() -> None:
-    """300 streams at once (more than the 256 connections httpx was capped at): none waits for a
-    connection, so every TTFT is the server's 2 s, not two requests' worth (4 s)."""
-    first = [(2.0, _chunk({"role": "assistant", "content": "a"})), (0.0, _chunk({}, finish="stop")),
+    """300 streams at once (more than the 256 connections httpx was capped at): the server holds each one
+    for 3 s before its first token, and sees all 300 at once, so none waited for a connection after
+    its clock (and its TTFT) started."""
+    first = [(3.0, _chunk({"role": "assistant", "content": "a"})), (0.0, _chunk({}, finish="stop")),
              (0.0, _chunk(usage={"prompt_tokens": 1, "completion_tokens": 1})), (0.0, "data: [DONE]\n\n")]
     server = ScriptedServer(first)
     config = _config(suites=("serving",), max_concurrency=(1, 300))
-    client = EngineClient(server.url, timeout_s=30, connections=largest_concurrency(config))
+    client = EngineClient(server.url, timeout_s=60, connections=largest_concurrency(config))
     try:
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         run = run_load(client.stream_chat, [body] * 300, Load(max_concurrency=300), random.Random(0), threading.Event())
@@ -201,7 +218,7 @@ def test_the_connection_pool_is_the_concurrency_so_no_request_waits_for_a_connec
         server.close()
     assert largest_concurrency(config) == 300
     assert len(run.samples) == 300 and not [s.error for s in run.samples if s.error]
-    assert max(s.ttft_s or 0 for s in run.samples) < 3.2
+    assert server.most_in_flight == 300
 
 
 def test_infinite_burstiness_spaces_arrivals_evenly() -> None:
@@ -247,7 +264,7 @@ def test_per_request_figures_match_vllm_s_calculate_metrics_and_arrival_schedule
         assert lengths == [ours.completion_tokens], name
         assert ours.ttft_s is not None and ours.tpot_s is not None and ours.e2e_s is not None
         assert ours.ttft_s * 1000 == pytest.approx(metrics.mean_ttft_ms, abs=TOLERANCE_S * 1000), name
-        assert ours.tpot_s * 1000 == pytest.approx(metrics.mean_tpot_ms, abs=TOLERANCE_S * 1000 / 4), name
+        assert ours.tpot_s * 1000 == pytest.approx(metrics.mean_tpot_ms, abs=2 * TOLERANCE_S * 1000 / (lengths[0] - 1))
         assert sum(ours.itl_s) / len(ours.itl_s) * 1000 == pytest.approx(metrics.mean_itl_ms, abs=TOLERANCE_S * 1000)
         assert ours.e2e_s * 1000 == pytest.approx(metrics.mean_e2el_ms, abs=TOLERANCE_S * 1000), name
 
