@@ -457,3 +457,13 @@ def test_non_streaming_answers_that_are_not_chat_completions_fail_that_request_o
     assert errors[0] is not None and errors[0].startswith("not an OpenAI chat completion: ValueError: no choices")
     assert errors[1] is not None and errors[1].startswith("not an OpenAI chat completion")
     assert errors[2] == "HTTP 503: overloaded"
+
+
+def test_an_unknown_task_order_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ornith_stack.cli import main
+
+    rc = main(["bench", "--url", "http://127.0.0.1:9", "--method", "seed004", "--task-order", "random",
+               "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == "error: --task-order 'random': choose from server, shuffled"
+    assert not (tmp_path / "out").exists()
