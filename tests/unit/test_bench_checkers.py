@@ -37,9 +37,16 @@ DATA = Path(__file__).parents[2] / "src/ornith_stack/bench/data"
         # The last number on the answer line, not the first.
         ("The answer is 12 - 4 = 8", "8"),
         ("Final answer: 3 boxes of 4, so 12", "12"),
-        # A minus sign counts only when it touches the digits.
+        # A minus sign counts only when it touches the digits; '#### N' reads the number right after it.
         ("#### - 5", "5"),
-        ("#### 10-3", "3"),
+        ("#### 10-3", "10"),
+        # lm-eval-harness: the first '#### N' (strict), else the last number (flexible).
+        ("#### 18 (which is 3 x 6)", "18"),
+        ("It costs $1,234 in total.", "1234"),
+        ("#### 7\nLater: #### 9", "7"),
+        ("She pays 12 dollars a week for 52 weeks: 624 dollars.", "624"),
+        ("That is 1,000,000.5 grams.", "1000000.5"),
+        ("The dflash prompt asks for a box: \\boxed{\\$1,500} and 3 more words", "1500"),
         ("x = -7\n#### -7", "-7"),
         # Fractions.
         ("#### 3/4", "3/4"),
@@ -66,6 +73,33 @@ def test_gsm8k_compares_numerically_not_textually() -> None:
     wrong = check_gsm8k("#### 71", "72")
     assert not wrong.passed and wrong.extracted == "71"
     assert not check_gsm8k("I cannot tell", "72").passed
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        # Prose, then an unfenced definition, then prose again.
+        ("Sure! Here is the function:\ndef f(x):\n    return x + 1\nThis adds one.", "def f(x):\n    return x + 1\n"),
+        ("We need math.\nimport math\n\ndef f(x):\n    return math.floor(x)\n",
+         "import math\n\ndef f(x):\n    return math.floor(x)\n"),
+        # Tilde fences.
+        ("~~~python\ndef f(x):\n    return 2\n~~~\nDone.", "def f(x):\n    return 2\n"),
+        # A helper in a second fence is joined in front of the block that defines the entry point.
+        ("First a helper:\n```python\ndef helper(x):\n    return x * 2\n```\nThen:\n```python\n"
+         "def f(x):\n    return helper(x) + 1\n```\nAnd a demo:\n```python\nprint(f(3))\n```",
+         "def helper(x):\n    return x * 2\n\ndef f(x):\n    return helper(x) + 1\n"),
+    ],
+)
+def test_code_is_found_in_the_shapes_chat_models_answer_in(answer: str, expected: str) -> None:
+    assert extract_code(answer, "f") == expected
+
+
+def test_a_helper_in_a_second_fence_passes_humaneval() -> None:
+    answer = ("```python\ndef plus(a, b):\n    return a + b\n```\n\n```python\n"
+              "def add(a, b):\n    return plus(a, b)\n```")
+    assert check_humaneval(PROMPT, answer, TEST, "add").passed
+    # An unfenced answer after prose passes too.
+    assert check_humaneval(PROMPT, "Here it is.\ndef add(a, b):\n    return a + b\n\nHope it helps!", TEST, "add").passed
 
 
 def test_code_is_taken_from_the_fenced_block() -> None:

@@ -190,6 +190,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+        if self.path != "/v1/chat/completions":  # no cache to flush here
+            return self._send(404, "not found", "text/plain")
         self.server.headers_seen.append(dict(self.headers))
         # Usage as a real engine counts it: the tokens asked for, a prompt that grows with its words.
         tokens = min(int(body.get("max_tokens") or 8), 8)

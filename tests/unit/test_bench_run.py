@@ -18,7 +18,8 @@ from ornith_stack.bench.sandbox import Limits
 from ornith_stack.profiles import load_profile
 
 DATA = Path(__file__).parents[2] / "src/ornith_stack/bench/data"
-ANSWERS = {json.loads(line)["question"]: json.loads(line)["answer"] for line in (DATA / "gsm8k.jsonl").read_text().splitlines()}
+ANSWERS = {json.loads(line)["question"]: json.loads(line)["answer"]
+           for name in ("gsm8k.jsonl", "file_order/gsm8k.jsonl") for line in (DATA / name).read_text().splitlines()}
 TOKENS_PER_CHUNK = 4  # the fake drafts 3 tokens per step and all are accepted: 4 tokens a step
 
 
@@ -28,17 +29,24 @@ class FakeEngine:
     GSM8K questions get the right answer, code questions a wrong one; `interrupt_at` raises
     KeyboardInterrupt in the Nth chat request, as Ctrl-C would in the middle of a stream."""
 
-    def __init__(self, interrupt_at: int | None = None, other_traffic: int = 0) -> None:
+    def __init__(self, interrupt_at: int | None = None, other_traffic: int = 0, max_model_len: int = 4096) -> None:
         self.lock = threading.Lock()
+        self.max_model_len = max_model_len
+        self.flush_path = "/reset_prefix_cache"  # vLLM's, in its dev mode
+        self.flushes: list[tuple[str, int]] = []  # (path, chat requests before it)
         self.generated = self.steps = self.accepted = self.requests = 0
         self.interrupt_at = interrupt_at
         self.other_traffic = other_traffic  # tokens another client generates alongside each request
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"data": [{"id": "fake", "max_model_len": 4096}]})
+            return httpx.Response(200, json={"data": [{"id": "fake", "max_model_len": self.max_model_len}]})
         if request.url.path == "/metrics":
             return httpx.Response(200, text=self.exposition())
+        if request.url.path in ("/flush_cache", "/reset_prefix_cache"):
+            with self.lock:
+                self.flushes.append((request.url.path, self.requests))
+            return httpx.Response(200 if request.url.path == self.flush_path else 404)
         return self.chat(json.loads(request.content))
 
     def exposition(self) -> str:
@@ -243,7 +251,7 @@ def test_the_command_turns_an_engine_that_is_down_into_one_error_line(tmp_path: 
 def test_seed004_method_reports_acceptance_per_task_and_throughput_at_1_8_32(tmp_path: Path) -> None:
     from ornith_stack.bench.methods import apply_method
 
-    engine = FakeEngine()
+    engine = FakeEngine(max_model_len=32768)
     config = apply_method(_config(task_limit=2, repeats=1), "seed004")
     result = run_bench(config, None, transport=httpx.MockTransport(engine))
     tasks = result["suites"]["tasks"]["tasks"]
@@ -257,7 +265,8 @@ def test_seed004_method_reports_acceptance_per_task_and_throughput_at_1_8_32(tmp
     table = write_outputs(result, tmp_path)["markdown"].read_text()
     assert "| task | acceptance length | concurrency 1 tok/s | concurrency 8 tok/s | concurrency 32 tok/s |" in table
     assert "| acceptance (per-request mean) | acceptance (token-weighted) |" in table
-    assert "The method asks 128 samples per task; --task-limit ran fewer: GSM8K 2 of 128, MATH-500 2 of 128" in table
+    # Server order draws from the first 160 rows of each set (128 measured after up to 32 warm-up).
+    assert "The method asks 128 samples per task; --task-limit ran fewer: GSM8K 2 of 160, MATH-500 2 of 160" in table
     assert "thinking on; sampling: temperature 0.6, top-p 0.95, top-k 20; up to 4096 new tokens" in table
     # Without a limit the shipped sets give 128 each and MT-Bench all 80 of its questions.
     for name, t in tasks.items():
@@ -285,8 +294,8 @@ def test_serving_suite_reports_percentiles_and_spread(tmp_path: Path) -> None:
 class _Recording(FakeEngine):
     """FakeEngine that keeps the user message and max_tokens of every chat request."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, max_model_len: int = 4096) -> None:
+        super().__init__(max_model_len=max_model_len)
         self.sent: list[tuple[str, int]] = []
 
     def chat(self, body: dict) -> httpx.Response:
@@ -340,7 +349,7 @@ class FakeSGLang(FakeEngine):
     `other_traffic` tokens and 10 steps of someone else's (the exporter's canary, say)."""
 
     def __init__(self, other_traffic: int = 0) -> None:
-        super().__init__(other_traffic=other_traffic)
+        super().__init__(other_traffic=other_traffic, max_model_len=32768)
         self.bodies: list[dict] = []
 
     def exposition(self) -> str:
@@ -382,8 +391,57 @@ def test_seed004_on_sglang_takes_each_request_s_own_steps_whatever_else_runs(tmp
     # The acceptance requests asked for meta_info without streaming; the throughput levels streamed.
     asked = [b for b in engine.bodies if b.get("return_meta_info")]
     assert len(asked) == 2 * len(tasks) and not any(b["stream"] for b in asked)
-    # Streamed: the warm-up, then each task's two problems again at concurrency 8 and at 32.
-    assert sum(1 for b in engine.bodies if b.get("stream")) == 1 + len(tasks) * 2 * 2
+    # Streamed: the run's warm-up; per task and level, dflash's warm-up (the first 1, 8 and 32 rows), then
+    # the task's two problems again at concurrency 8 and at 32.
+    assert sum(1 for b in engine.bodies if b.get("stream")) == 1 + len(tasks) * (1 + 8 + 32) + len(tasks) * 2 * 2
+
+
+def test_a_run_that_cannot_fit_the_served_context_is_refused_before_any_request(tmp_path: Path) -> None:
+    """Seed 004 asks 4,096 new tokens: on a 4,096-position engine every request would come back HTTP 400."""
+    from ornith_stack.bench.methods import apply_method
+    from ornith_stack.errors import UserError
+
+    engine = _Recording(max_model_len=4096)
+    with pytest.raises(UserError) as refused:
+        run_bench(apply_method(_config(), "seed004"), None, transport=httpx.MockTransport(engine))
+    message = str(refused.value)
+    assert "the tasks suite asks 4097 tokens per request" in message and "--method seed004" in message
+    assert "serves 4096" in message and "--max-model-len" in message and "--context-length" in message
+    serving = _config(suites=("serving",), random_input_len=4000, random_output_len=128)
+    with pytest.raises(UserError, match="--random-input-len/--random-output-len"):
+        run_bench(serving, None, transport=httpx.MockTransport(engine))
+    assert engine.sent == []
+    # What fits runs: a smaller serving workload on the same engine is not refused.
+    run_bench(_config(suites=("serving",), random_input_len=64, random_output_len=8, num_prompts=2, repeats=1,
+                      max_concurrency=(1,)), None, transport=httpx.MockTransport(engine))
+    assert engine.sent
+
+
+def test_seed004_draws_problems_as_dflash_s_server_path(tmp_path: Path) -> None:
+    """Rows in file order: at each concurrency c the first c rows warm up, the next ones are measured."""
+    from ornith_stack.bench.methods import apply_method
+
+    engine = _Recording(max_model_len=32768)
+    config = apply_method(_config(task_limit=3, repeats=1, tasks=("gsm8k",)), "seed004")
+    result = run_bench(config, None, transport=httpx.MockTransport(engine))
+    rows = [json.loads(line)["question"] for line in (DATA / "file_order/gsm8k.jsonl").read_text().splitlines()]
+    sent = [next(i for i, q in enumerate(rows) if q in content) for content, _ in engine.sent if any(q in content for q in rows)]
+    assert sent[:4] == [0, 1, 2, 3]  # warm-up row 0, then rows 1-3 one at a time
+    assert sorted(sent[4:12]) == list(range(8)) and sorted(sent[12:15]) == [8, 9, 10]
+    assert sorted(sent[15:47]) == list(range(32)) and sorted(sent[47:]) == [32, 33, 34]
+    assert [s["id"] for s in result["suites"]["tasks"]["tasks"]["gsm8k"]["samples"]] == ["gsm8k/1", "gsm8k/2", "gsm8k/3"]
+    assert result["suites"]["tasks"]["order"] == "server"
+    # Before each level's warm-up the prefix cache is emptied (SGLang's path tried first, then vLLM's).
+    flushed = [n for path, n in engine.flushes if path == "/reset_prefix_cache"]
+    assert flushed[:3] == [1, 1 + 4, 1 + 4 + 11] and len(flushed) == 5 * 3  # after the run's one warm-up
+    assert "Problem order: dflash's server path" in write_outputs(result, tmp_path)["markdown"].read_text()
+    # The shuffled draw stays an option: the shipped draw's first rows, no warm-up per level.
+    engine = _Recording(max_model_len=32768)
+    shuffled = apply_method(_config(task_limit=3, repeats=1, tasks=("gsm8k",), task_order="shuffled"), "seed004")
+    run_bench(shuffled, None, transport=httpx.MockTransport(engine))
+    drawn = [json.loads(line)["question"] for line in (DATA / "gsm8k.jsonl").read_text().splitlines()][:3]
+    measured = [c for c, _ in engine.sent if any(q in c for q in drawn)]
+    assert len(measured) == 3 * 3 and all(drawn[0] in c for c in measured[:1])
 
 
 def test_non_streaming_answers_that_are_not_chat_completions_fail_that_request_only() -> None:
@@ -396,3 +454,13 @@ def test_non_streaming_answers_that_are_not_chat_completions_fail_that_request_o
     assert errors[0] is not None and errors[0].startswith("not an OpenAI chat completion: ValueError: no choices")
     assert errors[1] is not None and errors[1].startswith("not an OpenAI chat completion")
     assert errors[2] == "HTTP 503: overloaded"
+
+
+def test_an_unknown_task_order_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ornith_stack.cli import main
+
+    rc = main(["bench", "--url", "http://127.0.0.1:9", "--method", "seed004", "--task-order", "random",
+               "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == "error: --task-order 'random': choose from server, shuffled"
+    assert not (tmp_path / "out").exists()

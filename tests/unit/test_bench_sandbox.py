@@ -7,6 +7,7 @@ environment, or forge a pass. The host-side effect is checked on the host, and t
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -218,6 +219,101 @@ def test_the_sandbox_is_minimal_and_read_only() -> None:
         assert len(processes()) <= 3, processes()
         """)
     result = run_tests(CodeJob(solution, "", tests, ("listing", "environment", "can_write", "processes")))
+    assert result.passed, result.detail
+
+
+BIG = 120 << 20  # more than any writable mount of the sandbox holds
+
+
+def test_120_mib_cannot_be_written_to_the_root_dev_or_dev_shm() -> None:
+    """The root and /dev are read-only; /dev/shm and /tmp are tmpfs of a stated size (host RAM otherwise)."""
+    solution = textwrap.dedent("""\
+        import os
+        def written(path, size):
+            done = 0
+            try:
+                with open(path, 'wb', buffering=0) as out:
+                    while done < size:
+                        done += out.write(b'x' * min(1 << 20, size - done))
+            except OSError:
+                pass
+            return done
+        def shm_files(count, size):
+            return sum(written('/dev/shm/f%d' % i, size) for i in range(count))
+        """)
+    limits = Limits(wall_s=20)
+    tests = textwrap.dedent(f"""\
+        assert written('/ornith-big', {BIG}) == 0
+        assert written('/dev/ornith-big', {BIG}) == 0
+        assert written('/dev/shm/big', {BIG}) <= {limits.file_mb << 20}
+        # Many files cannot add up past the mount's size either.
+        assert shm_files(12, 10 << 20) <= {limits.file_mb << 20}, shm_files(12, 10 << 20)
+        assert written('/tmp/big', {BIG}) <= {limits.file_mb << 20}
+        """)
+    result = run_tests(CodeJob(solution, "", tests, ("written", "shm_files")), limits)
+    assert result.passed, result.detail
+
+
+def test_eight_forked_children_stay_inside_the_documented_memory_bound() -> None:
+    """Each process is held to memory_mb (address space) and the sandbox to `processes` of them, so the
+    whole sandbox holds at most processes x memory_mb plus its tmpfs mounts."""
+    limits = Limits(wall_s=30)
+    assert limits.memory_bound_mb == limits.processes * limits.memory_mb + 3 * limits.file_mb == 8240
+    solution = textwrap.dedent("""\
+        import os, time
+        def children(count, mb):
+            pids = []
+            for _ in range(count):
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        blob = bytearray(mb << 20)
+                        blob[::4096] = b'x' * len(blob[::4096])
+                        os._exit(0)
+                    except MemoryError:
+                        os._exit(3)
+                pids.append(pid)
+            return sorted(os.waitpid(pid, 0)[1] >> 8 for pid in pids)
+        """)
+    tests = textwrap.dedent(f"""\
+        # Eight children each asking for more than one process may hold: every one is refused.
+        assert children(8, {limits.memory_mb + 64}) == [3] * 8, children(8, {limits.memory_mb + 64})
+        # Asking for less than the limit works, so the refusals above are the limit's.
+        assert children(8, 64) == [0] * 8
+        """)
+    result = run_tests(CodeJob(solution, "", tests, ("children",)), limits)
+    assert result.passed, result.detail
+
+
+def test_a_16_mib_reply_cannot_push_the_judge_past_its_memory_limit(tmp_path: Path) -> None:
+    """A reply whose literal would take gigabytes of syntax tree to parse is refused unread; every child
+    of the run (judge, bubblewrap, candidate) stays under the judge's 1 GiB limit, measured in a fresh
+    interpreter so no other test's children count."""
+    from ornith_stack.bench.sandbox_child import JUDGE_MEMORY_MB, MAX_REPLY
+
+    code = textwrap.dedent("""\
+        import json, resource
+        from ornith_stack.bench.sandbox import CodeJob, Limits, run_tests
+        solution = "def big():\\n    return [0] * (8 << 20)\\n"
+        result = run_tests(CodeJob(solution, "", "big()\\n", ("big",)), Limits(wall_s=30, memory_mb=1024))
+        print(json.dumps({"passed": result.passed, "detail": result.detail,
+                          "max_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not outcome["passed"] and f"longer than {MAX_REPLY} characters" in outcome["detail"], outcome
+    assert outcome["max_rss_mb"] < JUDGE_MEMORY_MB, outcome
+
+
+def test_the_sandbox_cannot_make_another_user_namespace() -> None:
+    solution = textwrap.dedent("""\
+        import ctypes
+        def unshare():
+            libc = ctypes.CDLL(None, use_errno=True)
+            return 'made' if libc.unshare(0x10000000) == 0 else 'refused'  # CLONE_NEWUSER
+        """)
+    result = run_tests(CodeJob(solution, "", "assert unshare() == 'refused', unshare()\n", ("unshare",)))
     assert result.passed, result.detail
 
 

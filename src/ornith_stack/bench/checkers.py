@@ -7,19 +7,18 @@ tests." Every checker returns a `Verdict` so the report counts pass rates the sa
 
 from __future__ import annotations
 
+import ast
 import re
 import textwrap
 from dataclasses import dataclass
 from fractions import Fraction
 
+from ornith_stack.bench import verify_math
 from ornith_stack.bench.datasets import Problem
 from ornith_stack.bench.sandbox import CodeJob, Limits, run_tests
 
-# A number: a minus sign only when it touches the digits and follows no word character, digit groups
-# with commas, decimals, and a fraction written n/m.
-_NUMBER = re.compile(r"(?<![\w.])-?\$?\d[\d,]*(?:\.\d+)?(?:/\d+)?|(?<![\w.])-?\.\d+")
-_ANSWER_LINE = re.compile(r"(?im)(?:####|final answer|the answer is|answer\s*[:=]).*$")
-_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_FENCE = re.compile(r"(`{3,}|~{3,})[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:\1|\Z)", re.DOTALL)
+_CODE_START = re.compile(r"(?:async\s+def|def|class|import|from\s+\S+\s+import|@)\b")
 _PYTHON_TAGS = {"", "python", "python3", "py", "py3"}
 
 
@@ -31,12 +30,16 @@ class Verdict:
 
 
 # -- numbers (GSM8K) --------------------------------------------------------------------------------
+# lm-eval-harness's GSM8K filters: "strict-match" takes the first '#### N', "flexible-extract" the last
+# number-like run. Here '#### $N' and 'N/M' count too, and a flexible match must hold a digit.
+_STRICT = re.compile(r"#### \$?(-?[0-9.,]+(?:/[0-9]+)?)")
+_FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,}(?:/[0-9]+)?)|(-?[0-9]+(?:/[0-9]+)?)")
+_LATEX_FRACTION = re.compile(r"\\[dt]?frac\{(-?\d+)\}\{(\d+)\}")
+
+
 def parse_number(text: str) -> Fraction | None:
     """'$1,234.50' -> 1234.5, '3/4' -> 3/4, '\\frac{3}{4}' -> 3/4; None when the text is not a number."""
-    cleaned = text.replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
-    frac = re.fullmatch(r"(-?)\\[dt]?frac\{(-?\d+)\}\{(\d+)\}", cleaned)
-    if frac:
-        cleaned = f"{frac.group(1)}{frac.group(2)}/{frac.group(3)}"
+    cleaned = _LATEX_FRACTION.sub(r"\1/\2", _clean(text).replace(" ", ""))
     try:
         return Fraction(cleaned)
     except (ValueError, ZeroDivisionError):
@@ -44,24 +47,24 @@ def parse_number(text: str) -> Fraction | None:
 
 
 def extract_gsm8k_answer(response: str) -> str | None:
-    """The final answer: the last number inside the last \\boxed{}, else the last number on the last
-    answer line ('#### N', 'The answer is N', 'Final answer: N'), else the last number in the text."""
-    boxed = boxed_answers(response)
-    for text in (boxed[-1] if boxed else None, _last_answer_line(response), response):
-        numbers = _numbers(text) if text else []
-        if numbers:
-            return numbers[-1]
-    return None
+    """The final answer, as lm-eval-harness reads GSM8K: the first '#### N' (strict), else the last
+    \\boxed{} holding a number (what the dflash prompt asks for), else the last number in the text
+    (flexible); currency signs, thousands separators and a trailing full stop go."""
+    strict = _STRICT.search(response)
+    if strict and _has_digit(strict.group(1)):
+        return _clean(strict.group(1))
+    boxed = [b for b in boxed_answers(response) if _flexible(b)]
+    return _flexible(boxed[-1] if boxed else response)
 
 
-def _last_answer_line(response: str) -> str | None:
-    lines = _ANSWER_LINE.findall(response)
-    return lines[-1] if lines else None
+def _flexible(text: str) -> str | None:
+    matches = [a or b for a, b in _FLEXIBLE.findall(_LATEX_FRACTION.sub(r"\1/\2", text))]
+    numbers = [_clean(m) for m in matches if _has_digit(m)]
+    return numbers[-1] if numbers else None
 
 
-def _numbers(text: str) -> list[str]:
-    text = re.sub(r"\\[dt]?frac\{(-?\d+)\}\{(\d+)\}", r"\1/\2", text)
-    return [_clean(n) for n in _NUMBER.findall(text)]
+def _has_digit(text: str) -> bool:
+    return any(c.isdigit() for c in text)
 
 
 def reference_answer(answer: str) -> str:
@@ -81,8 +84,8 @@ def check_gsm8k(response: str, answer: str) -> Verdict:
 
 
 def _clean(number: str) -> str:
-    """'$1,234.50' -> '1234.50': currency and thousands separators go."""
-    return number.replace(" ", "").replace("$", "").replace(",", "")
+    """'$1,234.50.' -> '1234.50': currency, thousands separators and a closing full stop go."""
+    return number.replace("$", "").replace(",", "").rstrip(".")
 
 
 # -- MATH-500 -------------------------------------------------------------------------------------------
@@ -99,31 +102,10 @@ def boxed_answers(text: str) -> list[str]:
     return found
 
 
-def normalize_math(answer: str) -> str:
-    """A LaTeX answer in one canonical spelling: no spaces, sizing commands, text wrappers, degree signs
-    dollar signs or trailing units; \\dfrac and \\tfrac as \\frac; \\frac12 as \\frac{1}{2}; a lone 'x =' dropped."""
-    s = answer.strip().strip("$").strip()
-    s = re.sub(r"\\(?:text|mbox)\{\s[^{}]*\}\s*$", "", s)  # a unit after the value: '\text{ degrees}'
-    s = re.sub(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}", r"\1", s)
-    for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\,", ""), ("\\;", ""), ("\\ ", ""),
-                     ("^\\circ", ""), ("^{\\circ}", ""), ("\\%", ""), ("%", ""), ("\\dfrac", "\\frac"),
-                     ("\\tfrac", "\\frac"), ("\\$", ""), ("dfrac", "frac")):
-        s = s.replace(old, new)
-    s = re.sub(r"\s+", "", s)
-    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
-    s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)
-    s = re.sub(r"\\sqrt(\d)", r"\\sqrt{\1}", s)
-    s = re.sub(r"^[a-zA-Z]=", "", s)
-    s = re.sub(r"(\d),(\d\d\d)(?!\d)", r"\1\2", s)
-    return s.rstrip(".")
-
-
 def math_equivalent(got: str, want: str) -> bool:
-    a, b = normalize_math(got), normalize_math(want)
-    if a == b:
-        return True
-    x, y = parse_number(a), parse_number(b)
-    return x is not None and x == y
+    """Whether two LaTeX answers are the same mathematical object, by Hugging Face's math-verify (sympy):
+    fractions, radicals, intervals, sets, choices, units and thousands separators compare by meaning."""
+    return verify_math.equivalent(got, want)
 
 
 def check_math(response: str, answer: str) -> Verdict:
@@ -137,16 +119,74 @@ def check_math(response: str, answer: str) -> Verdict:
 
 # -- code (HumanEval, MBPP) ---------------------------------------------------------------------------
 def extract_code(response: str, entry_point: str | None = None) -> str:
-    """The code of a chat answer: among Python fences (```python, ```python3, ```py or bare), the last one
-    that defines `entry_point`, else the longest; the whole answer when it has no fence."""
-    blocks = [code for tag, code in _FENCE.findall(response) if tag.lower() in _PYTHON_TAGS and code.strip()]
+    """The code of a chat answer. Among Python fences (``` or ~~~, tagged python, python3, py or bare):
+    the last one that defines `entry_point`, after the other blocks that define names it uses (a helper
+    in a second fence), else the longest block. Without a fence: from the first line that starts code
+    (def, class, import, a decorator) to the last line that keeps it valid Python, else the whole answer."""
+    blocks = [code for _, tag, code in _FENCE.findall(response) if tag.lower() in _PYTHON_TAGS and code.strip()]
     if not blocks:
-        return response
+        return _unfenced(response)
     if entry_point:
         defining = [b for b in blocks if _defines(b, entry_point)]
         if defining:
-            return defining[-1]
+            return _with_helpers(defining[-1], [b for b in blocks if b is not defining[-1]])
     return max(blocks, key=len)
+
+
+def _unfenced(response: str) -> str:
+    lines = response.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if _CODE_START.match(line)), None)
+    if start is None:
+        return response
+    for end in range(len(lines), start, -1):
+        code = "".join(lines[start:end])
+        if _parses(code):
+            return code
+    return "".join(lines[start:])
+
+
+def _with_helpers(main: str, others: list[str]) -> str:
+    """`main` after each other block that defines a name `main` (or a block already taken) uses."""
+    taken: list[str] = []
+    wanted = _names_used(main) - _names_defined(main)
+    for block in others:
+        if _parses(block) and _names_defined(block) & wanted:
+            taken.append(block)
+            wanted |= _names_used(block)
+    return "\n".join([*taken, main])
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except SyntaxError:
+        return False
+    return True
+
+
+def _names_used(code: str) -> set[str]:
+    try:
+        return {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    except SyntaxError:
+        return set()
+
+
+def _names_defined(code: str) -> set[str]:
+    """Top-level functions, classes, assigned names and imports."""
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
 
 
 def _defines(code: str, name: str) -> bool:

@@ -2,11 +2,13 @@
 
 Timing follows seed 003's streaming client: the request is streamed with `stream_options.include_usage`
 so the server reports the true completion token count (speculative engines send several tokens in one
-chunk, so counting chunks would undercount), TTFT is the time to the first chunk that carries text, and
-decode tok/s = (completion_tokens - 1) / (time of last token - time of first token).
+chunk, so counting chunks would undercount; a stream without usage is counted with the model's tokenizer
+where one is given), and decode tok/s = (completion_tokens - 1) / (time of last token - time of first
+token).
 
-The serving metrics follow `vllm bench serve` and SGLang's bench_serving: TPOT = (E2E - TTFT) /
-(completion_tokens - 1), and ITL is one gap per token chunk.
+TTFT, ITL and E2E are `vllm bench serve`'s: TTFT ends at the first chunk with a choice, ITL is one gap per
+later chunk with a choice (the closing chunk with only a finish reason included), E2E ends at the last
+chunk with a choice (not at the usage chunk or [DONE]), and TPOT = (E2E - TTFT) / (completion_tokens - 1).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ornith_stack.engines.exposition import Samples, parse
 from ornith_stack.errors import UserError
 
 _SSE_FIELDS = {"event", "id", "retry"}
+FLUSH_PATHS = ("/flush_cache", "/reset_prefix_cache")
 _MAX_LINE = 1 << 22  # one SSE line of 4 MiB is not a chunk of generated text
 
 
@@ -88,7 +91,11 @@ class EngineClient:
 
     def __init__(self, url: str, timeout_s: float = 600.0, stop: threading.Event | None = None,
                  transport: httpx.BaseTransport | None = None,
-                 clock: Callable[[], float] = time.perf_counter, api_key: str | None = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, api_key: str | None = None,
+                 connections: int | None = None, count_tokens: Callable[[str], int] | None = None) -> None:
+        """`connections`: the HTTP pool's size, the run's largest concurrency (None: unbounded), so no
+        request waits for a connection after its clock started. `count_tokens`: the model's tokenizer,
+        for streams that carry no usage."""
         self.url = url.rstrip("/")
         # Injected so tests can drive token arrival times without sleeping.
         self.clock = clock
@@ -96,7 +103,8 @@ class EngineClient:
             raise UserError(f"--url {url!r}: expected http://HOST:PORT (the engine's OpenAI-compatible address)")
         self.stop = stop or threading.Event()
         self.deadline_s = timeout_s  # total time one request may take, first byte to last
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+        self.count_tokens = count_tokens
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits, transport=transport,
                                   headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
 
@@ -130,6 +138,17 @@ class EngineClient:
                 return found
         return None
 
+    def flush_cache(self) -> str | None:
+        """Empty the engine's prefix cache, as z-lab/dflash does before each run: the first of SGLang's
+        /flush_cache and vLLM's /reset_prefix_cache (served in its dev mode) that answers 200, or None."""
+        for path in FLUSH_PATHS:
+            try:
+                if self._http.post(self.url + path).status_code == 200:
+                    return path
+            except httpx.HTTPError:
+                continue
+        return None
+
     def metrics(self) -> Samples | None:
         """A parsed /metrics scrape, or None when the engine exports none (SGLang without the flag)."""
         try:
@@ -155,7 +174,7 @@ class EngineClient:
             sample.error = "interrupted"
             return sample
         t0 = self.clock()
-        opened: list[float] = []  # when the first chunk with a choice came (engines send it with the first token)
+        choices: list[float] = []  # when each chunk with a choice came (the first: engines send it with the first token)
         arrivals: list[float] = []
         parts: list[str] = []
         thoughts: list[str] = []
@@ -168,8 +187,8 @@ class EngineClient:
                 for chunk in self._events(response, t0):
                     now = self.clock()
                     _read_usage(chunk, sample)
-                    if not opened and chunk.get("choices"):
-                        opened.append(now)
+                    if chunk.get("choices"):
+                        choices.append(now)
                     text, reasoning, finish, tokens = _delta(chunk)
                     if finish:
                         sample.finish_reason = finish
@@ -186,10 +205,16 @@ class EngineClient:
             sample.error = f"not an OpenAI chat completion stream: {exc}"
         except Exception as exc:  # any malformed chunk fails this request only
             sample.error = f"not an OpenAI chat completion stream: {type(exc).__name__}: {exc}"
-        sample.e2e_s = self.clock() - t0
+        ended = self.clock()
         sample.text = "".join(parts)
         sample.reasoning = "".join(thoughts)
-        _time(sample, t0, opened, arrivals)
+        _time(sample, t0, choices, arrivals)
+        # E2E ends at the last chunk with a choice, not after the usage chunk and [DONE].
+        sample.e2e_s = (choices[-1] if choices and sample.error is None else ended) - t0
+        if sample.completion_tokens is None and sample.error is None and self.count_tokens is not None:
+            # No usage in the stream: count the generated text with the model's tokenizer, as vLLM does.
+            sample.completion_tokens = self.count_tokens(sample.reasoning + sample.text)
+            sample.extra["completion_tokens_from"] = "tokenizer"
         if sample.error is None:
             sample.error = usage_problem(sample, body.get("max_tokens"))
         return sample
@@ -308,27 +333,27 @@ def _read_usage(chunk: dict[str, Any], sample: RequestSample) -> None:
         sample.completion_tokens = usage.get("completion_tokens", sample.completion_tokens)
 
 
-def _time(sample: RequestSample, t0: float, opened: list[float], arrivals: list[float]) -> None:
-    """TTFT, decode interval and the gaps between chunks (ITL: one gap per chunk, as vLLM and SGLang
-    count it, since a speculative step delivers several tokens at once).
+def _time(sample: RequestSample, t0: float, choices: list[float], arrivals: list[float]) -> None:
+    """TTFT, decode interval and the gaps between chunks, as `vllm bench serve` measures them.
 
-    TTFT ends at the first chunk with a choice, as `vllm bench serve` measures it: vLLM and SGLang send
-    the role chunk when the first token exists, while a reasoning parser may hold the first tokens'
-    text back. The decode interval runs between chunks that carry tokens."""
+    TTFT ends at the first chunk with a choice: vLLM and SGLang send the role chunk when the first token
+    exists, while a reasoning parser may hold the first tokens' text back. ITL is one gap per later
+    chunk with a choice (a speculative step delivers several tokens in one chunk; the closing chunk with
+    a finish reason and no text is a gap too). The decode interval (seed 003's decode tok/s) runs between
+    the chunks that carry tokens."""
     sample.chunks = len(arrivals)
     if arrivals:
-        first = min(opened[0], arrivals[0]) if opened else arrivals[0]
-        sample.ttft_s = first - t0
+        sample.ttft_s = choices[0] - t0
         sample.decode_s = arrivals[-1] - arrivals[0]
-        times = [first, *arrivals] if first < arrivals[0] else arrivals
-        sample.itl_s = [b - a for a, b in zip(times, times[1:], strict=False)]
+        sample.itl_s = [b - a for a, b in zip(choices, choices[1:], strict=False)]
 
 
 def usage_problem(sample: RequestSample, max_tokens: Any) -> str | None:
     """Why the usage the server reported cannot be true of the stream it sent, or None."""
     completion, prompt = sample.completion_tokens, sample.prompt_tokens
     if completion is None:
-        return "the stream carried no usage (does the server support stream_options.include_usage?)"
+        return ("the stream carried no usage (does the server support stream_options.include_usage?); "
+                "--tokenizer counts its tokens instead")
     if not isinstance(completion, int) or isinstance(completion, bool) or completion < 0:
         return f"usage.completion_tokens is {completion!r}, not a token count"
     if prompt is not None and (not isinstance(prompt, int) or isinstance(prompt, bool) or prompt < 0):

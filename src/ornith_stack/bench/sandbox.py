@@ -1,13 +1,16 @@
 """Run model-written code against trusted tests, with the operating system as the boundary.
 
 Two processes, joined only by two pipes:
-- the candidate runs the solution under bubblewrap: new user, PID, network, IPC, UTS and mount namespaces;
-  a read-only root holding only /usr and the interpreter's own prefix; a size-limited tmpfs as /tmp and
-  working directory; an empty environment; no capabilities; rlimits on CPU, address space, file size,
-  open files and processes; `--die-with-parent`; its own session;
+- the candidate runs the solution under bubblewrap: new user, PID, network, IPC, UTS and mount namespaces,
+  and no further user namespace (`--disable-userns`); a read-only root holding only /usr and the
+  interpreter's own prefix, a read-only /dev; sized tmpfs mounts as /tmp (the working directory) and
+  /dev/shm, the only writable places; an empty environment; no capabilities; rlimits on CPU, address
+  space, file size, open files and processes, whose product bounds the sandbox's memory
+  (`Limits.memory_bound_mb`); `--die-with-parent`; its own session;
 - the judge runs the tests outside the sandbox: each tested function is a proxy that sends the arguments
   to the candidate and reads back the returned value as a Python literal. The judge prints the verdict on
-  a pipe to this process.
+  a pipe to this process. It reads replies of at most 1 MiB and runs under a 1 GiB address-space limit,
+  so no reply can make it parse its way out of memory.
 
 Why a candidate cannot forge a pass: the verdict is decided by the judge's asserts on plain values, in a
 process the candidate cannot see (another PID namespace), signal, trace or share memory or files with; the
@@ -46,12 +49,25 @@ _NOBODY = "nobody"
 
 @dataclass(frozen=True)
 class Limits:
+    """Bounds of one sandboxed run. Memory is bounded per process (address space) and in processes, so
+    the whole sandbox holds at most `memory_bound_mb`: processes x memory_mb plus its two tmpfs mounts
+    (no cgroup is made; the rlimits hold wherever bubblewrap runs)."""
+
     wall_s: float = 10.0
-    memory_mb: int = 1024
-    file_mb: int = 16
+    memory_mb: int = 512  # address space of each sandboxed process
+    file_mb: int = 16  # largest file; /tmp holds 2 x file_mb, /dev/shm file_mb
     open_files: int = 64
-    processes: int = 16
+    processes: int = 16  # processes of the sandbox's user
     unsafe_without_sandbox: bool = False  # run code with no isolation where bubblewrap cannot
+
+    @property
+    def tmpfs_mb(self) -> int:
+        return 2 * self.file_mb + self.file_mb
+
+    @property
+    def memory_bound_mb(self) -> int:
+        """The most memory the whole sandbox can hold: every process at its limit, both tmpfs full."""
+        return self.processes * self.memory_mb + self.tmpfs_mb
 
 
 @dataclass(frozen=True)
@@ -192,8 +208,8 @@ def _as_user(name: str | None) -> dict[str, Any]:
 
 
 def bwrap_argv(iso: Isolation, limits: Limits) -> list[str]:
-    argv = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+    argv = ["bwrap", "--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
@@ -202,7 +218,9 @@ def bwrap_argv(iso: Isolation, limits: Limits) -> list[str]:
             argv += ["--ro-bind", top, top]
     if not _under(iso.prefix, "/usr"):
         argv += ["--ro-bind", iso.prefix, iso.prefix]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(2 * limits.file_mb << 20), "--tmpfs", "/tmp",
+    # Writable: only two sized tmpfs mounts; the root and /dev (bubblewrap makes both tmpfs) turn read-only.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.file_mb << 20), "--tmpfs", "/dev/shm",
+             "--size", str(2 * limits.file_mb << 20), "--tmpfs", "/tmp", "--remount-ro", "/dev", "--remount-ro", "/",
              "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
              "--setenv", "LANG", "C.UTF-8", "--"]
     return argv

@@ -23,7 +23,11 @@ import types
 from collections.abc import Callable
 from typing import Any, TextIO
 
-MAX_LINE = 16 << 20  # the longest request or reply, in characters
+MAX_LINE = 16 << 20  # the longest request (the trusted tests' arguments), in characters
+MAX_REPLY = 1 << 20  # the longest reply the judge reads from the candidate, in characters
+# The judge's address-space limit: parsing a reply of MAX_REPLY characters stays well inside it (a
+# 10 MiB list literal would take 5 GiB of syntax tree), and a reply that cannot is a failed check.
+JUDGE_MEMORY_MB = 1024
 _NAMES = {"inf": float("inf"), "nan": float("nan"), "True": True, "False": False, "None": None}
 
 
@@ -140,6 +144,7 @@ class CandidateError(Exception):
 def judge(requests_fd: int, replies_fd: int) -> None:
     """Run the trusted tests (a JSON job on stdin) against the candidate; print the verdict as JSON."""
     job = json.load(sys.stdin)
+    resource.setrlimit(resource.RLIMIT_AS, (JUDGE_MEMORY_MB << 20, JUDGE_MEMORY_MB << 20))
     requests = os.fdopen(requests_fd, "w", encoding="utf-8")
     replies = os.fdopen(replies_fd, "r", encoding="utf-8")
     verdict = {"passed": False, "detail": ""}
@@ -159,12 +164,14 @@ def judge(requests_fd: int, replies_fd: int) -> None:
 
 
 def _reply(replies: TextIO) -> tuple[str, Any]:
-    line = replies.readline(MAX_LINE)
+    line = replies.readline(MAX_REPLY + 1)
     if not line:
         raise CandidateError("the solution stopped before answering (it exited, crashed or hit a limit)")
+    if len(line) > MAX_REPLY:
+        raise CandidateError(f"the solution returned a value longer than {MAX_REPLY} characters")
     try:
         status, payload = decode(line)
-    except (ValueError, SyntaxError, TypeError) as exc:
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as exc:
         raise CandidateError(f"the solution returned a value that is not plain data ({exc})") from None
     return str(status), payload
 

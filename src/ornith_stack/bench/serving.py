@@ -2,7 +2,7 @@
 
 Load: requests arrive at a rate (Poisson when burstiness is 1; gamma inter-arrival times with
 shape = burstiness and scale = 1 / (rate x burstiness) otherwise, rescaled so N requests span N / rate
-seconds as vLLM does), and at most `max_concurrency` are in flight: with an infinite rate that is a
+seconds as vLLM does; evenly spaced, 1 / rate apart, when burstiness is inf), and at most `max_concurrency` are in flight: with an infinite rate that is a
 sustained concurrency over N prompts, a new request starting as soon as one ends.
 
 Metrics over one run of N requests: TTFT, TPOT = (E2E - TTFT) / (output tokens - 1), ITL (one value per
@@ -78,6 +78,8 @@ def arrival_offsets(n: int, rate: float, burstiness: float, rng: random.Random) 
         return [0.0] * n
     if rate <= 0:
         raise UserError(f"--request-rate {rate}: expected a positive rate (requests per second) or inf")
+    if math.isinf(burstiness):  # the gamma's limit: every gap is 1 / rate, evenly spaced arrivals
+        return [(i + 1) / rate for i in range(n)]
     gaps = [rng.gammavariate(burstiness, 1.0 / (rate * burstiness)) for _ in range(n)]
     offsets = [sum(gaps[: i + 1]) for i in range(n)]
     # vLLM rescales so the N requests span exactly N / rate seconds, whatever the draw.

@@ -19,7 +19,14 @@ from ornith_stack.bench import prompts, stats
 from ornith_stack.bench.acceptance import per_request, summarize_acceptance
 from ornith_stack.bench.checkers import check
 from ornith_stack.bench.client import EngineClient, RequestSample, ServerInfo, decode_rate
-from ornith_stack.bench.datasets import SEED000_TASKS, Problem, ServingPrompt, load_serving_prompts, load_tasks
+from ornith_stack.bench.datasets import (
+    SEED000_TASKS,
+    Problem,
+    ServingPrompt,
+    TaskSet,
+    load_serving_prompts,
+    load_tasks,
+)
 from ornith_stack.bench.sandbox import Limits, require_sandbox
 from ornith_stack.bench.serving import Load, run_load, serving_metrics, spread
 from ornith_stack.engines import EngineAdapter, SpecCounters, acceptance_length, detect_adapter
@@ -57,6 +64,8 @@ class BenchConfig:
     api_key: str | None = None
     tasks: tuple[str, ...] = SEED000_TASKS
     prompt_format: str = "seed000"
+    # datasets.TASK_ORDERS; None: the method's (seed 004 ran on dflash's server path), else "shuffled".
+    task_order: str | None = None
     thinking: bool = False  # chat_template_kwargs.enable_thinking of task requests
     task_concurrency: tuple[int, ...] = ()  # seed 004: each task's problems again at these concurrencies
     requested_task_samples: int | None = None  # what the method asks for (seed 004: 128 per task)
@@ -73,8 +82,48 @@ class BenchConfig:
     request_rate: tuple[float, ...] = (math.inf,)
     burstiness: float = 1.0
     seed: int = 0
+    tokenizer: str | None = None  # counts the tokens of a stream without usage (a Hugging Face name or path)
     repeats: int = 3  # runs per load level (at least 3 gives a spread)
     goodput: dict[str, float] = field(default_factory=dict)  # SLOs in ms: ttft, tpot, e2el
+
+
+# The engine flag that sets the context window a request's prompt and new tokens must fit in.
+CONTEXT_FLAGS = "vLLM --max-model-len, SGLang --context-length"
+
+
+def refuse_what_cannot_fit(config: BenchConfig, max_model_len: int | None) -> None:
+    """Before any request: every suite's largest request (prompt tokens, at least one, plus the new
+    tokens it asks) must fit the served context, else one error naming the flags that fix it. An engine
+    answers a request that does not fit with HTTP 400, so a run would spend its time collecting errors."""
+    if not max_model_len:
+        return
+    for suite in config.suites:
+        prompt, new, flag = _largest_request(config, suite)
+        if prompt + new > max_model_len:
+            source = f"--method {config.method}" if config.method != "custom" and suite == "tasks" else flag
+            raise UserError(
+                f"the {suite} suite asks {prompt + new} tokens per request ({prompt} or more of prompt + {new} new, "
+                f"set by {source}) but the engine serves {max_model_len} (max_model_len in /v1/models): "
+                f"start the engine with a larger context ({CONTEXT_FLAGS}) or lower {flag}")
+
+
+def largest_concurrency(config: BenchConfig) -> int:
+    """The most requests the chosen suites have in flight at once (the HTTP pool's size)."""
+    levels = {"concurrency": config.concurrency, "tasks": (1, *config.task_concurrency),
+              "serving": config.max_concurrency}
+    return max((c for suite in config.suites for c in levels.get(suite, (1,))), default=1)
+
+
+def _largest_request(config: BenchConfig, suite: str) -> tuple[int, int, str]:
+    """(prompt tokens at least, new tokens, the bench flag that sets them) of a suite's largest request."""
+    if suite == "tasks":
+        return 1, config.task_max_tokens, "--task-max-tokens"
+    if suite == "serving" and config.dataset_path is None:
+        return config.random_input_len, config.random_output_len, "--random-input-len/--random-output-len"
+    if suite == "serving" and config.dataset_path is not None:
+        longest = max((p.output_tokens or 0 for p in load_serving_prompts(config.dataset_path)), default=0)
+        return 1, max(longest, config.random_output_len), "--random-output-len or the file's output_tokens"
+    return 1, config.max_tokens, "--max-tokens"
 
 
 class Progress(Protocol):
@@ -210,8 +259,9 @@ class Runner:
         each of the method's concurrencies for throughput (seed 004: 1, 8, 32)."""
         cfg = self.config
         require_sandbox(cfg.sandbox)
-        sets = load_tasks(cfg.tasks_dir, cfg.task_limit, cfg.tasks, cfg.prompt_format)
+        sets = load_tasks(cfg.tasks_dir, cfg.task_limit, cfg.tasks, cfg.prompt_format, cfg.task_order or "shuffled")
         suite: dict[str, Any] = {"max_tokens": cfg.task_max_tokens, "prompt_format": cfg.prompt_format,
+                                 "order": cfg.task_order or "shuffled",
                                  "thinking": cfg.thinking, "requested_samples": cfg.requested_task_samples,
                                  "sampling": cfg.sampling.model_dump() if cfg.sampling else "greedy",
                                  "tasks": {}}
@@ -222,6 +272,7 @@ class Runner:
             entry: dict[str, Any] = {"source": task_set.source, "available": task_set.available, "samples": [],
                                      "throughput": []}
             suite["tasks"][task_set.task] = entry
+            self.task_warm_up(task_set, 1)
             first_spec = self.spec(self.scrape())
             for problem in task_set.problems:
                 sample = self.measured(self.body(problem.message, cfg.task_max_tokens, speed=False),
@@ -238,12 +289,25 @@ class Runner:
                 wall = sum(x["e2e_s"] or 0.0 for x in entry["samples"])
                 entry["throughput"].append(_throughput(1, entry["samples"], wall))
             for level in loads:
-                bodies = [self.body(p.message, cfg.task_max_tokens, speed=False) for p in task_set.problems]
+                measured = self.task_warm_up(task_set, level)
+                bodies = [self.body(p.message, cfg.task_max_tokens, speed=False) for p in measured]
                 run = run_load(self.client.stream_chat, bodies, Load(max_concurrency=level), self.rng,
                                self.client.stop, on_done=lambda s: self.progress.advance(_note(s)))
                 entry["throughput"].append(_throughput(level, [x.to_json() for x in run.samples], run.duration_s))
                 if run.interrupted:
                     raise KeyboardInterrupt
+
+    def task_warm_up(self, task_set: TaskSet, level: int) -> list[Problem]:
+        """Empty the prefix cache where the engine allows it and send the warm-up requests of one
+        concurrency level (server order: the first `level` rows, all at once, unrecorded), as dflash does;
+        return the problems to measure at that level."""
+        warm, measured = task_set.window(level)
+        self.client.flush_cache()
+        bodies = [self.body(p.message, self.config.task_max_tokens, speed=False) for p in warm]
+        if bodies and run_load(self.client.stream_chat, bodies, Load(max_concurrency=level), self.rng,
+                               self.client.stop).interrupted:
+            raise KeyboardInterrupt
+        return measured
 
     def verdict(self, problem: Problem, sample: RequestSample) -> dict[str, Any]:
         if sample.error:
@@ -347,7 +411,7 @@ class Runner:
         seeds = random.Random(cfg.seed)
 
         def bodies() -> list[dict[str, Any]]:
-            return [self.random_body(prompts.sized_prompt(words, seed=seeds.randrange(1 << 30)))
+            return [self.random_body(prompts.sized_prompt(words, seed=seeds.randrange(1 << 30), reproducible=True))
                     for _ in range(cfg.num_prompts)]
         return bodies
 
@@ -367,11 +431,12 @@ class Runner:
         return body
 
     def level(self, entry: dict[str, Any], load: Load, bodies: Callable[[], list[dict[str, Any]]]) -> None:
-        """One load level into `entry`: unrecorded warm-up requests, then `repeats` recorded runs, each
+        """One load level into `entry`: the prefix cache emptied where the engine allows it, unrecorded
+        warm-up requests, then `repeats` recorded runs, each
         summarized as the peers do, with the spread of the headline figures across runs. Ctrl-C keeps
         the requests of the current run that finished."""
         cfg = self.config
-        entry |= {"load": load.label, "runs": [], "samples": []}
+        entry |= {"load": load.label, "runs": [], "samples": [], "flushed_cache": self.client.flush_cache()}
         warm = bodies()[: max(cfg.warmup, 0) * (load.max_concurrency or 1)]
         if warm and run_load(self.client.stream_chat, warm, Load(max_concurrency=load.max_concurrency),
                              self.rng, self.client.stop).interrupted:

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from ornith_stack.bench import SUITES, BenchConfig, run_bench
 from ornith_stack.bench.compare import load_result
-from ornith_stack.bench.datasets import PROMPT_FORMATS, SEED000_TASKS, TASKS
+from ornith_stack.bench.datasets import PROMPT_FORMATS, SEED000_TASKS, TASK_ORDERS, TASKS
 from ornith_stack.bench.methods import METHODS, apply_method
 from ornith_stack.bench.report import write_outputs
 from ornith_stack.bench.sandbox import UNSAFE_FLAG, Limits, require_sandbox
@@ -134,6 +134,9 @@ def register(app: typer.Typer) -> None:
         tasks_dir: Annotated[Path | None, typer.Option(help="Folder with gsm8k.jsonl / humaneval.jsonl[.gz].")] = None,
         tasks: Annotated[str, typer.Option(help=f"Task sets, comma-separated: {', '.join(TASKS)} or all.")] = ",".join(SEED000_TASKS),
         prompt_format: Annotated[str, typer.Option(help=f"Task prompts: {' or '.join(PROMPT_FORMATS)}.")] = "seed000",
+        task_order: Annotated[str | None, typer.Option(help="Task problems: server (z-lab/dflash's server path: file "
+                                                        "order, the first `concurrency` rows warm-up; seed004's "
+                                                        "default) or shuffled (its seeded draw; the default).")] = None,
         thinking: Annotated[bool, typer.Option(help="enable_thinking for task requests.")] = False,
         random_input_len: Annotated[int, typer.Option(min=1, help="serving: prompt tokens of each request.")] = 1024,
         random_output_len: Annotated[int, typer.Option(min=2, help="serving: output tokens of each request.")] = 128,
@@ -144,6 +147,8 @@ def register(app: typer.Typer) -> None:
         request_rate: Annotated[str, typer.Option(help="serving: requests per second, comma-separated; inf: no pacing.")] = "inf",
         burstiness: Annotated[float, typer.Option(min=0.01, help="serving: gamma shape of arrivals (1: Poisson).")] = 1.0,
         seed: Annotated[int, typer.Option(help="serving: seed of prompts and arrival times.")] = 0,
+        tokenizer: Annotated[str | None, typer.Option(help="The model's Hugging Face tokenizer (name or path): counts "
+                                                      "the tokens of a stream that reports no usage.")] = None,
         repeats: Annotated[int, typer.Option(min=1, help="Recorded runs per load level (3 or more gives a spread).")] = 3,
         goodput: Annotated[str, typer.Option(help="SLOs for goodput, e.g. 'ttft:500 tpot:50 e2el:10000' (ms).")] = "",
         ignore_eos: Annotated[bool, typer.Option(help="Send ignore_eos so speed requests generate max-tokens.")] = True,
@@ -162,14 +167,18 @@ def register(app: typer.Typer) -> None:
             sampling=chosen.serve.sampling if chosen else None, ignore_eos=ignore_eos, timeout_s=timeout,
             sandbox=Limits(wall_s=code_timeout, unsafe_without_sandbox=unsafe_run_code_without_sandbox),
             api_key=api_key, tasks=parse_tasks(tasks), prompt_format=prompt_format, thinking=thinking,
+            task_order=task_order,
             random_input_len=random_input_len, random_output_len=random_output_len, num_prompts=num_prompts,
             dataset_path=dataset_path,
             max_concurrency=parse_ints("--max-concurrency", max_concurrency),
             request_rate=parse_rates(request_rate), burstiness=burstiness, seed=seed, repeats=repeats,
+            tokenizer=tokenizer,
             goodput=parse_goodput(goodput.replace(",", " ").split()),
         )
         if prompt_format not in PROMPT_FORMATS:
             raise UserError(f"--prompt-format {prompt_format!r}: choose from {', '.join(PROMPT_FORMATS)}")
+        if task_order is not None and task_order not in TASK_ORDERS:
+            raise UserError(f"--task-order {task_order!r}: choose from {', '.join(TASK_ORDERS)}")
         config = apply_method(config, method)
         if "tasks" in config.suites:
             require_sandbox(config.sandbox)
