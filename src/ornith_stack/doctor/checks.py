@@ -104,7 +104,7 @@ def _check_gpus(report: Report, profile: Profile | None, gpus: list[GpuInfo], er
                                                 f"{report.profile!r} expects {needed.memory_gib:g} GiB")
     if matched_name(profile, gpus[0].name) is None:
         report.add("warn", "gpu model", f"{gpus[0].name} is not one of the profile's GPUs "
-                                        f"({', '.join(needed.nvml_names)}); the plan below uses its real memory")
+                                        f"({', '.join(needed.models)}); the plan below uses its real memory")
     if profile.model.shape:
         shape = load_shape(profile.model.shape)
         cc = version_tuple(gpus[0].compute_capability)
