@@ -8,7 +8,7 @@ from typing import Any
 
 from ornith_stack.engines import adapter_for
 from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, with_header
-from ornith_stack.profiles import images, load_profile, profile_names
+from ornith_stack.profiles import images, load_profile, shipped_profile_names
 from ornith_stack.profiles.images import parse_image
 from ornith_stack.profiles.model import Profile
 
@@ -81,7 +81,7 @@ def _builder(name: str, template: str, style: str) -> Callable[[], str]:
 
 
 def files(root: Path) -> Iterator[GeneratedFile]:
-    for name in profile_names():
+    for name in shipped_profile_names():
         for pattern, template, style in TARGETS:
             if (TEMPLATES / template).is_file():
                 yield GeneratedFile(pattern.format(name=name), source(name, template), _builder(name, template, style))

@@ -1,4 +1,9 @@
-"""Load, list and validate the hardware profiles shipped in this folder.
+"""Load, list and validate the hardware profiles: those shipped in this folder and the operator's own.
+
+The operator's profiles (`ornith-stack profiles new` writes them) live in ORNITH_PROFILE_DIR, by
+default $XDG_CONFIG_HOME/ornith-stack/profiles (~/.config/ornith-stack/profiles); a name found there
+wins over a shipped profile of the same name. `render` generates the checkout's files from the
+shipped profiles only.
 
 A profile file may start with `extends: <base>`; bases live in `bases/` and are merged key by key
 (mappings recursively, everything else replaced), so per-hardware files are overlays, not copies.
@@ -21,24 +26,35 @@ from ornith_stack.profiles.model import Profile
 
 DEFAULT_PROFILE = "cpu-demo"
 _PROFILE_DIR = Path(str(resources.files(__package__)))
+# The profiles `render` generates the checkout's files from (tests point it elsewhere).
+SHIPPED_DIR = _PROFILE_DIR
 _IMAGES = _PROFILE_DIR.parent / "images.yaml"
 
 
-def profile_dir() -> Path:
-    """Where profile files are read from; ORNITH_PROFILE_DIR points elsewhere (tests, operators)."""
-    return Path(os.environ.get("ORNITH_PROFILE_DIR", _PROFILE_DIR))
+def user_profile_dir() -> Path:
+    """The operator's profile folder: ORNITH_PROFILE_DIR, else $XDG_CONFIG_HOME/ornith-stack/profiles."""
+    if os.environ.get("ORNITH_PROFILE_DIR"):
+        return Path(os.environ["ORNITH_PROFILE_DIR"]).expanduser()
+    config = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(config) / "ornith-stack" / "profiles"
+
+
+def shipped_profile_names() -> list[str]:
+    return sorted(p.stem for p in SHIPPED_DIR.glob("*.yaml"))
 
 
 def profile_names() -> list[str]:
-    return sorted(p.stem for p in profile_dir().glob("*.yaml"))
+    """Shipped and operator profiles, by name."""
+    return sorted(set(shipped_profile_names()) | {p.stem for p in user_profile_dir().glob("*.yaml")})
 
 
 def profile_path(name: str) -> Path:
-    path = profile_dir() / f"{name}.yaml"
-    if not path.is_file():
-        known = ", ".join(profile_names())
-        raise UserError(f"unknown profile {name!r}; known profiles: {known}")
-    return path
+    for folder in (user_profile_dir(), SHIPPED_DIR):
+        path = folder / f"{name}.yaml"
+        if path.is_file():
+            return path
+    known = ", ".join(profile_names())
+    raise UserError(f"unknown profile {name!r}; known profiles: {known} (operator profiles: {user_profile_dir()})")
 
 
 def load_profile(name: str, overrides: dict[str, str] | None = None) -> Profile:
