@@ -32,6 +32,8 @@ class GpuModel:
     memory_bandwidth_gbps: float
     datacenter: bool
     interconnect: Interconnect
+    host_arch: str = "x86_64"
+    per_host: int = 8
 
     def matches(self, nvml_name: str) -> bool:
         bare = re.sub(r"^nvidia\s+", "", nvml_name.strip(), flags=re.IGNORECASE)
@@ -58,6 +60,8 @@ def _model(key: str, entry: dict[str, object]) -> GpuModel:
         memory_bandwidth_gbps=float(entry["memory_bandwidth_gbps"]),  # type: ignore[arg-type]
         datacenter=bool(entry["datacenter"]),
         interconnect=interconnect,  # type: ignore[arg-type]
+        host_arch=str(entry.get("host_arch", "x86_64")),
+        per_host=int(entry.get("per_host", 8)),  # type: ignore[call-overload]
     )
 
 

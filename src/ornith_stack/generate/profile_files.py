@@ -80,6 +80,20 @@ def _builder(name: str, template: str, style: str) -> Callable[[], str]:
     return build
 
 
+def operator_files(profile: Profile, profile_file: Path, command: str) -> list[GeneratedFile]:
+    """The compose file, Helm values and Ansible variables of an operator's profile (`profiles new`), laid
+    out as in a checkout; their header names the profile file and the command that wrote them."""
+    found = []
+    for pattern, template, style in TARGETS:
+        text = f"{profile_file} and src/ornith_stack/templates/{template}"
+
+        def build(template: str = template, style: str = style, text: str = text) -> str:
+            return with_header(text, render_profile(profile, template, style), "yaml", command)
+
+        found.append(GeneratedFile(pattern.format(name=profile.name), text, build))
+    return found
+
+
 def files(root: Path) -> Iterator[GeneratedFile]:
     for name in shipped_profile_names():
         for pattern, template, style in TARGETS:

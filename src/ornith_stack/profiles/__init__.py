@@ -62,9 +62,14 @@ def load_profile(name: str, overrides: dict[str, str] | None = None) -> Profile:
     path = profile_path(name)
     data = _resolve_extends(_read_yaml(path), path)
     data.setdefault("name", name)
-    _inject_engine_image(data, path)
     for key, value in (overrides or {}).items():
         _set_dotted(data, key, _set_value(key, value) if isinstance(value, str) else value)
+    return from_data(data, path)
+
+
+def from_data(data: dict[str, Any], path: Path) -> Profile:
+    """A profile from its (merged) mapping: the engine's image pin filled in from images.yaml, validated."""
+    _inject_engine_image(data, path)
     return validate(data, path)
 
 
