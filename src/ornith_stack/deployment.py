@@ -34,3 +34,28 @@ GRAFANA_DATASOURCE_UID = "ornith-prometheus"
 
 # The rule files Prometheus loads (generated under monitoring/prometheus/rules/).
 RULE_FILES = ("ornith-recording.yml", "ornith-alerts.yml")
+
+# Data-parallel replicas: one engine service per GPU set; with more than one, SGLang's Model Gateway
+# (PyPI sglang-router, the `smg` router) is the single endpoint in front of them, on the profile's port.
+ENGINE_SERVICE = "engine"
+# Where containers read an operator's profile (`profiles new`) from: compose mounts the file there.
+CONTAINER_PROFILE_DIR = "/etc/ornith-stack/profiles"
+GATEWAY_SERVICE = "gateway"
+GATEWAY_METRICS_PORT = 29000
+# Cache-aware routing: a request goes to the replica whose radix tree shares its longest prefix, unless
+# the load is unbalanced; then to the least loaded one.
+GATEWAY_POLICY = "cache_aware"
+# Ready when at least one worker is healthy (/liveness and /health answer as soon as the process runs).
+GATEWAY_HEALTH_PATH = "/readiness"
+
+
+def engine_services(replicas: int) -> list[str]:
+    """Service names of the engines: `engine` alone, `engine-0`, `engine-1`, ... behind a gateway."""
+    return [ENGINE_SERVICE] if replicas == 1 else [f"{ENGINE_SERVICE}-{i}" for i in range(replicas)]
+
+
+def gateway_args(worker_urls: list[str], port: int, host: str = "0.0.0.0", metrics_host: str = "0.0.0.0",
+                 metrics_port: int = GATEWAY_METRICS_PORT) -> list[str]:
+    """The Model Gateway's argv (after `python3 -m sglang_router.launch_router`) for these workers."""
+    return ["--worker-urls", *worker_urls, "--policy", GATEWAY_POLICY, "--host", host, "--port", str(port),
+            "--prometheus-host", metrics_host, "--prometheus-port", str(metrics_port)]

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ornith_stack.engines import launch_args, shell_join
 from ornith_stack.errors import UserError
-from ornith_stack.generate.core import GeneratedFile, render
+from ornith_stack.generate.core import GeneratedFile, find_root, render
 from ornith_stack.generate.profile_files import operator_files
 from ornith_stack.gpus import lookup
 from ornith_stack.planner.layout import DEFAULT_RECIPE, RECIPES, compute_layout, profile_document
@@ -51,6 +51,13 @@ def list_profiles() -> None:
     out.print(table)
 
 
+def _checkout_or(fallback: Path) -> Path:
+    try:
+        return find_root()
+    except UserError:
+        return fallback
+
+
 def register(app: typer.Typer) -> None:
     profiles = typer.Typer(help="List the hardware profiles, or show one.", no_args_is_help=False)
 
@@ -76,8 +83,10 @@ def register(app: typer.Typer) -> None:
         gpu: Annotated[str, typer.Option(help="GPU table key (e.g. h100-sxm) or NVML name (e.g. 'NVIDIA H200').")],
         count: Annotated[int, typer.Option(help="GPUs on the host.")] = 1,
         model: Annotated[str, typer.Option(help=f"Recipe: {', '.join(RECIPES)}.")] = DEFAULT_RECIPE,
-        out: Annotated[Path | None, typer.Option(help="Where compose/, helm/ and ansible/ files go "
-                                                      "(default: the profile folder's NAME/).")] = None,
+        out: Annotated[Path | None, typer.Option(help="Where compose/, helm/ and ansible/ files go (default: the "
+                                                      "ornith-stack checkout around the current folder, where "
+                                                      "compose finds its build contexts; else the profile "
+                                                      "folder's NAME/).")] = None,
         force: Annotated[bool, typer.Option(help="Replace an operator profile of that name.")] = False,
     ) -> None:
         """Compute a profile for COUNT x GPU from a seed's recipe and the planner; write it to the operator's
@@ -93,7 +102,8 @@ def register(app: typer.Typer) -> None:
         command = shlex.join(["ornith-stack", "profiles", "new", name, "--gpu", gpu, "--count", str(count),
                               "--model", model])
         document = profile_document(layout, command)
-        written = render(out or folder / name, operator_files(layout.profile, profile_file, command))
+        out = out or _checkout_or(folder / name)
+        written = render(out, operator_files(layout.profile, profile_file, command))
         render(folder, [GeneratedFile(profile_file.name, command, lambda: document)])
         plan = layout.plan
         typer.echo(f"{name}: {layout.replicas} replica(s) x tp {layout.tp} on {layout.count}x {layout.gpu.name}; "
@@ -102,7 +112,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"note: {layout.idle} GPU(s) stay idle ({layout.count} is not a multiple of tp {layout.tp})")
         typer.echo(f"wrote {profile_file}")
         for outcome in written:
-            typer.echo(f"wrote {(out or folder / name) / outcome.path}")
+            typer.echo(f"wrote {out / outcome.path}")
 
     app.add_typer(profiles, name="profiles")
 

@@ -167,3 +167,8 @@ class Profile(Strict):
     @property
     def gpu_count(self) -> int:
         return self.hardware.gpu.count if self.hardware.gpu else 0
+
+    @property
+    def gpus_per_engine(self) -> int:
+        """GPUs one engine replica sees (its container is pinned to them)."""
+        return self.gpu_count // self.serve.replicas
