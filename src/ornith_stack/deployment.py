@@ -56,6 +56,8 @@ def engine_services(replicas: int) -> list[str]:
 
 def gateway_args(worker_urls: list[str], port: int, host: str = "0.0.0.0", metrics_host: str = "0.0.0.0",
                  metrics_port: int = GATEWAY_METRICS_PORT) -> list[str]:
-    """The Model Gateway's argv (after `python3 -m sglang_router.launch_router`) for these workers."""
-    return ["--worker-urls", *worker_urls, "--policy", GATEWAY_POLICY, "--host", host, "--port", str(port),
+    """The Model Gateway's argv (after `python3 -m sglang_router.launch_router`) for these workers (none: the
+    caller adds a discovery of its own)."""
+    workers = ["--worker-urls", *worker_urls] if worker_urls else []
+    return [*workers, "--policy", GATEWAY_POLICY, "--host", host, "--port", str(port),
             "--prometheus-host", metrics_host, "--prometheus-port", str(metrics_port)]

@@ -106,6 +106,14 @@ SCENARIOS = (
         },
     ),
     Scenario(
+        name="gpu96-gateway",
+        profile="gpu96",
+        description="Two single-GPU copies of the 35B (the profile with serve.replicas 2) behind SGLang's Model "
+        "Gateway, which discovers the engine pods by label and routes cache-aware.",
+        overrides={"serve.replicas": "2", "hardware.gpu.count": "2"},
+        values={"modelCache": {"accessModes": ["ReadWriteMany"]}},
+    ),
+    Scenario(
         name="a100x2-existing-claim",
         profile="a100x2",
         description="A cluster without the Prometheus Operator, weights on an existing claim, the engine image "

@@ -65,7 +65,8 @@ def gateway(profile: Profile, replicas: list[dict[str, Any]]) -> dict[str, Any] 
     port = profile.serve.port
     urls = [f"http://{r['service']}:{port}" for r in replicas]
     return {"service": deployment.GATEWAY_SERVICE, "pin": images()["gateway"], "args": deployment.gateway_args(urls, port),
-            "urls": urls}
+            # Helm: the gateway finds the engine pods itself (service discovery), no worker list.
+            "args_discovered": deployment.gateway_args([], port)}
 
 
 def template_context(profile: Profile, style: str, profile_file: Path | None = None) -> dict[str, Any]:
