@@ -17,10 +17,13 @@ METRICS_PATH = "/metrics"
 # Prometheus HTTP service discovery on the exporter: the engines it watches, so Prometheus scrapes
 # their raw /metrics without a second list of addresses.
 SD_PATH = "/sd/engines"
+# ... and the Model Gateways in front of replicas (their smg_* metrics), given with `exporter --gateway`.
+GATEWAY_SD_PATH = "/sd/gateways"
 
 # Prometheus job names; alert rules select on them and the Helm ServiceMonitor relabels to them.
 EXPORTER_JOB = "ornith-exporter"
 ENGINE_JOB = "engine"
+GATEWAY_JOB = "gateway"
 SCRAPE_INTERVAL = "15s"
 
 # Alertmanager: its compose service and port, and the webhook URL of the generated configuration until

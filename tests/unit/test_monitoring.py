@@ -223,9 +223,10 @@ def test_ansible_prometheus_config_scrapes_the_same_jobs_as_compose(tmp_path: Pa
         monitoring_exporter_listen="127.0.0.1:9555", monitoring_prometheus_scrape_interval="30s")
     host, compose = yaml.safe_load(text), yaml.safe_load((PROM / "prometheus.yml").read_text())
     assert [j["job_name"] for j in host["scrape_configs"]] == [j["job_name"] for j in compose["scrape_configs"]]
-    exporter, engine = host["scrape_configs"]
+    exporter, engine, gateway = host["scrape_configs"]
     assert exporter["static_configs"] == [{"targets": ["127.0.0.1:9555"]}]
     assert engine["http_sd_configs"] == [{"url": "http://127.0.0.1:9555/sd/engines"}]
+    assert gateway["http_sd_configs"] == [{"url": "http://127.0.0.1:9555/sd/gateways"}]
     assert host["global"]["scrape_interval"] == "30s"
     assert [Path(f).name for f in host["rule_files"]] == [Path(f).name for f in compose["rule_files"]]
     if PROMTOOL:  # the role validates with promtool from a temporary copy, rules at absolute paths

@@ -68,6 +68,8 @@ def prometheus_config(exporter: str, alertmanager: str, scrape_interval: str = D
             # The engine's own metrics, raw (engine-specific names), at the addresses the exporter was
             # given: one list of targets, whatever port the profile serves on.
             {"job_name": D.ENGINE_JOB, "http_sd_configs": [{"url": f"http://{exporter}{D.SD_PATH}"}]},
+            # The Model Gateway's own metrics (smg_*) where replicas run behind one; no targets otherwise.
+            {"job_name": D.GATEWAY_JOB, "http_sd_configs": [{"url": f"http://{exporter}{D.GATEWAY_SD_PATH}"}]},
         ],
     }
 
