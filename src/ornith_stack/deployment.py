@@ -46,7 +46,11 @@ CONTAINER_PROFILE_DIR = "/etc/ornith-stack/profiles"
 GATEWAY_SERVICE = "gateway"
 GATEWAY_METRICS_PORT = 29000
 # Cache-aware routing: a request goes to the replica whose radix tree shares its longest prefix, unless
-# the load is unbalanced; then to the least loaded one.
+# the load is unbalanced; then to the least loaded one. Requests that share a chat template's prefix all
+# match one replica, so only the balance rule spreads them (measured with sglang-router 0.3.2 and two
+# vLLM replicas: sequential requests all went to one). The gateway balances once the busiest replica has
+# 64 requests more in flight than the idlest (and 1.5x as many): far beyond a replica that runs 4 at a
+# time (seed 000), so the threshold is the engine's running-request limit where the profile sets one.
 GATEWAY_POLICY = "cache_aware"
 # Ready when at least one worker is healthy (/liveness and /health answer as soon as the process runs).
 GATEWAY_HEALTH_PATH = "/readiness"
@@ -58,9 +62,10 @@ def engine_services(replicas: int) -> list[str]:
 
 
 def gateway_args(worker_urls: list[str], port: int, host: str = "0.0.0.0", metrics_host: str = "0.0.0.0",
-                 metrics_port: int = GATEWAY_METRICS_PORT) -> list[str]:
+                 metrics_port: int = GATEWAY_METRICS_PORT, balance_threshold: int | None = None) -> list[str]:
     """The Model Gateway's argv (after `python3 -m sglang_router.launch_router`) for these workers (none: the
     caller adds a discovery of its own)."""
     workers = ["--worker-urls", *worker_urls] if worker_urls else []
-    return [*workers, "--policy", GATEWAY_POLICY, "--host", host, "--port", str(port),
+    balance = ["--balance-abs-threshold", str(balance_threshold)] if balance_threshold else []
+    return [*workers, "--policy", GATEWAY_POLICY, *balance, "--host", host, "--port", str(port),
             "--prometheus-host", metrics_host, "--prometheus-port", str(metrics_port)]

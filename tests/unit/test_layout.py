@@ -251,6 +251,8 @@ def test_replicas_are_pinned_to_their_own_gpus_behind_the_gateway() -> None:
     workers = command[command.index("--worker-urls") + 1: command.index("--policy")]
     assert workers == [f"http://engine-{i}:30000" for i in range(4)]
     assert command[command.index("--policy") + 1] == "cache_aware"
+    # Balanced once a replica has its running-request limit (seed 000: 4) more in flight than another.
+    assert command[command.index("--balance-abs-threshold") + 1] == "4"
     assert gateway["ports"] == ["${ORNITH_BIND:-127.0.0.1}:${ORNITH_ENGINE_PORT:-30000}:30000"]
     assert "/readiness" in " ".join(gateway["healthcheck"]["test"])
     exporter = services["exporter"]["command"]

@@ -58,15 +58,16 @@ def replica_sets(profile: Profile, tp: int) -> list[dict[str, Any]]:
             for i, s in enumerate(services)]
 
 
-def gateway(profile: Profile, replicas: list[dict[str, Any]]) -> dict[str, Any] | None:
+def gateway(profile: Profile, replicas: list[dict[str, Any]], running_limit: int | None) -> dict[str, Any] | None:
     """The Model Gateway in front of more than one replica: its image pin and argv; None for one engine."""
     if len(replicas) == 1:
         return None
     port = profile.serve.port
     urls = [f"http://{r['service']}:{port}" for r in replicas]
-    return {"service": deployment.GATEWAY_SERVICE, "pin": images()["gateway"], "args": deployment.gateway_args(urls, port),
+    return {"service": deployment.GATEWAY_SERVICE, "pin": images()["gateway"],
+            "args": deployment.gateway_args(urls, port, balance_threshold=running_limit),
             # Helm: the gateway finds the engine pods itself (service discovery), no worker list.
-            "args_discovered": deployment.gateway_args([], port)}
+            "args_discovered": deployment.gateway_args([], port, balance_threshold=running_limit)}
 
 
 def template_context(profile: Profile, style: str, profile_file: Path | None = None) -> dict[str, Any]:
@@ -75,15 +76,16 @@ def template_context(profile: Profile, style: str, profile_file: Path | None = N
     adapter = adapter_for(profile)
     argv = adapter.launch_args(filled)
     refs = {w: getattr(profile, w) for w in ("model", "draft")}
-    replicas = replica_sets(profile, adapter.settings(profile).tp)
+    settings = adapter.settings(profile)
+    replicas = replica_sets(profile, settings.tp)
     return {
         "replicas": replicas,
         # An operator's profile is not in the images: compose mounts this file into the containers.
         "profile_file": profile_file,
-        "gateway": gateway(profile, replicas),
+        "gateway": gateway(profile, replicas, settings.max_running_requests),
         "profile": profile,
         "adapter": adapter,
-        "settings": adapter.settings(profile),
+        "settings": settings,
         "launch_args": argv,
         # The argv split into the program (python3 -m module) and the flags after it.
         "engine_command": argv[:3],
