@@ -9,6 +9,8 @@ change and read the diff).
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -257,3 +259,13 @@ def test_replicas_are_pinned_to_their_own_gpus_behind_the_gateway() -> None:
     assert "/readiness" in " ".join(gateway["healthcheck"]["test"])
     exporter = services["exporter"]["command"]
     assert [exporter[i + 1] for i, w in enumerate(exporter) if w == "--target"] == workers
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose (v1) is not installed")
+@pytest.mark.parametrize("golden", sorted(GOLDEN.glob("compose-*.yml")), ids=lambda p: p.stem)
+def test_docker_compose_accepts_the_computed_files(golden: Path, tmp_path: Path) -> None:
+    (tmp_path / "compose").mkdir()
+    shutil.copy(golden, tmp_path / "compose" / golden.name)
+    result = subprocess.run(["docker-compose", "-f", f"compose/{golden.name}", "config", "-q"], cwd=tmp_path,
+                            check=False, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
