@@ -63,14 +63,15 @@ class Gateway:
                 found[labels["worker"]] = found.get(labels["worker"], 0.0) + value
         return found
 
-    def taken_out(self, worker: str) -> bool:
-        """Whether the gateway stopped routing to `worker`: its circuit breaker opened (failed requests) or
-        its health checks marked it unhealthy."""
+    def breaker_opened(self, worker: str) -> float:
+        """How often the circuit breaker of `worker` went from closed to open."""
+        return sum(v for labels, v in _samples(httpx.get(self.metrics_url, timeout=10).text,
+                                                "smg_worker_cb_transitions_total")
+                   if labels.get("worker") == worker and (labels.get("from"), labels.get("to")) == ("closed", "open"))
+
+    def healthy(self, worker: str) -> bool:
         text = httpx.get(self.metrics_url, timeout=10).text
-        opened = sum(v for labels, v in _samples(text, "smg_worker_cb_transitions_total")
-                     if labels.get("worker") == worker and (labels.get("from"), labels.get("to")) == ("closed", "open"))
-        health = [v for labels, v in _samples(text, "smg_worker_health") if labels.get("worker") == worker]
-        return opened > 0 or health == [0.0]
+        return [v for labels, v in _samples(text, "smg_worker_health") if labels.get("worker") == worker] == [1.0]
 
     def chat(self, model: str, client: httpx.Client, prompt: str = PROMPT) -> httpx.Response:
         return client.post(f"{self.url}/v1/chat/completions", json={
@@ -189,9 +190,14 @@ def test_a_killed_replica_is_routed_around_shown_down_and_rejoins(
         thread.start()
     try:
         time.sleep(3)
+        opened_before = gateway.breaker_opened(dead)
+        assert gateway.healthy(dead)
         killed_at = time.monotonic()
         stack.close()  # replica 1: its whole process group is killed
-        opened_at = killed_at + _wait(lambda: gateway.taken_out(dead), 120, gateway, "taken out of rotation")
+        # Taken out of rotation: its circuit breaker opens (failed requests) or its health checks fail.
+        opened_at = killed_at + _wait(
+            lambda: gateway.breaker_opened(dead) > opened_before or not gateway.healthy(dead), 120, gateway,
+            "taken out of rotation")
         time.sleep(10)
         assert up(dead) == 0.0 and up(first.base_url) == 1.0
         failed_before = [o for t, o in outcomes if killed_at <= t <= opened_at and o != 200]
