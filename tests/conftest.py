@@ -32,3 +32,10 @@ def shared() -> Path:
     if not (SHARED / "seeds").is_dir():
         pytest.skip(f"shared/ with the seeds is not at {SHARED} (set ORNITH_SHARED_DIR)")
     return SHARED
+
+
+@pytest.fixture(autouse=True)
+def _no_operator_profiles(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests see the shipped profiles only, never the profiles of whoever runs them (~/.config)."""
+    if "ORNITH_PROFILE_DIR" not in os.environ:
+        monkeypatch.setenv("ORNITH_PROFILE_DIR", str(tmp_path_factory.mktemp("operator-profiles")))

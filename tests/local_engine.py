@@ -110,11 +110,13 @@ def running_engine(
     extra_args: Mapping[str, object] | None = None,
     timeout_s: float = DEFAULT_START_TIMEOUT_S,
     log_path: Path | None = None,
+    port: int | None = None,
 ) -> Iterator[LocalEngine]:
-    """Run the engine for `model_dir` as `profile` describes; yield it once healthy; always stop it."""
+    """Run the engine for `model_dir` as `profile` describes; yield it once healthy; always stop it.
+    `port`: a given loopback port (an engine restarted at the same address), else a free one."""
     prof = engine_profile(model_dir, profile=profile, speculative=speculative, extra_args=extra_args)
     check_engine_installed(prof)
-    port = free_port()
+    port = port or free_port()
     argv, env = engine_command(prof, port)
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="ornith-engine-", suffix=".log")

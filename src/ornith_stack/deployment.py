@@ -23,10 +23,13 @@ METRICS_PATH = "/metrics"
 # Prometheus HTTP service discovery on the exporter: the engines it watches, so Prometheus scrapes
 # their raw /metrics without a second list of addresses.
 SD_PATH = "/sd/engines"
+# ... and the Model Gateways in front of replicas (their smg_* metrics), given with `exporter --gateway`.
+GATEWAY_SD_PATH = "/sd/gateways"
 
 # Prometheus job names; alert rules select on them and the Helm ServiceMonitor relabels to them.
 EXPORTER_JOB = "ornith-exporter"
 ENGINE_JOB = "engine"
+GATEWAY_JOB = "gateway"
 SCRAPE_INTERVAL = "15s"
 # Ports Prometheus and Grafana serve on, in their containers and by default on the host.
 PROMETHEUS_PORT = 9090
@@ -43,3 +46,40 @@ GRAFANA_DATASOURCE_UID = "ornith-prometheus"
 
 # The rule files Prometheus loads (generated under monitoring/prometheus/rules/).
 RULE_FILES = ("ornith-recording.yml", "ornith-alerts.yml")
+
+# Data-parallel replicas: one engine service per GPU set; with more than one, SGLang's Model Gateway
+# (PyPI sglang-router, the `smg` router) is the single endpoint in front of them, on the profile's port.
+ENGINE_SERVICE = "engine"
+# Where containers read an operator's profile (`profiles new`) from: compose mounts the file there.
+CONTAINER_PROFILE_DIR = "/etc/ornith-stack/profiles"
+GATEWAY_SERVICE = "gateway"
+GATEWAY_METRICS_PORT = 29000
+# Cache-aware routing: a request goes to the replica whose radix tree shares its longest prefix, unless
+# the load is unbalanced; then to the least loaded one. Requests that share a chat template's prefix all
+# match one replica, so only the balance rule spreads them (measured with sglang-router 0.3.2 and two
+# vLLM replicas: sequential requests all went to one). The gateway balances once the busiest replica has
+# 64 requests more in flight than the idlest (and 1.5x as many): far beyond a replica that runs 4 at a
+# time (seed 000), so the threshold is the engine's running-request limit where the profile sets one.
+GATEWAY_POLICY = "cache_aware"
+# Ready when at least one worker is healthy (/liveness and /health answer as soon as the process runs).
+GATEWAY_HEALTH_PATH = "/readiness"
+# Seconds between the gateway's health checks of each replica; it takes a replica out after 3 failed ones.
+# Its default, 60 s, leaves a dead replica in rotation for 3 minutes when no traffic opens its circuit
+# breaker (10 failed requests do: measured, it then retried them on the other replica, none failed).
+GATEWAY_HEALTH_CHECK_INTERVAL_S = 10
+
+
+def engine_services(replicas: int) -> list[str]:
+    """Service names of the engines: `engine` alone, `engine-0`, `engine-1`, ... behind a gateway."""
+    return [ENGINE_SERVICE] if replicas == 1 else [f"{ENGINE_SERVICE}-{i}" for i in range(replicas)]
+
+
+def gateway_args(worker_urls: list[str], port: int, host: str = "0.0.0.0", metrics_host: str = "0.0.0.0",
+                 metrics_port: int = GATEWAY_METRICS_PORT, balance_threshold: int | None = None) -> list[str]:
+    """The Model Gateway's argv (after `python3 -m sglang_router.launch_router`) for these workers (none: the
+    caller adds a discovery of its own)."""
+    workers = ["--worker-urls", *worker_urls] if worker_urls else []
+    balance = ["--balance-abs-threshold", str(balance_threshold)] if balance_threshold else []
+    return [*workers, "--policy", GATEWAY_POLICY, *balance,
+            "--health-check-interval-secs", str(GATEWAY_HEALTH_CHECK_INTERVAL_S), "--host", host, "--port", str(port),
+            "--prometheus-host", metrics_host, "--prometheus-port", str(metrics_port)]

@@ -32,6 +32,14 @@ def _compose(name: str) -> dict:
     return yaml.safe_load((REPO / "compose" / f"{name}.yml").read_text())
 
 
+# Computed profiles' compose files (tests/unit/test_layout.py keeps them current): replicas and the gateway.
+COMPUTED = sorted((REPO / "tests" / "fixtures" / "computed").glob("compose-*.yml"))
+
+
+def _all_composes() -> list[dict]:
+    return [_compose(n) for n in profile_names()] + [yaml.safe_load(p.read_text()) for p in COMPUTED]
+
+
 def _default(value: str) -> str:
     """The default of a `${VAR:-default}` reference (the value itself when it is not one)."""
     match = re.fullmatch(r"\$\{\w+:-(.*)\}", value)
@@ -44,7 +52,8 @@ def _arg_defaults(dockerfile: Path) -> dict[str, str]:
 
 def test_one_engine_dockerfile_serves_every_gpu_profile() -> None:
     # SGLang and vLLM differ only in build args: one engine Dockerfile, no near-copies.
-    assert {p.name for p in DOCKERFILES} == {"engine.Dockerfile", "exporter.Dockerfile", "cpu-demo.Dockerfile"}
+    assert {p.name for p in DOCKERFILES} == {"engine.Dockerfile", "exporter.Dockerfile", "cpu-demo.Dockerfile",
+                                             "gateway.Dockerfile"}
     gpu = [n for n in profile_names() if "dockerfile" not in _engine_pin(n)]
     assert {_compose(n)["services"]["engine"]["build"]["dockerfile"] for n in gpu} == {"docker/engine.Dockerfile"}
     assert {load_profile(n).engine.kind for n in gpu} == {"sglang", "vllm"}
@@ -64,8 +73,8 @@ def test_dockerfile_is_hadolint_clean(dockerfile: Path) -> None:
 def _build_args_by_dockerfile() -> dict[str, list[dict[str, str]]]:
     """For each Dockerfile, the build args (their defaults) that the compose files pass to it."""
     found: dict[str, list[dict[str, str]]] = {}
-    for name in profile_names():
-        for service in _compose(name)["services"].values():
+    for compose in _all_composes():
+        for service in compose["services"].values():
             build = service.get("build")
             if build:
                 args = {k: _default(str(v)) for k, v in build.get("args", {}).items()}
@@ -120,7 +129,7 @@ def test_the_seeds_sglang_pin_is_kept_and_its_plain_tag_fallback_is_named_everyw
         assert SGLANG_FALLBACK in text, path
 
 
-@pytest.mark.parametrize("dockerfile", ["exporter.Dockerfile", "cpu-demo.Dockerfile"])
+@pytest.mark.parametrize("dockerfile", ["exporter.Dockerfile", "cpu-demo.Dockerfile", "gateway.Dockerfile"])
 def test_project_images_run_as_a_non_root_user_with_a_healthcheck(dockerfile: str) -> None:
     text = (DOCKER / dockerfile).read_text()
     final_stage = text.rsplit("\nFROM ", 1)[1]
@@ -131,7 +140,7 @@ def test_project_images_run_as_a_non_root_user_with_a_healthcheck(dockerfile: st
 
 def test_env_example_documents_every_compose_variable() -> None:
     used = set()
-    for path in (REPO / "compose").glob("*.yml"):
+    for path in [*(REPO / "compose").glob("*.yml"), *COMPUTED]:
         used |= set(re.findall(r"\$\{(\w+)", path.read_text()))
     example = (REPO / "compose" / ".env.example").read_text()
     documented = set(re.findall(r"^#? ?(\w+)=", example, flags=re.MULTILINE))
@@ -139,9 +148,9 @@ def test_env_example_documents_every_compose_variable() -> None:
     assert "HF_TOKEN" in documented
 
 
-@pytest.mark.parametrize("name", profile_names())
-def test_ports_bind_to_loopback_unless_the_operator_says_otherwise(name: str) -> None:
-    for service, spec in _compose(name)["services"].items():
+@pytest.mark.parametrize("compose", _all_composes(), ids=[*profile_names(), *(p.stem for p in COMPUTED)])
+def test_ports_bind_to_loopback_unless_the_operator_says_otherwise(compose: dict) -> None:
+    for service, spec in compose["services"].items():
         for port in spec.get("ports", []):
             assert port.startswith("${ORNITH_BIND:-127.0.0.1}:"), (service, port)
 

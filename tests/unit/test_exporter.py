@@ -707,6 +707,22 @@ def test_prometheus_discovers_the_engines_the_exporter_watches() -> None:
     ]
 
 
+def test_prometheus_discovers_the_model_gateway_apart_from_the_engines() -> None:
+    # Replicas behind SGLang's Model Gateway: its smg_* metrics are a job of their own (gateway).
+    engines = [Target("http://engine-0:30000", "h200x8"), Target("http://engine-1:30000", "h200x8")]
+    app, scraper, _ = build_app(Settings(engines, gateways=[Target("http://gateway:29000", "h200x8")]))
+    read = {path: json.loads(b"".join(app({"PATH_INFO": path}, lambda status, headers: None)))
+            for path in ("/sd/engines", "/sd/gateways")}
+    scraper.close()
+    assert [g["targets"] for g in read["/sd/engines"]] == [["engine-0:30000"], ["engine-1:30000"]]
+    assert read["/sd/gateways"] == [
+        {"targets": ["gateway:29000"],
+         "labels": {"__scheme__": "http", "target": "http://gateway:29000", "profile": "h200x8"}}]
+    app, scraper, _ = build_app(Settings(engines))
+    assert json.loads(b"".join(app({"PATH_INFO": "/sd/gateways"}, lambda status, headers: None))) == []
+    scraper.close()
+
+
 def test_build_app_returns_404_elsewhere() -> None:
     app, scraper, _ = build_app(Settings([Target("http://127.0.0.1:9")]))
     statuses: list[str] = []

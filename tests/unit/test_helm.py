@@ -582,7 +582,10 @@ def test_service_monitor_jobs_are_those_the_rules_select() -> None:
     (monitor,) = find(rendered("values-gb300x2.yaml"), "ServiceMonitor")
     relabelled = {r["replacement"] for e in monitor["spec"]["endpoints"] for r in e["relabelings"]
                   if r["targetLabel"] == "job"}
-    assert relabelled == jobs
+    assert relabelled == jobs - {"gateway"}  # the Model Gateway's job exists where replicas run behind one
+    monitors = find(rendered("ci/gpu96-gateway.yaml"), "ServiceMonitor")
+    assert {r["replacement"] for m in monitors for e in m["spec"]["endpoints"] for r in e["relabelings"]
+            if r["targetLabel"] == "job"} == jobs
 
 
 def test_a_bad_values_file_is_refused_before_anything_renders(tmp_path: Path) -> None:
@@ -755,3 +758,27 @@ def test_every_engine_pod_carries_the_labels_role_and_annotations(case: str) -> 
         assert metadata["labels"]["team"] == "llm" and metadata["labels"]["ornith.ai/role"] == role
         assert metadata["labels"]["app.kubernetes.io/component"] == "engine"
         assert metadata["annotations"] == {"example.com/owner": "ops"}
+
+
+def test_replicas_run_behind_the_model_gateway_which_discovers_the_engine_pods() -> None:
+    objects = rendered("ci/gpu96-gateway.yaml")
+    engine = next(o for o in find(objects, "Deployment") if o["metadata"]["name"] == f"{RELEASE}-engine")
+    assert engine["spec"]["replicas"] == 2
+    assert engine["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    gateway = next(o for o in find(objects, "Deployment") if o["metadata"]["name"] == f"{RELEASE}-gateway")
+    container = gateway["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert container["image"] == "ornith-stack/model-gateway:0.3.2"
+    assert args[args.index("--policy") + 1] == "cache_aware" and "--service-discovery" in args
+    selector = args[args.index("--selector") + 1: args.index("--service-discovery-port")]
+    assert {"app.kubernetes.io/component=engine", "ornith.ai/role=leader", f"app.kubernetes.io/instance={RELEASE}"} \
+        <= set(selector)
+    assert args[args.index("--service-discovery-namespace") + 1] == NAMESPACE
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    role = next(o for o in find(objects, "Role") if o["metadata"]["name"] == f"{RELEASE}-gateway")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    service = next(o for o in find(objects, "Service") if o["metadata"]["name"] == f"{RELEASE}-gateway")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"http": 30000, "metrics": 29000}
+    monitor = next(o for o in find(objects, "ServiceMonitor") if o["metadata"]["name"] == f"{RELEASE}-gateway")
+    assert monitor["spec"]["endpoints"][0]["relabelings"][0]["replacement"] == "gateway"
+    assert not [o for o in rendered("values-gpu96.yaml") if "gateway" in o["metadata"]["name"]]

@@ -9,6 +9,7 @@ import helm_python as helm
 import pytest
 import yaml
 
+from ornith_stack import profiles
 from ornith_stack.cli import main
 from ornith_stack.errors import UserError
 from ornith_stack.profiles import load_profile
@@ -54,6 +55,7 @@ def digest_profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     engine = f"engine:\n  kind: sglang\n  version: 0.5.17\n  image: {PINNED}\n"
     (folder / "digest.yaml").write_text(text.replace("description:", engine + "description:", 1))
     monkeypatch.setenv("ORNITH_PROFILE_DIR", str(folder))
+    monkeypatch.setattr(profiles, "SHIPPED_DIR", folder)  # render generates files for it too
     return folder
 
 

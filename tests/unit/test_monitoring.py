@@ -238,11 +238,12 @@ def test_ansible_prometheus_config_scrapes_the_same_jobs_as_compose(tmp_path: Pa
         monitoring_exporter_listen="127.0.0.1:9555", monitoring_prometheus_scrape_interval="30s")
     host, compose = yaml.safe_load(text), yaml.safe_load((PROM / "prometheus.yml").read_text())
     assert [j["job_name"] for j in host["scrape_configs"]] == [j["job_name"] for j in compose["scrape_configs"]]
-    exporter, engine, itself, alertmanager = host["scrape_configs"]
+    exporter, engine, gateway, itself, alertmanager = host["scrape_configs"]
     assert exporter["static_configs"] == [{"targets": ["127.0.0.1:9555"]}]
     assert itself["static_configs"] == [{"targets": ["localhost:9090"]}]
     assert alertmanager["static_configs"] == [{"targets": ["127.0.0.1:9093"]}]
     assert engine["http_sd_configs"] == [{"url": "http://127.0.0.1:9555/sd/engines"}]
+    assert gateway["http_sd_configs"] == [{"url": "http://127.0.0.1:9555/sd/gateways"}]
     assert host["global"]["scrape_interval"] == "30s"
     assert [Path(f).name for f in host["rule_files"]] == [Path(f).name for f in compose["rule_files"]]
     if PROMTOOL:  # the role validates with promtool from a temporary copy, rules at absolute paths

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ornith_stack import profiles
 from ornith_stack.cli import main
 from ornith_stack.engines import launch_args
 from ornith_stack.generate.generators import generated_files, render_all
@@ -71,7 +72,7 @@ def test_a_failing_template_leaves_no_file_half_written(
     for name in profile_names():
         shutil.copy(Path(load_profile.__code__.co_filename).parent / f"{name}.yaml", broken_dir)
     (broken_dir / "zzz.yaml").write_text("name: zzz\n")  # sorts last: fails after others rendered
-    monkeypatch.setenv("ORNITH_PROFILE_DIR", str(broken_dir))
+    monkeypatch.setattr(profiles, "SHIPPED_DIR", broken_dir)
     assert main(["render", "--root", str(checkout)]) == 2
     assert "zzz.yaml" in capsys.readouterr().err
     after = {p: p.read_text() for p in checkout.rglob("*") if p.is_file() and not p.is_relative_to(broken_dir)}

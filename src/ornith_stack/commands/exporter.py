@@ -25,6 +25,9 @@ def register(app: typer.Typer) -> None:
         listen: Annotated[str, typer.Option(help="[HOST]:PORT to serve /metrics on; :PORT for every address.")
                           ] = EXPORTER_LISTEN_HOST,
         profile: Annotated[str | None, typer.Option(help="Profile the targets run (labels, draft).")] = None,
+        gateway: Annotated[list[str] | None, typer.Option(
+            "--gateway", help="Metrics URL of a Model Gateway in front of the targets (e.g. http://gateway:29000), "
+            "listed for Prometheus at /sd/gateways; repeat for several.")] = None,
         canary: Annotated[bool, typer.Option("--canary", help="Send a known-answer request periodically.")] = False,
         canary_interval: Annotated[float, typer.Option(help="Seconds between canary requests.")] = 30.0,
         timeout: Annotated[float, typer.Option(help="Seconds allowed for one target's scrape.")] = 3.0,
@@ -53,6 +56,8 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"ornith-stack exporter on {host or '*'}:{port}/metrics, "
                    f"{len(targets)} target(s): {', '.join(t.public for t in targets)}", err=True)
         try:
-            serve(Settings(targets, host, port, timeout=timeout, canary=canary, canary_interval=canary_interval))
+            gateways = [Target(normalise_target(url), profile or "") for url in gateway or []]
+            serve(Settings(targets, host, port, timeout=timeout, canary=canary, canary_interval=canary_interval,
+                           gateways=gateways))
         except KeyboardInterrupt:
             pass

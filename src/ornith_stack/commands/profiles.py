@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -12,7 +14,11 @@ from rich.table import Table
 
 from ornith_stack.engines import launch_args, shell_join
 from ornith_stack.errors import UserError
-from ornith_stack.profiles import DEFAULT_PROFILE, load_all, load_profile
+from ornith_stack.generate.core import GeneratedFile, find_root, render
+from ornith_stack.generate.profile_files import operator_files
+from ornith_stack.gpus import lookup
+from ornith_stack.planner.layout import DEFAULT_RECIPE, RECIPES, compute_layout, profile_document
+from ornith_stack.profiles import DEFAULT_PROFILE, load_all, load_profile, shipped_profile_names, user_profile_dir
 
 out = Console()
 
@@ -45,6 +51,13 @@ def list_profiles() -> None:
     out.print(table)
 
 
+def _checkout_or(fallback: Path) -> Path:
+    try:
+        return find_root()
+    except UserError:
+        return fallback
+
+
 def register(app: typer.Typer) -> None:
     profiles = typer.Typer(help="List the hardware profiles, or show one.", no_args_is_help=False)
 
@@ -63,6 +76,43 @@ def register(app: typer.Typer) -> None:
         """Show one profile, with its base merged in and the image pin resolved."""
         data = load_profile(name, parse_sets(sets)).model_dump(mode="json", exclude_none=True)
         typer.echo(json.dumps(data, indent=2) if as_json else yaml.safe_dump(data, sort_keys=False))
+
+    @profiles.command("new")
+    def new(
+        name: Annotated[str, typer.Argument(help="Name of the new profile (lowercase letters, digits, dashes).")],
+        gpu: Annotated[str, typer.Option(help="GPU table key (e.g. h100-sxm) or NVML name (e.g. 'NVIDIA H200').")],
+        count: Annotated[int, typer.Option(help="GPUs on the host.")] = 1,
+        model: Annotated[str, typer.Option(help=f"Recipe: {', '.join(RECIPES)}.")] = DEFAULT_RECIPE,
+        out: Annotated[Path | None, typer.Option(help="Where compose/, helm/ and ansible/ files go (default: the "
+                                                      "ornith-stack checkout around the current folder, where "
+                                                      "compose finds its build contexts; else the profile "
+                                                      "folder's NAME/).")] = None,
+        force: Annotated[bool, typer.Option(help="Replace an operator profile of that name.")] = False,
+    ) -> None:
+        """Compute a profile for COUNT x GPU from a seed's recipe and the planner; write it to the operator's
+        profile folder (ORNITH_PROFILE_DIR, default ~/.config/ornith-stack/profiles) with its compose file,
+        Helm values and Ansible variables."""
+        folder = user_profile_dir()
+        profile_file = folder / f"{name}.yaml"
+        if name in shipped_profile_names():
+            raise UserError(f"{name!r} is a shipped profile; choose another name")
+        if profile_file.exists() and not force:
+            raise UserError(f"{profile_file} exists; pass --force to replace it")
+        layout = compute_layout(model, lookup(gpu), count, name)
+        command = shlex.join(["ornith-stack", "profiles", "new", name, "--gpu", gpu, "--count", str(count),
+                              "--model", model])
+        document = profile_document(layout, command)
+        out = out or _checkout_or(folder / name)
+        written = render(out, operator_files(layout.profile, profile_file, command))
+        render(folder, [GeneratedFile(profile_file.name, command, lambda: document)])
+        plan = layout.plan
+        typer.echo(f"{name}: {layout.replicas} replica(s) x tp {layout.tp} on {layout.count}x {layout.gpu.name}; "
+                   f"planner: fits, {plan.kv_cache_tokens:,} KV tokens per replica (profile {layout.base}'s flags)")
+        if layout.idle:
+            typer.echo(f"note: {layout.idle} GPU(s) stay idle ({layout.count} is not a multiple of tp {layout.tp})")
+        typer.echo(f"wrote {profile_file}")
+        for outcome in written:
+            typer.echo(f"wrote {out / outcome.path}")
 
     app.add_typer(profiles, name="profiles")
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from ornith_stack.doctor.gpu import GpuInfo
 from ornith_stack.errors import UserError
+from ornith_stack.gpus import identify
 from ornith_stack.planner import plan_request, request_for_profile
+from ornith_stack.planner.layout import DEFAULT_RECIPE, compute_layout
 from ornith_stack.profiles import load_profile, profile_names
 from ornith_stack.profiles.model import Profile
 
@@ -19,10 +21,9 @@ def least_memory(gpus: list[GpuInfo]) -> float | None:
 
 
 def matched_name(profile: Profile, gpu_name: str) -> str | None:
-    """The profile's NVML name that `gpu_name` contains, if any."""
-    gpu = profile.hardware.gpu
-    names = gpu.nvml_names if gpu else []
-    return next((n for n in names if n.lower() in gpu_name.lower()), None)
+    """The GPU-table key of `gpu_name` when the profile runs on that GPU, else None."""
+    gpu, found = profile.hardware.gpu, identify(gpu_name)
+    return found.key if gpu and found and found.key in gpu.models else None
 
 
 def choose_profile(name: str, gpus: list[GpuInfo]) -> tuple[Profile | None, str | None]:
@@ -50,11 +51,25 @@ def choose_profile(name: str, gpus: list[GpuInfo]) -> tuple[Profile | None, str 
     if not candidates:
         known = ", ".join(p.name for p in profiles if p.hardware.gpu)
         raise UserError(f"--profile auto: no profile matches {count}x {name0} ({memory:g} GiB); "
-                        f"pass --profile NAME (GPU profiles: {known})")
+                        f"{computed_offer(name0, count)}pass --profile NAME (GPU profiles: {known})")
     fits, uses, _, chosen, matched = max(candidates, key=lambda c: (c[0], c[1], c[2]))
     verdict = "its plan fits" if fits else "no matching profile's plan fits; this one uses the most GPUs"
-    return chosen, (f"auto picked {chosen.name!r}: {count}x {name0} ({memory:g} GiB) matches NVML name "
-                    f"{matched!r}, it uses {uses} GPU(s) and {verdict}")
+    return chosen, (f"auto picked {chosen.name!r}: {count}x {name0} ({memory:g} GiB) is {matched!r} in the GPU table"
+                    f", it uses {uses} GPU(s) and {verdict}")
+
+
+def computed_offer(gpu_name: str, count: int) -> str:
+    """The `profiles new` command that computes a profile for these GPUs, when the GPU table knows them."""
+    gpu = identify(gpu_name)
+    if gpu is None:
+        return ""
+    name = f"{gpu.key}x{count}"
+    try:
+        layout = compute_layout(DEFAULT_RECIPE, gpu, count, name)
+    except UserError as exc:
+        return f"a computed profile does not fit either ({exc}); "
+    return (f"a computed profile fits ({layout.replicas} replica(s) x tp {layout.tp}): run `ornith-stack profiles "
+            f"new {name} --gpu {gpu.key} --count {count}`, then --profile {name}; or ")
 
 
 def _plan_fits(profile: Profile, memory: float, count: int) -> bool:

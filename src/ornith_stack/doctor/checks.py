@@ -93,10 +93,12 @@ def _check_gpus(report: Report, profile: Profile | None, gpus: list[GpuInfo], er
             report.add("warn", "nvml", f"#{g.index} did not answer {failure}")
     if needed is None or profile is None:
         return
-    if len(gpus) < needed.count:
+    per_engine = profile.gpus_per_engine
+    if len(gpus) < per_engine:
+        each = f" per replica ({profile.serve.replicas} replicas)" if profile.serve.replicas > 1 else ""
         report.add("problem", "gpu count", f"{len(gpus)} GPU(s) visible, profile {report.profile!r} needs "
-                                           f"{needed.count}")
-    for g in gpus[: needed.count]:
+                                           f"{per_engine}{each}")
+    for g in gpus[:per_engine]:
         if g.memory_gib is None:
             report.add("problem", "gpu memory", f"#{g.index}: NVML could not read its memory; profile "
                                                 f"{report.profile!r} expects {needed.memory_gib:g} GiB")
@@ -105,7 +107,7 @@ def _check_gpus(report: Report, profile: Profile | None, gpus: list[GpuInfo], er
                                                 f"{report.profile!r} expects {needed.memory_gib:g} GiB")
     if matched_name(profile, gpus[0].name) is None:
         report.add("warn", "gpu model", f"{gpus[0].name} is not one of the profile's GPUs "
-                                        f"({', '.join(needed.nvml_names)}); the plan below uses its real memory")
+                                        f"({', '.join(needed.models)}); the plan below uses its real memory")
     if profile.model.shape:
         shape = load_shape(profile.model.shape)
         cc = version_tuple(gpus[0].compute_capability)
@@ -285,7 +287,7 @@ def _check_plan(report: Report, profile: Profile | None, settings: ServeSettings
         weights = ckpt.bytes_where(lambda n: not is_mtp(n) and not (language_only and is_visual(n))) or None
     try:
         # Too few GPUs is reported above; plan with the profile's count so the memory verdict still shows.
-        count = len(gpus) if len(gpus) >= profile.hardware.gpu.count else None
+        count = len(gpus) if len(gpus) >= profile.gpus_per_engine else None
         plan = plan_request(request_for_profile(profile, gpu_memory_gib=memory, gpu_count=count,
                                                 weights_bytes=weights, free_memory_gib=free))
     except UserError as exc:

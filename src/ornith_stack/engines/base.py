@@ -110,6 +110,8 @@ class EngineAdapter:
     kind: ClassVar[str]
     module: ClassVar[str]  # python -m <module> starts the OpenAI-compatible server
     model_flag: ClassVar[str]
+    # The tensor-parallel size flag (without dashes), as computed profiles write it.
+    tp_flag: ClassVar[str]
     health_path: ClassVar[str] = "/health"
     models_path: ClassVar[str] = "/v1/models"
     metrics_path: ClassVar[str] = "/metrics"

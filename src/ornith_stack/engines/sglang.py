@@ -24,6 +24,7 @@ class SglangAdapter(EngineAdapter):
     kind = "sglang"
     module = "sglang.launch_server"
     model_flag = "model-path"
+    tp_flag = "tp-size"
     metric_prefix = "sglang:"
     # /server_info answers the server args plus "version" and "internal_states" (0.5.17 and 0.5.21);
     # /get_server_info is its deprecated alias and logs a warning on every call.

@@ -24,6 +24,7 @@ class VllmAdapter(EngineAdapter):
     module = "vllm.entrypoints.openai.api_server"
     language_only_flag = "language-model-only"
     model_flag = "model"
+    tp_flag = "tensor-parallel-size"
     metric_prefix = "vllm:"
     # vLLM's /version answers {"version": "0.24.0"}; the model comes from the metrics' model_name label.
     info_paths = ("/version",)

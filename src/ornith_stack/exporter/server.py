@@ -7,14 +7,14 @@ import json
 import math
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from socketserver import ThreadingMixIn
 from urllib.parse import urlsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CONTENT_TYPE_LATEST, ProcessCollector
 
-from ornith_stack.deployment import EXPORTER_PORT, SD_PATH
+from ornith_stack.deployment import EXPORTER_PORT, GATEWAY_SD_PATH, SD_PATH
 from ornith_stack.errors import UserError
 from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.collectors import ExporterCollector, render
@@ -38,6 +38,8 @@ class Settings:
     timeout: float = 3.0
     canary: bool = False
     canary_interval: float = 30.0
+    # Model Gateways in front of the targets (their metrics URL): offered to Prometheus, not scraped here.
+    gateways: list[Target] = field(default_factory=list)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -108,9 +110,10 @@ def build_app(settings: Settings) -> tuple[Callable, Scraper, Canary | None]:
             body = metrics(environ)
             start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))])
             return [body]
-        if path == SD_PATH:
+        if path in (SD_PATH, GATEWAY_SD_PATH):
             start_response("200 OK", [("Content-Type", "application/json")])
-            return [json.dumps(service_discovery(settings.targets)).encode()]
+            listed = settings.targets if path == SD_PATH else settings.gateways
+            return [json.dumps(service_discovery(listed)).encode()]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found: the metrics are at /metrics\n"]
 

@@ -27,7 +27,7 @@ from ornith_stack.generate import alertmanager, alerts, dashboards, helm_values,
 from ornith_stack.generate.core import GeneratedFile, environment, with_header
 from ornith_stack.generate.profile_files import render_profile
 from ornith_stack.merge import deep_merge
-from ornith_stack.profiles import load_profile, profile_names
+from ornith_stack.profiles import load_profile, shipped_profile_names
 
 CHART = "helm/ornith"
 VALUES = f"{CHART}/values.yaml"
@@ -106,6 +106,14 @@ SCENARIOS = (
         },
     ),
     Scenario(
+        name="gpu96-gateway",
+        profile="gpu96",
+        description="Two single-GPU copies of the 35B (the profile with serve.replicas 2) behind SGLang's Model "
+        "Gateway, which discovers the engine pods by label and routes cache-aware.",
+        overrides={"serve.replicas": "2", "hardware.gpu.count": "2"},
+        values={"modelCache": {"accessModes": ["ReadWriteMany"]}},
+    ),
+    Scenario(
         name="a100x2-existing-claim",
         profile="a100x2",
         description="A cluster without the Prometheus Operator, weights on an existing claim, the engine image "
@@ -134,7 +142,7 @@ def files(root: Path) -> Iterator[GeneratedFile]:
 
 def _schema(root: Path) -> str:
     schema = helm_values.schema(helm_values.parse((root / VALUES).read_text(), VALUES), "ornith chart values")
-    schema["properties"]["profile"]["enum"] = profile_names()
+    schema["properties"]["profile"]["enum"] = shipped_profile_names()
     schema["properties"]["engine"]["properties"]["kind"]["enum"] = sorted(ADAPTERS)
     return with_header(SCHEMA_SOURCE, schema, "json")
 
@@ -179,6 +187,6 @@ def _readme(root: Path) -> str:
     text = (root / VALUES).read_text()
     startup = yaml.safe_load(text)["engine"]["probes"]["startup"]
     body = environment().get_template("helm-readme.md.j2").render(
-        values_table=helm_values.table(helm_values.parse(text, VALUES)), profiles=profile_names(), scenarios=SCENARIOS,
+        values_table=helm_values.table(helm_values.parse(text, VALUES)), profiles=shipped_profile_names(), scenarios=SCENARIOS,
         startup_minutes=startup["periodSeconds"] * startup["failureThreshold"] // 60)
     return with_header(README_SOURCE, body, "markdown")

@@ -6,9 +6,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ornith_stack import deployment
 from ornith_stack.engines import adapter_for
+from ornith_stack.errors import UserError
 from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, with_header
-from ornith_stack.profiles import images, load_profile, profile_names
+from ornith_stack.profiles import images, load_profile, shipped_profile_names
 from ornith_stack.profiles.images import parse_image
 from ornith_stack.profiles.model import Profile
 
@@ -44,16 +46,46 @@ def with_placeholders(profile: Profile, style: str) -> Profile:
     return profile.model_copy(update=updates)
 
 
-def template_context(profile: Profile, style: str) -> dict[str, Any]:
+def replica_sets(profile: Profile, tp: int) -> list[dict[str, Any]]:
+    """Each engine service: its name and, behind a gateway, the GPU ids it is pinned to (tp of them)."""
+    services = deployment.engine_services(profile.serve.replicas)
+    if len(services) == 1:
+        return [{"service": services[0], "device_ids": None}]
+    if profile.gpu_count < tp * len(services):
+        raise UserError(f"profile {profile.name!r}: {len(services)} replicas x tp {tp} need {tp * len(services)} "
+                        f"GPUs, hardware.gpu.count is {profile.gpu_count}")
+    return [{"service": s, "device_ids": [str(i * tp + k) for k in range(tp)] if profile.gpu_count else None}
+            for i, s in enumerate(services)]
+
+
+def gateway(profile: Profile, replicas: list[dict[str, Any]], running_limit: int | None) -> dict[str, Any] | None:
+    """The Model Gateway in front of more than one replica: its image pin and argv; None for one engine."""
+    if len(replicas) == 1:
+        return None
+    port = profile.serve.port
+    urls = [f"http://{r['service']}:{port}" for r in replicas]
+    return {"service": deployment.GATEWAY_SERVICE, "pin": images()["gateway"],
+            "args": deployment.gateway_args(urls, port, balance_threshold=running_limit),
+            # Helm: the gateway finds the engine pods itself (service discovery), no worker list.
+            "args_discovered": deployment.gateway_args([], port, balance_threshold=running_limit)}
+
+
+def template_context(profile: Profile, style: str, profile_file: Path | None = None) -> dict[str, Any]:
     """What every per-profile template sees."""
     filled = with_placeholders(profile, style)
     adapter = adapter_for(profile)
     argv = adapter.launch_args(filled)
     refs = {w: getattr(profile, w) for w in ("model", "draft")}
+    settings = adapter.settings(profile)
+    replicas = replica_sets(profile, settings.tp)
     return {
+        "replicas": replicas,
+        # An operator's profile is not in the images: compose mounts this file into the containers.
+        "profile_file": profile_file,
+        "gateway": gateway(profile, replicas, settings.max_running_requests),
         "profile": profile,
         "adapter": adapter,
-        "settings": adapter.settings(profile),
+        "settings": settings,
         "launch_args": argv,
         # The argv split into the program (python3 -m module) and the flags after it.
         "engine_command": argv[:3],
@@ -64,9 +96,9 @@ def template_context(profile: Profile, style: str) -> dict[str, Any]:
     }
 
 
-def render_profile(profile: Profile, template: str, style: str) -> str:
+def render_profile(profile: Profile, template: str, style: str, profile_file: Path | None = None) -> str:
     """`template` filled for `profile` (no header)."""
-    return environment().get_template(template).render(**template_context(profile, style))
+    return environment().get_template(template).render(**template_context(profile, style, profile_file))
 
 
 def source(name: str, template: str) -> str:
@@ -80,8 +112,22 @@ def _builder(name: str, template: str, style: str) -> Callable[[], str]:
     return build
 
 
+def operator_files(profile: Profile, profile_file: Path, command: str) -> list[GeneratedFile]:
+    """The compose file, Helm values and Ansible variables of an operator's profile (`profiles new`), laid
+    out as in a checkout; their header names the profile file and the command that wrote them."""
+    found = []
+    for pattern, template, style in TARGETS:
+        text = f"{profile_file} and src/ornith_stack/templates/{template}"
+
+        def build(template: str = template, style: str = style, text: str = text) -> str:
+            return with_header(text, render_profile(profile, template, style, profile_file), "yaml", command)
+
+        found.append(GeneratedFile(pattern.format(name=profile.name), text, build))
+    return found
+
+
 def files(root: Path) -> Iterator[GeneratedFile]:
-    for name in profile_names():
+    for name in shipped_profile_names():
         for pattern, template, style in TARGETS:
             if (TEMPLATES / template).is_file():
                 yield GeneratedFile(pattern.format(name=name), source(name, template), _builder(name, template, style))

@@ -53,6 +53,8 @@ def prometheus_config(exporter: str, alertmanager: str, scrape_interval: str = D
             # given: one list of targets, whatever port the profile serves on.
             {"job_name": D.ENGINE_JOB, "http_sd_configs": [{"url": f"http://{exporter}{D.SD_PATH}"}],
              "sample_limit": ENGINE_SAMPLE_LIMIT, "body_size_limit": ENGINE_BODY_SIZE_LIMIT},
+            # The Model Gateway's own metrics (smg_*) where replicas run behind one; no targets otherwise.
+            {"job_name": D.GATEWAY_JOB, "http_sd_configs": [{"url": f"http://{exporter}{D.GATEWAY_SD_PATH}"}]},
             {"job_name": PROMETHEUS_JOB, "static_configs": [{"targets": [PROMETHEUS_SELF]}]},
             {"job_name": ALERTMANAGER_JOB, "static_configs": [{"targets": [alertmanager]}]},
         ],

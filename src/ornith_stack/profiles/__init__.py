@@ -1,4 +1,9 @@
-"""Load, list and validate the hardware profiles shipped in this folder.
+"""Load, list and validate the hardware profiles: those shipped in this folder and the operator's own.
+
+The operator's profiles (`ornith-stack profiles new` writes them) live in ORNITH_PROFILE_DIR, by
+default $XDG_CONFIG_HOME/ornith-stack/profiles (~/.config/ornith-stack/profiles); a name found there
+wins over a shipped profile of the same name. `render` generates the checkout's files from the
+shipped profiles only.
 
 A profile file may start with `extends: <base>`; bases live in `bases/` and are merged key by key
 (mappings recursively, everything else replaced), so per-hardware files are overlays, not copies.
@@ -22,6 +27,8 @@ from ornith_stack.reading import parse_yaml, read_yaml_mapping
 
 DEFAULT_PROFILE = "cpu-demo"
 _PROFILE_DIR = Path(str(resources.files(__package__)))
+# The profiles `render` generates the checkout's files from (tests point it elsewhere).
+SHIPPED_DIR = _PROFILE_DIR
 _IMAGES = _PROFILE_DIR.parent / "images.yaml"
 # A profile name is a file name in the profile folder: no path separators, no leading dot.
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -29,30 +36,45 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SET_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,15}")
 
 
-def profile_dir() -> Path:
-    """Where profile files are read from; ORNITH_PROFILE_DIR points elsewhere (tests, operators)."""
+def user_profile_dir() -> Path:
+    """The operator's profile folder: ORNITH_PROFILE_DIR, else $XDG_CONFIG_HOME/ornith-stack/profiles.
+
+    A folder named by ORNITH_PROFILE_DIR must exist (a typo would otherwise list nothing and say so with
+    exit 0); the default one may not exist yet, until `profiles new` writes the first profile there."""
     configured = os.environ.get("ORNITH_PROFILE_DIR")
-    if configured is None:
-        return _PROFILE_DIR
-    if not configured or not Path(configured).is_dir():
-        raise UserError(f"ORNITH_PROFILE_DIR={shown(configured)} is not a folder; point it at a folder of "
-                        "profile files or unset it")
-    return Path(configured)
+    if configured is not None:
+        if not configured or not Path(configured).expanduser().is_dir():
+            raise UserError(f"ORNITH_PROFILE_DIR={shown(configured)} is not a folder; point it at a folder of "
+                            "profile files or unset it")
+        return Path(configured).expanduser()
+    config = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(config) / "ornith-stack" / "profiles"
+
+
+def _names_in(folder: Path) -> set[str]:
+    return {p.stem for p in folder.glob("*.yaml") if NAME.fullmatch(p.stem)}
+
+
+def shipped_profile_names() -> list[str]:
+    return sorted(_names_in(SHIPPED_DIR))
 
 
 def profile_names() -> list[str]:
-    return sorted(p.stem for p in profile_dir().glob("*.yaml") if NAME.fullmatch(p.stem))
+    """Shipped and operator profiles, by name."""
+    return sorted(_names_in(SHIPPED_DIR) | _names_in(user_profile_dir()))
 
 
 def profile_path(name: str) -> Path:
     if not NAME.fullmatch(name):
         raise UserError(f"profile {shown(name)}: a profile name is letters, digits, '.', '_' and '-' "
                         f"(at most 64, no path); known profiles: {', '.join(profile_names())}")
-    path = profile_dir() / f"{name}.yaml"
-    if not path.exists():  # anything else there is the reader's to refuse (a FIFO, a device, a folder)
-        known = ", ".join(profile_names())
-        raise UserError(f"unknown profile {name!r}; known profiles: {known}")
-    return path
+    for folder in (user_profile_dir(), SHIPPED_DIR):
+        path = folder / f"{name}.yaml"
+        # Anything there is the reader's to refuse (a FIFO, a device, a folder), never skipped silently.
+        if path.exists() or path.is_symlink():
+            return path
+    known = ", ".join(profile_names())
+    raise UserError(f"unknown profile {name!r}; known profiles: {known} (operator profiles: {user_profile_dir()})")
 
 
 def load_profile(name: str, overrides: dict[str, str] | None = None) -> Profile:
@@ -62,7 +84,12 @@ def load_profile(name: str, overrides: dict[str, str] | None = None) -> Profile:
     data.setdefault("name", name)
     for key, value in (overrides or {}).items():
         _set_dotted(data, key, _set_value(key, value) if isinstance(value, str) else value)
-    # After --set, so that --set engine.version=X takes X's image.
+    return from_data(data, path)
+
+
+def from_data(data: dict[str, Any], path: Path) -> Profile:
+    """A profile from its (merged) mapping: the engine's image pin filled in from images.yaml, validated.
+    Called after --set, so that --set engine.version=X takes X's image."""
     _inject_engine_image(data, path)
     return validate(data, path)
 

