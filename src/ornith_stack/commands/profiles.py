@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
         render(folder, [GeneratedFile(profile_file.name, command, lambda: document)])
         plan = layout.plan
         typer.echo(f"{name}: {layout.replicas} replica(s) x tp {layout.tp} on {layout.count}x {layout.gpu.name}; "
-                   f"planner: fits, {plan.kv_cache_tokens:,} KV tokens per replica (profile {layout.base}'s flags)")
+                   f"planner: {plan.verdict}, {plan.kv_cache_tokens:,} KV tokens per replica (profile {layout.base}'s flags)")
         if layout.idle:
             typer.echo(f"note: {layout.idle} GPU(s) stay idle ({layout.count} is not a multiple of tp {layout.tp})")
         typer.echo(f"wrote {profile_file}")

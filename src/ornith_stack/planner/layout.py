@@ -83,9 +83,11 @@ def compute_layout(recipe_key: str, gpu: GpuModel, count: int, name: str) -> Lay
     tried: list[Layout] = []
     for tp in (t for t in TP_SIZES if t <= max(count, gpu.per_host)):
         layout = _candidate(chosen, bases, gpu, max(count, tp), tp, name)
-        if layout.plan.fits and tp <= count:
+        # "unknown" (no problem found, a figure is a guess: the 122B's draft shape) is chosen and said so.
+        placed = not layout.plan.problems
+        if placed and tp <= count:
             return layout
-        if layout.plan.fits and tp <= gpu.per_host:
+        if placed and tp <= gpu.per_host:
             raise UserError(_refusal(chosen, gpu, count, layout.plan, tried, fix=tp))
         tried.append(layout)
     raise UserError(_refusal(chosen, gpu, count, tried[0].plan, tried, fix=None))
@@ -145,7 +147,7 @@ def profile_document(layout: Layout, command: str) -> str:
         f"Computed by `{command}`",
         f"from the recipe {layout.recipe.key} ({layout.recipe.summary}), flags of profile {layout.base},",
         f"for {layout.count}x {layout.gpu.name} ({layout.gpu.memory_gib:g} GiB each, GPU table key {layout.gpu.key}).",
-        f"Planner ({plan.engine} {plan.engine_version}): fits at tp {layout.tp}, {layout.replicas} replica(s); per replica "
+        f"Planner ({plan.engine} {plan.engine_version}): {plan.verdict} at tp {layout.tp}, {layout.replicas} replica(s); per replica "
         f"{plan.kv_cache_tokens:,} KV tokens, max concurrency {plan.max_concurrency:.2f}x at {plan.max_model_len:,} tokens.",
     ]
     if layout.idle:
