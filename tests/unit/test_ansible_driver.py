@@ -110,3 +110,38 @@ def test_the_fabric_manager_is_installed_at_the_loaded_driver_s_exact_version(tm
     result = _play(tmp_path, tasks, {})
     assert result.returncode == 0, result.stdout[-3000:]
     assert re.findall(r'"msg": "pin (\S+)"', result.stdout) == [pin for _, _, pin in FABRIC_MANAGER_PINS]
+
+
+@pytest.mark.parametrize(
+    ("details", "query_line", "nvml_brand"),
+    [
+        ("nvidia-smi-q-h100-560.txt", "0, NVIDIA H100 80GB HBM3, 560.35.03, 9.0", "NVML_BRAND_NVIDIA"),
+        ("nvidia-smi-q-geforce-rtx3050-535.txt", "0, NVIDIA GeForce RTX 3050, 535.183.01, 8.6", "NVML_BRAND_GEFORCE"),
+    ],
+)
+def test_the_preflight_and_the_doctor_agree_on_forward_compatibility_by_brand(
+    tmp_path: Path, bin_dir: Path, details: str, query_line: str, nvml_brand: str
+) -> None:
+    """gpu96's cu129 image on the recorded GPU and driver: the preflight passes exactly when the doctor does."""
+    pynvml = pytest.importorskip("pynvml")
+    from ornith_stack.doctor import GpuInfo, Options, diagnose
+    from ornith_stack.doctor.gpu import brand_name
+
+    script = bin_dir / "nvidia-smi"  # `-q` answers the recorded head, the CSV query its line
+    script.write_text(f'#!/bin/sh\ncase " $* " in *" -q "*) cat {FIXTURES / details};; *) echo "{query_line}";; esac\n')
+    script.chmod(0o755)
+    tasks = [
+        {"ansible.builtin.include_vars": {"file": str(ANSIBLE_DIR / "profiles" / "gpu96.yml")}},
+        {"ansible.builtin.include_role": {"name": "nvidia_driver", "tasks_from": "detect.yml", "public": True}},
+        {"ansible.builtin.include_role": {"name": "nvidia_driver", "tasks_from": "preflight.yml"}},
+    ]
+    result = _play(tmp_path, tasks, {}, "--check")
+    _, name, driver, capability = (part.strip() for part in query_line.split(","))
+    gpu = GpuInfo(0, name, 80.0, capability, driver, brand=brand_name(pynvml, getattr(pynvml, nvml_brand)))
+    (finding,) = [f for f in diagnose(Options(profile="gpu96"), gpus=[gpu]).findings if f.topic == "driver"]
+    assert (result.returncode == 0) == (finding.level == "ok"), (_text(result)[-3000:], finding.message)
+    if finding.level != "ok":
+        text = _text(result)
+        assert f"The NVIDIA driver on localhost is {driver}" in text
+        assert "this GPU's brand is geforce, which cannot use forward compatibility (CUDA error 804 at start)" in text
+        assert "on a geforce GPU" in finding.message

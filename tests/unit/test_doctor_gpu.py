@@ -14,7 +14,7 @@ recorded on real machines:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,9 @@ class Device:
     links: list[int] = field(default_factory=list)  # remote device type per NVLink
     links_error: int = pynvml.NVML_ERROR_NOT_SUPPORTED  # answer for links past the list
     fabric: tuple[int, int] | None = None  # (state, status); None: the query answers NOT_SUPPORTED
+    # nvmlDeviceGetBrand: datacenter GPUs from the T4 on report NVIDIA (`nvidia-smi -q` "Product Brand : NVIDIA"
+    # on T4, H100 and GH200, tests/fixtures/nvidia/README.md).
+    brand: int = pynvml.NVML_BRAND_NVIDIA
 
 
 def install_nvml(monkeypatch: pytest.MonkeyPatch, devices: list[Device], driver: str) -> None:
@@ -79,6 +82,7 @@ def install_nvml(monkeypatch: pytest.MonkeyPatch, devices: list[Device], driver:
         "nvmlDeviceGetMemoryInfo": memory,
         "nvmlDeviceGetNvLinkRemoteDeviceType": remote_type,
         "nvmlDeviceGetGpuFabricInfo": fabric,
+        "nvmlDeviceGetBrand": lambda dev: dev.brand,
     }
     for name, function in calls.items():
         monkeypatch.setattr(pynvml, name, function)
@@ -199,3 +203,31 @@ def test_host_memory_reads_memtotal(tmp_path: Path) -> None:
     path.write_text(SPARK_MEMINFO)
     assert gpu_probe.host_memory_gib(path) == 121.69
     assert gpu_probe.host_memory_gib(tmp_path / "absent") is None
+
+
+def test_every_brand_the_images_declare_is_a_brand_nvml_reports() -> None:
+    """The brand= words of the real NVIDIA_REQUIRE_CUDA strings (images.yaml) are names of pynvml's brands."""
+    from ornith_stack.cuda_requirement import parse_requirement
+    from ornith_stack.profiles import images
+
+    brands = {gpu_probe.brand_name(pynvml, getattr(pynvml, name)) for name in dir(pynvml)
+              if name.startswith("NVML_BRAND_") and name != "NVML_BRAND_COUNT"}
+    for declaration in images()["cuda_requirements"].values():
+        declared = {branch.brand for branch in parse_requirement(declaration).branches}
+        assert declared and declared <= brands, declared - brands
+
+
+@pytest.mark.parametrize(("brand", "driver", "level", "says"), [
+    # H100 on 560.35.03 (tests/fixtures/nvidia/nvidia-smi-q-h100-560.txt): the cu129 image's brand=nvidia clause.
+    (pynvml.NVML_BRAND_NVIDIA, "560.35.03", "ok", "brand=nvidia,driver>=560,driver<561: datacenter forward"),
+    # A GeForce RTX 3050 on 535.183.01 (nvidia-smi-q-geforce-rtx3050-535.txt): no forward compatibility.
+    (pynvml.NVML_BRAND_GEFORCE, "535.183.01", "problem", "on a geforce GPU: forward compatibility"),
+    (pynvml.NVML_BRAND_NVIDIA_RTX, "570.124.06", "problem", "on a nvidiartx GPU"),
+    (pynvml.NVML_BRAND_GEFORCE, "575.51.03", "ok", "cuda>=12.9: driver >= 575.51.03"),  # the floor: any brand
+])
+def test_the_driver_verdict_follows_the_gpu_brand(monkeypatch: pytest.MonkeyPatch, brand: int, driver: str,
+                                                  level: str, says: str) -> None:
+    install_nvml(monkeypatch, [replace(hgx_h200(None), brand=brand)], driver)
+    report = diagnose(Options(profile="gpu96"))
+    (finding,) = [f for f in report.findings if f.topic == "driver"]
+    assert finding.level == level and says in finding.message, finding.message

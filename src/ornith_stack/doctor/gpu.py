@@ -6,7 +6,9 @@ own (NVML raises a subclass of `pynvml.NVMLError` per return code) and is record
   memory of its own; the GPU then uses the host's memory, read from /proc/meminfo (MemTotal);
 - NVLink remote device types tell whether the GPU's links end at NVSwitches (HGX boards);
 - the GPU fabric state (Hopper and later) tells whether nvidia-fabricmanager has registered the
-  GPU with the NVSwitch fabric: without it CUDA fails with error 802 although NVML answers.
+  GPU with the NVSwitch fabric: without it CUDA fails with error 802 although NVML answers;
+- the brand (nvmlDeviceGetBrand) decides whether CUDA forward compatibility may run an image whose
+  CUDA is newer than the driver: datacenter brands only (ornith_stack.cuda_requirement).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class GpuInfo:
     nvswitch: bool = False  # an NVLink of this GPU ends at an NVSwitch
     fabric_state: str | None = None  # "not started", "in progress", "completed", ...; None: no fabric
     unanswered: tuple[str, ...] = ()  # NVML queries that failed, with NVML's reason
+    brand: str | None = None  # NVML's brand as NVIDIA_REQUIRE_CUDA names it ("nvidia", "geforce", ...)
 
     @property
     def driver_branch(self) -> str:
@@ -108,6 +111,7 @@ def _probe_one(nvml: Any, index: int, driver: str) -> GpuInfo:
     name = ask("name", nvml.nvmlDeviceGetName, handle)
     capability = ask("compute capability", nvml.nvmlDeviceGetCudaComputeCapability, handle)
     memory, source = _memory(nvml, handle, unanswered)
+    brand = ask("brand", nvml.nvmlDeviceGetBrand, handle)
     return GpuInfo(
         index=index,
         name=_text(name) if name is not None else "unknown",
@@ -118,7 +122,33 @@ def _probe_one(nvml: Any, index: int, driver: str) -> GpuInfo:
         nvswitch=_links_to_nvswitch(nvml, handle),
         fabric_state=_fabric_state(nvml, handle),
         unanswered=tuple(unanswered),
+        brand=None if brand is None else brand_name(nvml, brand),
     )
+
+
+def brand_name(nvml: Any, brand: int) -> str:
+    """NVML's nvmlBrandType_t as NVIDIA_REQUIRE_CUDA's `brand=` clauses and `nvidia-smi -q` ("Product Brand",
+    lower case without spaces) name it; an unnamed value reads "unknown"."""
+    names = {
+        nvml.NVML_BRAND_UNKNOWN: "unknown",
+        nvml.NVML_BRAND_QUADRO: "quadro",
+        nvml.NVML_BRAND_TESLA: "tesla",
+        nvml.NVML_BRAND_NVS: "nvs",
+        nvml.NVML_BRAND_GRID: "grid",
+        nvml.NVML_BRAND_GEFORCE: "geforce",
+        nvml.NVML_BRAND_TITAN: "titan",
+        nvml.NVML_BRAND_NVIDIA_VAPPS: "vapps",
+        nvml.NVML_BRAND_NVIDIA_VPC: "vpc",
+        nvml.NVML_BRAND_NVIDIA_VCS: "vcs",
+        nvml.NVML_BRAND_NVIDIA_VWS: "vws",
+        nvml.NVML_BRAND_NVIDIA_CLOUD_GAMING: "cloudgaming",
+        nvml.NVML_BRAND_QUADRO_RTX: "quadrortx",
+        nvml.NVML_BRAND_NVIDIA_RTX: "nvidiartx",
+        nvml.NVML_BRAND_NVIDIA: "nvidia",
+        nvml.NVML_BRAND_GEFORCE_RTX: "geforcertx",
+        nvml.NVML_BRAND_TITAN_RTX: "titanrtx",
+    }
+    return names.get(brand, "unknown")
 
 
 def _memory(nvml: Any, handle: Any, unanswered: list[str]) -> tuple[float | None, str]:
