@@ -9,7 +9,7 @@ recorded on real machines:
   device type 2), link 18 answers INVALID_ARGUMENT;
 - DGX Spark (kubernetes-sigs/dra-driver-nvidia-gpu#1073, XuehaiPan/nvitop#208): name "NVIDIA GB10",
   compute capability 12.1, driver 580.173.02, the memory query answers NOT_SUPPORTED and
-  /proc/meminfo says "MemTotal: 127600748 kB".
+  /proc/meminfo says "MemTotal: 127600748 kB"; the doctor budgets MemAvailable + SwapFree.
 """
 
 from __future__ import annotations
@@ -105,11 +105,11 @@ def test_gb10_memory_not_supported_takes_the_host_memory_and_passes(
         monkeypatch: pytest.MonkeyPatch, spark_meminfo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     install_nvml(monkeypatch, [Device("NVIDIA GB10", (12, 1))], "580.173.02")
     (gb10,) = probe_gpus()
-    assert gb10.memory_gib == round(127600748 * 1024 / (1 << 30), 2) and "unified memory" in gb10.memory_source
+    assert gb10.memory_gib == round(118566368 * 1024 / (1 << 30), 2) and "unified memory" in gb10.memory_source
     assert main(["doctor", "--profile", "auto"]) == 0
     out = capsys.readouterr().out
     assert "auto picked 'spark'" in out
-    assert "from host MemTotal (unified memory" in out and "ready: profile spark" in out
+    assert "from host MemAvailable + SwapFree (unified memory" in out and "ready: profile spark" in out
 
 
 def test_a_failed_query_is_reported_not_taken_for_no_gpu(monkeypatch: pytest.MonkeyPatch,
@@ -198,11 +198,31 @@ def test_real_nvml_probe_never_raises_anything_but_nogpu() -> None:
         assert gpus and all(g.memory_gib is None or g.memory_gib > 0 for g in gpus)
 
 
-def test_host_memory_reads_memtotal(tmp_path: Path) -> None:
+# /proc/meminfo of a DGX Spark serving a model (spark-2 of a three-Spark DeepSeek V4 report on GitHub): 121 GiB
+# in MemTotal, but 4.4 GiB available and 11.8 GiB of swap free.
+SPARK_BUSY_MEMINFO = ("MemTotal:       127600748 kB\nMemAvailable:    4617684 kB\nSwapTotal:      16777212 kB\n"
+                      "SwapFree:       12405576 kB\n")
+
+
+def test_host_memory_is_what_the_host_can_still_give(tmp_path: Path) -> None:
     path = tmp_path / "meminfo"
     path.write_text(SPARK_MEMINFO)
-    assert gpu_probe.host_memory_gib(path) == 121.69
+    assert gpu_probe.host_memory_gib(path) == round(118566368 * 1024 / (1 << 30), 2)  # no swap line
+    path.write_text(SPARK_BUSY_MEMINFO)
+    assert gpu_probe.host_memory_gib(path) == round((4617684 + 12405576) * 1024 / (1 << 30), 2)
     assert gpu_probe.host_memory_gib(tmp_path / "absent") is None
+
+
+def test_a_busy_spark_is_refused_with_the_memory_it_has_left(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "meminfo"
+    path.write_text(SPARK_BUSY_MEMINFO)
+    monkeypatch.setattr(gpu_probe, "MEMINFO", path)
+    install_nvml(monkeypatch, [Device("NVIDIA GB10", (12, 1))], "580.173.02")
+    assert main(["doctor", "--profile", "spark"]) == 1
+    out = capsys.readouterr().out
+    assert "16.23 GiB from host MemAvailable + SwapFree (unified memory" in out
+    assert "FAIL  gpu memory: #0 has 16.23 GiB, profile 'spark' expects 114 GiB" in out
 
 
 def test_every_brand_the_images_declare_is_a_brand_nvml_reports() -> None:

@@ -3,7 +3,8 @@
 Only a failure to start NVML, or zero devices, means "no GPU". Any other query may fail on its
 own (NVML raises a subclass of `pynvml.NVMLError` per return code) and is recorded with the GPU:
 - memory: unified-memory parts (DGX Spark's GB10) answer NOT_SUPPORTED because the GPU has no
-  memory of its own; the GPU then uses the host's memory, read from /proc/meminfo (MemTotal);
+  memory of its own; the GPU then gets what the host can still give, MemAvailable + SwapFree of
+  /proc/meminfo (NVIDIA's guidance for DGX Spark, as llama.cpp reads it), not MemTotal;
 - NVLink remote device types tell whether the GPU's links end at NVSwitches (HGX boards);
 - the GPU fabric state (Hopper and later) tells whether nvidia-fabricmanager has registered the
   GPU with the NVSwitch fabric: without it CUDA fails with error 802 although NVML answers;
@@ -24,7 +25,7 @@ from ornith_stack.planner import GIB
 
 MEMINFO = Path("/proc/meminfo")
 NVML_MEMORY = "NVML"
-HOST_MEMORY = "host MemTotal (unified memory: NVML reports no GPU memory of its own)"
+HOST_MEMORY = "host MemAvailable + SwapFree (unified memory: NVML reports no GPU memory of its own)"
 # cuInit's answer on NVSwitch systems whose fabric manager is not running.
 CUDA_ERROR_SYSTEM_NOT_READY = 802
 
@@ -163,15 +164,19 @@ def _memory(nvml: Any, handle: Any, unanswered: list[str]) -> tuple[float | None
 
 
 def host_memory_gib(meminfo: Path | None = None) -> float | None:
-    """MemTotal of /proc/meminfo in GiB; None when it cannot be read."""
+    """MemAvailable + SwapFree of /proc/meminfo in GiB: what a unified-memory GPU can still allocate;
+    None when MemAvailable cannot be read."""
+    fields: dict[str, int] = {}
     try:
         for line in (meminfo or MEMINFO).read_text().splitlines():
             key, _, value = line.partition(":")
-            if key == "MemTotal":
-                return round(int(value.split()[0]) * 1024 / GIB, 2)
+            if key in ("MemAvailable", "SwapFree"):
+                fields[key] = int(value.split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return None
+    if "MemAvailable" not in fields:
+        return None
+    return round((fields["MemAvailable"] + fields.get("SwapFree", 0)) * 1024 / GIB, 2)
 
 
 def _links_to_nvswitch(nvml: Any, handle: Any) -> bool:
