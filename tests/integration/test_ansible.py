@@ -194,7 +194,9 @@ def engine_archive(bases: dict[str, str], tmp_path_factory: pytest.TempPathFacto
             for container in project_containers(PROJECT):
                 remove_container(container.id)
         finally:  # the image is put right even when a container could not be removed
-            if standin:  # the stand-in must not pass for the real cpu-demo image in other tests
+            # The stand-in must not pass for the real cpu-demo image in other tests; a real one that another
+            # run built meanwhile under the same tag stays.
+            if standin and image_id(ENGINE_IMAGE) == image_id(STANDIN_CACHE_TAG):
                 remove_image(ENGINE_IMAGE)
             elif not image_id(ENGINE_IMAGE):  # the real image: put it back if the play failed to
                 load_image(archive)
@@ -690,3 +692,31 @@ def test_the_doctor_step_asks_for_the_gpus_the_service_reserves(
         )[0]
         == 0
     )
+
+
+def test_an_exporter_only_change_leaves_the_engine_running(
+    first_run, inventory: Path, hub: HubServer, ports: dict[str, int], bases: dict[str, str], tmp_path: Path
+) -> None:
+    """A new exporter port in .env: compose recreates the exporter; the engine container is the same one."""
+    engine_before = _container("engine")["Id"]
+    exporter_before = _container("exporter")["Id"]
+    port = free_port()
+    env = {
+        "ORNITH_EXPORTER_PORT": port,
+        "ORNITH_PROMETHEUS_PORT": ports["prometheus"],
+        "ORNITH_PROMETHEUS_IMAGE": bases["prometheus"],
+        "ORNITH_ALERTMANAGER_PORT": ports["alertmanager"],
+        "ORNITH_ALERTMANAGER_IMAGE": bases["prometheus"],
+    }
+    extra = _extra_vars(
+        hub,
+        tmp_path,
+        ornith_service_env=env,
+        monitoring_exporter_check_url=f"http://127.0.0.1:{port}/metrics",
+    )
+    result = _playbook(inventory, extra)
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert "RUNNING HANDLER [ornith_service : Apply the change to the Ornith compose project]" in result.stdout
+    assert _container("engine")["Id"] == engine_before
+    assert _container("exporter")["Id"] != exporter_before
+    urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
