@@ -4,8 +4,9 @@ NVIDIA's CUDA base images set `NVIDIA_REQUIRE_CUDA`, and the NVIDIA container ru
 start a container on a host that satisfies none of its space-separated alternatives:
 - `cuda>=X.Y`: the driver supports CUDA X.Y natively, i.e. it is at least the minimum driver the
   CUDA X.Y toolkit release notes list (`CUDA_MINIMUM_DRIVER`);
-- `brand=B,driver>=N,driver<M`: a driver of branch N on a GPU of brand B; for `brand=tesla`
-  (datacenter GPUs) this is CUDA forward compatibility through the image's cuda-compat libraries.
+- `brand=B,driver>=N,driver<M`: a driver of branch N on a GPU of brand B (NVML's nvmlDeviceGetBrand,
+  named as below); this is CUDA forward compatibility through the image's cuda-compat libraries,
+  which NVIDIA supports on datacenter GPUs only: elsewhere CUDA fails at start with error 804.
 This module is a leaf: profiles, the doctor and the generated Ansible variables read it.
 """
 
@@ -21,8 +22,10 @@ CUDA_MINIMUM_DRIVER: dict[tuple[int, int], str] = {
     (12, 9): "575.51.03",
     (13, 0): "580.65.06",
 }
-# Datacenter GPUs: forward compatibility applies to them only.
-DATACENTER_BRAND = "tesla"
+# Datacenter GPUs, the only ones forward compatibility runs on: NVML calls their brand TESLA (older
+# boards) or NVIDIA (`nvidia-smi -q` "Product Brand : NVIDIA" on T4, A100, H100, GH200), and the images'
+# declarations name both. GeForce, Titan and the RTX/Quadro workstation brands need a driver >= the floor.
+DATACENTER_BRANDS = ("nvidia", "tesla")
 
 _CUDA = re.compile(r"^cuda>=(\d+)\.(\d+)$")
 _BRANCH = re.compile(r"^brand=(\w+),driver>=(\d+),driver<(\d+)$")
@@ -71,20 +74,30 @@ class CudaRequirement:
     @property
     def datacenter_branches(self) -> list[int]:
         """Driver branches below the floor that datacenter GPUs may keep (forward compatibility)."""
-        return sorted({b.low for b in self.branches if b.brand == DATACENTER_BRAND})
+        return sorted({b.low for b in self.branches if b.brand in DATACENTER_BRANDS})
 
-    def check(self, driver: str) -> DriverVerdict:
-        """Does `driver` (e.g. '570.195.03') run this image on a datacenter GPU?"""
+    @property
+    def datacenter_brands(self) -> list[str]:
+        """The datacenter brands the declaration names: the GPUs forward compatibility runs on."""
+        return sorted({b.brand for b in self.branches if b.brand in DATACENTER_BRANDS})
+
+    def check(self, driver: str, brand: str | None = None) -> DriverVerdict:
+        """Does `driver` (e.g. '570.195.03') run this image on a GPU of `brand` (NVML's, as the declaration
+        names it; None: unknown, judged as a datacenter GPU)?"""
         if version_tuple(driver) >= version_tuple(self.floor):
             return DriverVerdict(True, f"cuda>={self.cuda_text}: driver >= {self.floor}, CUDA "
                                        f"{self.cuda_text}'s minimum")
         for branch in self.branches:
-            if branch.brand == DATACENTER_BRAND and branch.admits(driver):
-                return DriverVerdict(True, f"brand=tesla,driver>={branch.low},driver<{branch.high}: "
-                                           "datacenter forward compatibility (not on GeForce/RTX brands)")
+            if branch.brand == (brand or "tesla") and branch.brand in DATACENTER_BRANDS and branch.admits(driver):
+                return DriverVerdict(True, f"brand={branch.brand},driver>={branch.low},driver<{branch.high}: "
+                                           "datacenter forward compatibility")
         accepted = ", ".join(str(b) for b in self.datacenter_branches) or "none"
-        return DriverVerdict(False, f"below the floor {self.floor} (cuda>={self.cuda_text}) and in none "
-                                    f"of the datacenter branches the image accepts ({accepted})")
+        below = f"below the floor {self.floor} (cuda>={self.cuda_text})"
+        if brand is not None and brand not in DATACENTER_BRANDS:
+            return DriverVerdict(False, f"{below} on a {brand} GPU: forward compatibility (branches {accepted}) "
+                                        f"runs on datacenter GPUs only (brand {' or '.join(DATACENTER_BRANDS)}), "
+                                        "elsewhere CUDA fails at start with error 804")
+        return DriverVerdict(False, f"{below} and in none of the datacenter branches the image accepts ({accepted})")
 
 
 def parse_requirement(declaration: str) -> CudaRequirement:

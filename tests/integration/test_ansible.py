@@ -8,8 +8,10 @@ engine image's own `ornith-stack doctor --weights` on the snapshot; the compose 
 as a systemd unit, its containers (engine, exporter, Prometheus) running from the delivered images.
 
 How the host reaches a Docker daemon: dockerd cannot run in this unprivileged container (this Docker cannot
-grant --privileged), so the host gets this machine's daemon socket at /run/docker.sock, and its
-docker.service is a oneshot stand-in that checks that daemon answers (docker.socket is masked). The host
+grant --privileged), so the host gets this machine's daemon at /run/docker.sock, through
+docker_gpu_stub.GpuStubSocket: every request passes through unchanged, except that a GPU request (`--gpus`,
+compose's device reservations) is recorded and answered as NVIDIA's driver in the daemon answers it
+(this daemon has none). The host's docker.service is a oneshot stand-in that checks that daemon answers (docker.socket is masked). The host
 shares this machine's network (the exporter's and Hub's loopback ports are the same on both sides), and
 its project and cache folders live under one temporary folder mounted at the same path, so the bind
 mounts of the compose file mean the same on the host and on the daemon.
@@ -39,6 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from containers import (
     exec_in,
     image_id,
@@ -50,6 +53,7 @@ from containers import (
     run_detached,
     save_image,
 )
+from docker_gpu_stub import GpuStubSocket
 from hf_server import HubServer
 from images import SYSTEMD_HOST_RUN_OPTIONS, ensure_base_images, wait_for_systemd
 from ports import free_port
@@ -95,7 +99,9 @@ def _run(*argv: str, check: bool = True, **kwargs) -> subprocess.CompletedProces
     """Run argv; with `check`, a failure names the command and shows the end of what it printed."""
     done = subprocess.run(argv, check=False, text=True, capture_output=True, **kwargs)
     if check and done.returncode != 0:
-        raise AssertionError(f"{' '.join(argv[:4])} ... exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
+        raise AssertionError(
+            f"{' '.join(argv[:4])} ... exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}"
+        )
     return done
 
 
@@ -188,20 +194,32 @@ def engine_archive(bases: dict[str, str], tmp_path_factory: pytest.TempPathFacto
             for container in project_containers(PROJECT):
                 remove_container(container.id)
         finally:  # the image is put right even when a container could not be removed
-            if standin:  # the stand-in must not pass for the real cpu-demo image in other tests
+            # The stand-in must not pass for the real cpu-demo image in other tests; a real one that another
+            # run built meanwhile under the same tag stays.
+            if standin and image_id(ENGINE_IMAGE) == image_id(STANDIN_CACHE_TAG):
                 remove_image(ENGINE_IMAGE)
             elif not image_id(ENGINE_IMAGE):  # the real image: put it back if the play failed to
                 load_image(archive)
 
 
 @pytest.fixture(scope="module")
-def host(bases: dict[str, str], wheelhouse: Path, shared: Path) -> Iterator[str]:
+def gpu_stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuStubSocket]:
+    """The host's Docker socket: this machine's daemon, with GPU requests answered (see the module doc)."""
+    stub = GpuStubSocket(tmp_path_factory.mktemp("docker-gpu-stub") / "docker.sock")
+    try:
+        yield stub
+    finally:
+        stub.close()
+
+
+@pytest.fixture(scope="module")
+def host(bases: dict[str, str], wheelhouse: Path, shared: Path, gpu_stub: GpuStubSocket) -> Iterator[str]:
     name = f"ornith-it-{uuid.uuid4().hex[:8]}"
     # The flags scripts/make-base-images.sh documents for systemd as PID 1 here, plus the machine's network,
     # Docker socket and the shared folder (see the module doc).
     volumes = {
         **SYSTEMD_HOST_RUN_OPTIONS["volumes"],
-        "/var/run/docker.sock": {"bind": "/run/docker.sock", "mode": "rw"},
+        str(gpu_stub.path): {"bind": "/run/docker.sock", "mode": "rw"},
         str(shared): {"bind": str(shared), "mode": "rw"},
         str(wheelhouse): {"bind": HOST_WHEELHOUSE, "mode": "ro"},
     }
@@ -637,3 +655,68 @@ def test_an_interrupted_download_resumes_where_it_stopped(
     cached = f"{hf_home}/hub/models--ornith-test--big-blob/blobs/{hub.repos[BIG_REPO].blob_ids[blob.name]}"
     done = exec_in(host, "sha256sum", cached, check=True)[1].split()[0]
     assert done == hashlib.sha256(blob.read_bytes()).hexdigest()
+
+
+def test_the_doctor_step_asks_for_the_gpus_the_service_reserves(
+    first_run, inventory: Path, hub: HubServer, host: str, gpu_stub: GpuStubSocket, tmp_path: Path
+) -> None:
+    """gpu96's doctor step as a GPU host runs it: the daemon gets the engine service's own device request.
+
+    The doctor runs from the delivered cpu-demo image (gpu96's image cannot be built here) on the tiny model;
+    what matters is the `docker run` the host sends. Without the request NVML would be missing in the doctor.
+    """
+    compose = yaml.safe_load((ROOT / "compose" / "gpu96.yml").read_text())
+    reserved = compose["services"]["engine"]["deploy"]["resources"]["reservations"]["devices"]
+    before = len(gpu_stub.requests)
+    report_dir = f"/var/lib/ornith/reports-gpu-{uuid.uuid4().hex[:6]}"  # a new report: the doctor runs again
+    extra = _extra_vars(
+        hub,
+        tmp_path,
+        ornith_profile="gpu96",
+        ornith_service_engine_image=ENGINE_IMAGE,
+        ornith_service_report_dir=report_dir,
+    )
+    result = _playbook(inventory, extra, "--tags", "weights,doctor")
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert "ready: profile gpu96" in result.stdout, result.stdout[-6000:]
+    asked = gpu_stub.requests[before:]
+    assert [image for image, _ in asked] == [ENGINE_IMAGE], result.stdout[-6000:]
+    expected = [(d["driver"], d["count"], set(d["capabilities"])) for d in reserved]
+    assert [(r["Driver"], r["Count"], set(r["Capabilities"][0])) for r in asked[0][1]] == expected
+    assert (
+        exec_in(
+            host,
+            "test",
+            "-s",
+            f"{report_dir}/{MODEL_REPO.replace('/', '--')}@{hub.repos[MODEL_REPO].commit}.doctor.txt",
+        )[0]
+        == 0
+    )
+
+
+def test_an_exporter_only_change_leaves_the_engine_running(
+    first_run, inventory: Path, hub: HubServer, ports: dict[str, int], bases: dict[str, str], tmp_path: Path
+) -> None:
+    """A new exporter port in .env: compose recreates the exporter; the engine container is the same one."""
+    engine_before = _container("engine")["Id"]
+    exporter_before = _container("exporter")["Id"]
+    port = free_port()
+    env = {
+        "ORNITH_EXPORTER_PORT": port,
+        "ORNITH_PROMETHEUS_PORT": ports["prometheus"],
+        "ORNITH_PROMETHEUS_IMAGE": bases["prometheus"],
+        "ORNITH_ALERTMANAGER_PORT": ports["alertmanager"],
+        "ORNITH_ALERTMANAGER_IMAGE": bases["prometheus"],
+    }
+    extra = _extra_vars(
+        hub,
+        tmp_path,
+        ornith_service_env=env,
+        monitoring_exporter_check_url=f"http://127.0.0.1:{port}/metrics",
+    )
+    result = _playbook(inventory, extra)
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert "RUNNING HANDLER [ornith_service : Apply the change to the Ornith compose project]" in result.stdout
+    assert _container("engine")["Id"] == engine_before
+    assert _container("exporter")["Id"] != exporter_before
+    urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()

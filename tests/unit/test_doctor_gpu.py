@@ -10,12 +10,12 @@ recorded on real machines:
   free (2026-12-01) and SGLang 0.5.17 logs "avail mem=139.09 GB" before loading its weights;
 - DGX Spark (kubernetes-sigs/dra-driver-nvidia-gpu#1073, XuehaiPan/nvitop#208): name "NVIDIA GB10",
   compute capability 12.1, driver 580.173.02, the memory query answers NOT_SUPPORTED and
-  /proc/meminfo says "MemTotal: 127600748 kB".
+  /proc/meminfo says "MemTotal: 127600748 kB"; the doctor budgets MemAvailable + SwapFree.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,9 @@ class Device:
     links: list[int] = field(default_factory=list)  # remote device type per NVLink
     links_error: int = pynvml.NVML_ERROR_NOT_SUPPORTED  # answer for links past the list
     fabric: tuple[int, int] | None = None  # (state, status); None: the query answers NOT_SUPPORTED
+    # nvmlDeviceGetBrand: datacenter GPUs from the T4 on report NVIDIA (`nvidia-smi -q` "Product Brand : NVIDIA"
+    # on T4, H100 and GH200, tests/fixtures/nvidia/README.md).
+    brand: int = pynvml.NVML_BRAND_NVIDIA
 
 
 def install_nvml(monkeypatch: pytest.MonkeyPatch, devices: list[Device], driver: str) -> None:
@@ -82,6 +85,7 @@ def install_nvml(monkeypatch: pytest.MonkeyPatch, devices: list[Device], driver:
         "nvmlDeviceGetMemoryInfo": memory,
         "nvmlDeviceGetNvLinkRemoteDeviceType": remote_type,
         "nvmlDeviceGetGpuFabricInfo": fabric,
+        "nvmlDeviceGetBrand": lambda dev: dev.brand,
     }
     for name, function in calls.items():
         monkeypatch.setattr(pynvml, name, function)
@@ -104,11 +108,11 @@ def test_gb10_memory_not_supported_takes_the_host_memory_and_passes(
         monkeypatch: pytest.MonkeyPatch, spark_meminfo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     install_nvml(monkeypatch, [Device("NVIDIA GB10", (12, 1))], "580.173.02")
     (gb10,) = probe_gpus()
-    assert gb10.memory_gib == round(127600748 * 1024 / (1 << 30), 2) and "unified memory" in gb10.memory_source
+    assert gb10.memory_gib == round(118566368 * 1024 / (1 << 30), 2) and "unified memory" in gb10.memory_source
     assert main(["doctor", "--profile", "auto"]) == 0
     out = capsys.readouterr().out
     assert "auto picked 'spark'" in out
-    assert "from host MemTotal (unified memory" in out and "ready: profile spark" in out
+    assert "from host MemAvailable + SwapFree (unified memory" in out and "ready: profile spark" in out
 
 
 def test_a_failed_query_is_reported_not_taken_for_no_gpu(monkeypatch: pytest.MonkeyPatch,
@@ -197,10 +201,18 @@ def test_real_nvml_probe_never_raises_anything_but_nogpu() -> None:
         assert gpus and all(g.memory_gib is None or g.memory_gib > 0 for g in gpus)
 
 
-def test_host_memory_reads_memtotal(tmp_path: Path) -> None:
+# /proc/meminfo of a DGX Spark serving a model (spark-2 of a three-Spark DeepSeek V4 report on GitHub): 121 GiB
+# in MemTotal, but 4.4 GiB available and 11.8 GiB of swap free.
+SPARK_BUSY_MEMINFO = ("MemTotal:       127600748 kB\nMemAvailable:    4617684 kB\nSwapTotal:      16777212 kB\n"
+                      "SwapFree:       12405576 kB\n")
+
+
+def test_host_memory_is_what_the_host_can_still_give(tmp_path: Path) -> None:
     path = tmp_path / "meminfo"
     path.write_text(SPARK_MEMINFO)
-    assert gpu_probe.host_memory_gib(path) == 121.69
+    assert gpu_probe.host_memory_gib(path) == round(118566368 * 1024 / (1 << 30), 2)  # no swap line
+    path.write_text(SPARK_BUSY_MEMINFO)
+    assert gpu_probe.host_memory_gib(path) == round((4617684 + 12405576) * 1024 / (1 << 30), 2)
     assert gpu_probe.host_memory_gib(tmp_path / "absent") is None
 
 
@@ -222,3 +234,41 @@ def test_the_plan_uses_the_free_memory_nvml_reports_and_says_so(monkeypatch: pyt
     assert on_total is not None
     slots = on_total.engine_details["max_mamba_cache_size"], report.plan.engine_details["max_mamba_cache_size"]
     assert slots[0] > slots[1] * 1.005
+def test_a_busy_spark_is_refused_with_the_memory_it_has_left(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "meminfo"
+    path.write_text(SPARK_BUSY_MEMINFO)
+    monkeypatch.setattr(gpu_probe, "MEMINFO", path)
+    install_nvml(monkeypatch, [Device("NVIDIA GB10", (12, 1))], "580.173.02")
+    assert main(["doctor", "--profile", "spark"]) == 1
+    out = capsys.readouterr().out
+    assert "16.23 GiB from host MemAvailable + SwapFree (unified memory" in out
+    assert "FAIL  gpu memory: #0 has 16.23 GiB, profile 'spark' expects 114 GiB" in out
+
+
+def test_every_brand_the_images_declare_is_a_brand_nvml_reports() -> None:
+    """The brand= words of the real NVIDIA_REQUIRE_CUDA strings (images.yaml) are names of pynvml's brands."""
+    from ornith_stack.cuda_requirement import parse_requirement
+    from ornith_stack.profiles import images
+
+    brands = {gpu_probe.brand_name(pynvml, getattr(pynvml, name)) for name in dir(pynvml)
+              if name.startswith("NVML_BRAND_") and name != "NVML_BRAND_COUNT"}
+    for declaration in images()["cuda_requirements"].values():
+        declared = {branch.brand for branch in parse_requirement(declaration).branches}
+        assert declared and declared <= brands, declared - brands
+
+
+@pytest.mark.parametrize(("brand", "driver", "level", "says"), [
+    # H100 on 560.35.03 (tests/fixtures/nvidia/nvidia-smi-q-h100-560.txt): the cu129 image's brand=nvidia clause.
+    (pynvml.NVML_BRAND_NVIDIA, "560.35.03", "ok", "brand=nvidia,driver>=560,driver<561: datacenter forward"),
+    # A GeForce RTX 3050 on 535.183.01 (nvidia-smi-q-geforce-rtx3050-535.txt): no forward compatibility.
+    (pynvml.NVML_BRAND_GEFORCE, "535.183.01", "problem", "on a geforce GPU: forward compatibility"),
+    (pynvml.NVML_BRAND_NVIDIA_RTX, "570.124.06", "problem", "on a nvidiartx GPU"),
+    (pynvml.NVML_BRAND_GEFORCE, "575.51.03", "ok", "cuda>=12.9: driver >= 575.51.03"),  # the floor: any brand
+])
+def test_the_driver_verdict_follows_the_gpu_brand(monkeypatch: pytest.MonkeyPatch, brand: int, driver: str,
+                                                  level: str, says: str) -> None:
+    install_nvml(monkeypatch, [replace(hgx_h200(None), brand=brand)], driver)
+    report = diagnose(Options(profile="gpu96"))
+    (finding,) = [f for f in report.findings if f.topic == "driver"]
+    assert finding.level == level and says in finding.message, finding.message

@@ -782,3 +782,43 @@ def test_replicas_run_behind_the_model_gateway_which_discovers_the_engine_pods()
     monitor = next(o for o in find(objects, "ServiceMonitor") if o["metadata"]["name"] == f"{RELEASE}-gateway")
     assert monitor["spec"]["endpoints"][0]["relabelings"][0]["replacement"] == "gateway"
     assert not [o for o in rendered("values-gpu96.yaml") if "gateway" in o["metadata"]["name"]]
+# ------------------------------------------------------------------------------- probes and optional APIs
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_every_probe_asks_a_health_route_never_the_metrics(case: str) -> None:
+    """Engine probes: its health or models route; exporter probes: its own page (/), which scrapes nothing."""
+    engine = case_values(case)["engine"]
+    routes = {"engine": {engine["healthPath"], engine["modelsPath"]}, "exporter": {"/"}}
+    probed = []
+    for obj in rendered(case):
+        spec = obj.get("spec", {})
+        pods = [spec.get("template", {}).get("spec", {})]
+        template = spec.get("leaderWorkerTemplate", {})
+        pods += [template.get(role, {}).get("spec", {}) for role in ("leaderTemplate", "workerTemplate")]
+        for pod in pods:
+            for c in pod.get("containers", []):
+                for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    if "httpGet" in c.get(kind, {}):
+                        probed.append((c["name"], kind, c[kind]["httpGet"]["path"]))
+    assert {name for name, _, _ in probed} >= {"engine", "exporter"}, probed
+    assert [p for p in probed if p[2] not in routes.get(p[0], set())] == []
+
+
+def test_a_leaderworkerset_without_its_api_is_refused_naming_what_to_install() -> None:
+    case = "ci/gb300x2-two-nodes-lws.yaml"
+    assert int(case_values(case)["engine"]["nodes"]) == 2
+    with pytest.raises(helm.HelmError) as caught:
+        render(case_values(case), api_versions=("monitoring.coreos.com/v1",))
+    assert "engine.nodes=2 runs each engine copy as a LeaderWorkerSet" in str(caught.value)
+    assert "install the LeaderWorkerSet controller" in str(caught.value)
+    assert "--api-versions leaderworkerset.x-k8s.io/v1" in str(caught.value)
+    # One node needs no LeaderWorkerSet: the same cluster renders it.
+    single = render(case_values("values-gpu96.yaml"), api_versions=("monitoring.coreos.com/v1",))
+    assert find(tuple(single), "Deployment") and not find(tuple(single), "LeaderWorkerSet")
+
+
+def test_a_cu129_tag_offers_the_plain_tag_as_in_compose() -> None:
+    for name in ("gpu96", "a100x2"):
+        values = (CHART / f"values-{name}.yaml").read_text()
+        tag = case_values(f"values-{name}.yaml")["engine"]["image"]["tag"]
+        assert tag.endswith("-cu129")
+        assert f"install with --set engine.image.tag={tag.removesuffix('-cu129')}." in values

@@ -16,3 +16,12 @@ asked as for ornith.hasMonitoringAPI: `helm template` needs --api-versions monit
 {{- $apis := .Capabilities.APIVersions }}
 {{- if or ($apis.Has "monitoring.coreos.com/v1alpha1/AlertmanagerConfig") ($apis.Has "monitoring.coreos.com/v1alpha1") }}true{{ end }}
 {{- end }}
+
+{{/*
+Whether the cluster serves the LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1), which engine.nodes > 1
+needs; asked as for ornith.hasMonitoringAPI: `helm template` needs --api-versions leaderworkerset.x-k8s.io/v1.
+*/}}
+{{- define "ornith.hasLeaderWorkerSetAPI" -}}
+{{- $apis := .Capabilities.APIVersions }}
+{{- if or ($apis.Has "leaderworkerset.x-k8s.io/v1/LeaderWorkerSet") ($apis.Has "leaderworkerset.x-k8s.io/v1") }}true{{ end }}
+{{- end }}

@@ -149,15 +149,16 @@ pins the image by itself; without one the tag is required and never "latest". */
     - name: metrics
       containerPort: {{ .root.Values.exporter.port }}
       protocol: TCP
+  # The probes ask the exporter's own page (/): /metrics would scrape every engine on each probe.
   readinessProbe:
     httpGet:
-      path: /metrics
+      path: /
       port: metrics
     periodSeconds: 15
     timeoutSeconds: 5
   livenessProbe:
     httpGet:
-      path: /metrics
+      path: /
       port: metrics
     periodSeconds: 30
     timeoutSeconds: 10

@@ -63,7 +63,7 @@ def diagnose(opts: Options, gpus: list[GpuInfo] | None = None, gpu_error: str | 
     settings = adapter_for(profile).settings(profile) if profile else ServeSettings()
     _check_gpus(report, profile, gpus, gpu_error, opts.allow_no_gpu)
     if gpus and profile:
-        _check_driver(report, profile, gpus[0].driver_version)
+        _check_driver(report, profile, gpus[0].driver_version, gpus[0].brand)
     _check_fabric(report, gpus)
     ckpt = _check_checkpoint(report, profile, settings, opts)
     _check_draft(report, settings, opts, ckpt)
@@ -116,8 +116,9 @@ def _check_gpus(report: Report, profile: Profile | None, gpus: list[GpuInfo], er
                                                         f"this GPU is sm{gpus[0].compute_capability.replace('.', '')}")
 
 
-def _check_driver(report: Report, profile: Profile, driver: str) -> None:
-    """The driver against the drivers the engine image's CUDA base declares (NVIDIA_REQUIRE_CUDA)."""
+def _check_driver(report: Report, profile: Profile, driver: str, brand: str | None) -> None:
+    """The driver (and the GPU's brand) against what the engine image's CUDA base declares
+    (NVIDIA_REQUIRE_CUDA)."""
     requirement = profile.engine.cuda_requirement
     if requirement is None:
         return
@@ -125,9 +126,10 @@ def _check_driver(report: Report, profile: Profile, driver: str) -> None:
         report.add("warn", "driver", f"version {driver!r} unknown; image {profile.engine.image} needs "
                                      f">= {requirement.floor}")
         return
-    verdict = requirement.check(driver)
+    verdict = requirement.check(driver, brand)
+    on = f" on brand {brand}" if brand else ""
     if verdict.ok:
-        report.add("ok", "driver", f"{driver} runs {profile.engine.image} (floor {requirement.floor}); "
+        report.add("ok", "driver", f"{driver}{on} runs {profile.engine.image} (floor {requirement.floor}); "
                                    f"matched {verdict.rule}")
     else:
         report.add("problem", "driver", f"{driver} is {verdict.rule}: image {profile.engine.image} needs "

@@ -4,11 +4,13 @@ Only a failure to start NVML, or zero devices, means "no GPU". Any other query m
 own (NVML raises a subclass of `pynvml.NVMLError` per return code) and is recorded with the GPU:
 - memory: total and free (what an engine starting now would find: SGLang sizes its pools from the
   free memory before it loads). Unified-memory parts (DGX Spark's GB10) answer NOT_SUPPORTED because
-  the GPU has no memory of its own; the GPU then uses the host's memory, read from /proc/meminfo
-  (MemTotal; no free figure);
+  the GPU has no memory of its own; the GPU then gets what the host can still give, MemAvailable +
+  SwapFree of /proc/meminfo (NVIDIA's guidance for DGX Spark, as llama.cpp reads it), not MemTotal;
 - NVLink remote device types tell whether the GPU's links end at NVSwitches (HGX boards);
 - the GPU fabric state (Hopper and later) tells whether nvidia-fabricmanager has registered the
-  GPU with the NVSwitch fabric: without it CUDA fails with error 802 although NVML answers.
+  GPU with the NVSwitch fabric: without it CUDA fails with error 802 although NVML answers;
+- the brand (nvmlDeviceGetBrand) decides whether CUDA forward compatibility may run an image whose
+  CUDA is newer than the driver: datacenter brands only (ornith_stack.cuda_requirement).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ornith_stack.planner import GIB
 
 MEMINFO = Path("/proc/meminfo")
 NVML_MEMORY = "NVML"
-HOST_MEMORY = "host MemTotal (unified memory: NVML reports no GPU memory of its own)"
+HOST_MEMORY = "host MemAvailable + SwapFree (unified memory: NVML reports no GPU memory of its own)"
 # cuInit's answer on NVSwitch systems whose fabric manager is not running.
 CUDA_ERROR_SYSTEM_NOT_READY = 802
 
@@ -45,6 +47,7 @@ class GpuInfo:
     nvswitch: bool = False  # an NVLink of this GPU ends at an NVSwitch
     fabric_state: str | None = None  # "not started", "in progress", "completed", ...; None: no fabric
     unanswered: tuple[str, ...] = ()  # NVML queries that failed, with NVML's reason
+    brand: str | None = None  # NVML's brand as NVIDIA_REQUIRE_CUDA names it ("nvidia", "geforce", ...)
 
     @property
     def driver_branch(self) -> str:
@@ -111,6 +114,7 @@ def _probe_one(nvml: Any, index: int, driver: str) -> GpuInfo:
     name = ask("name", nvml.nvmlDeviceGetName, handle)
     capability = ask("compute capability", nvml.nvmlDeviceGetCudaComputeCapability, handle)
     memory, free, source = _memory(nvml, handle, unanswered)
+    brand = ask("brand", nvml.nvmlDeviceGetBrand, handle)
     return GpuInfo(
         index=index,
         name=_text(name) if name is not None else "unknown",
@@ -122,7 +126,33 @@ def _probe_one(nvml: Any, index: int, driver: str) -> GpuInfo:
         nvswitch=_links_to_nvswitch(nvml, handle),
         fabric_state=_fabric_state(nvml, handle),
         unanswered=tuple(unanswered),
+        brand=None if brand is None else brand_name(nvml, brand),
     )
+
+
+def brand_name(nvml: Any, brand: int) -> str:
+    """NVML's nvmlBrandType_t as NVIDIA_REQUIRE_CUDA's `brand=` clauses and `nvidia-smi -q` ("Product Brand",
+    lower case without spaces) name it; an unnamed value reads "unknown"."""
+    names = {
+        nvml.NVML_BRAND_UNKNOWN: "unknown",
+        nvml.NVML_BRAND_QUADRO: "quadro",
+        nvml.NVML_BRAND_TESLA: "tesla",
+        nvml.NVML_BRAND_NVS: "nvs",
+        nvml.NVML_BRAND_GRID: "grid",
+        nvml.NVML_BRAND_GEFORCE: "geforce",
+        nvml.NVML_BRAND_TITAN: "titan",
+        nvml.NVML_BRAND_NVIDIA_VAPPS: "vapps",
+        nvml.NVML_BRAND_NVIDIA_VPC: "vpc",
+        nvml.NVML_BRAND_NVIDIA_VCS: "vcs",
+        nvml.NVML_BRAND_NVIDIA_VWS: "vws",
+        nvml.NVML_BRAND_NVIDIA_CLOUD_GAMING: "cloudgaming",
+        nvml.NVML_BRAND_QUADRO_RTX: "quadrortx",
+        nvml.NVML_BRAND_NVIDIA_RTX: "nvidiartx",
+        nvml.NVML_BRAND_NVIDIA: "nvidia",
+        nvml.NVML_BRAND_GEFORCE_RTX: "geforcertx",
+        nvml.NVML_BRAND_TITAN_RTX: "titanrtx",
+    }
+    return names.get(brand, "unknown")
 
 
 def _memory(nvml: Any, handle: Any, unanswered: list[str]) -> tuple[float | None, float | None, str]:
@@ -138,15 +168,19 @@ def _memory(nvml: Any, handle: Any, unanswered: list[str]) -> tuple[float | None
 
 
 def host_memory_gib(meminfo: Path | None = None) -> float | None:
-    """MemTotal of /proc/meminfo in GiB; None when it cannot be read."""
+    """MemAvailable + SwapFree of /proc/meminfo in GiB: what a unified-memory GPU can still allocate;
+    None when MemAvailable cannot be read."""
+    fields: dict[str, int] = {}
     try:
         for line in (meminfo or MEMINFO).read_text().splitlines():
             key, _, value = line.partition(":")
-            if key == "MemTotal":
-                return round(int(value.split()[0]) * 1024 / GIB, 2)
+            if key in ("MemAvailable", "SwapFree"):
+                fields[key] = int(value.split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return None
+    if "MemAvailable" not in fields:
+        return None
+    return round((fields["MemAvailable"] + fields.get("SwapFree", 0)) * 1024 / GIB, 2)
 
 
 def _links_to_nvswitch(nvml: Any, handle: Any) -> bool:
