@@ -785,9 +785,12 @@ def test_replicas_run_behind_the_model_gateway_which_discovers_the_engine_pods()
 # ------------------------------------------------------------------------------- probes and optional APIs
 @pytest.mark.parametrize("case", RENDERABLE)
 def test_every_probe_asks_a_health_route_never_the_metrics(case: str) -> None:
-    """Engine probes: its health or models route; exporter probes: its own page (/), which scrapes nothing."""
+    """Engine probes: its health or models route; exporter probes: its own page (/), which scrapes nothing;
+    the gateway's: its own readiness and liveness routes."""
     engine = case_values(case)["engine"]
-    routes = {"engine": {engine["healthPath"], engine["modelsPath"]}, "exporter": {"/"}}
+    # The gateway's: /readiness (a worker is healthy), /liveness (the process runs); neither proxies a request.
+    routes = {"engine": {engine["healthPath"], engine["modelsPath"]}, "exporter": {"/"},
+              "gateway": {"/readiness", "/liveness"}}
     probed = []
     for obj in rendered(case):
         spec = obj.get("spec", {})
