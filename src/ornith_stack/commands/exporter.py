@@ -27,6 +27,10 @@ def register(app: typer.Typer) -> None:
         canary: Annotated[bool, typer.Option("--canary", help="Send a known-answer request periodically.")] = False,
         canary_interval: Annotated[float, typer.Option(help="Seconds between canary requests.")] = 30.0,
         timeout: Annotated[float, typer.Option(help="Seconds allowed for one target's scrape.")] = 3.0,
+        api_key: Annotated[str, typer.Option(
+            envvar="ORNITH_API_KEY", show_default=False,
+            help="The engines' API key, sent as `Authorization: Bearer` by the canary and the info "
+                 "request (prefer the environment variable: a flag shows in the process list).")] = "",
     ) -> None:
         """Serve unified ornith_* metrics (acceptance, throughput, latency) scraped from vLLM/SGLang engines."""
         if not target:
@@ -41,7 +45,7 @@ def register(app: typer.Typer) -> None:
             draft = loaded.draft.repo or "" if loaded.draft else ""
         # One target per address: two URLs differing only in credentials would give duplicate series.
         unique = {Target(normalise_target(url)).public: normalise_target(url) for url in target}
-        targets = [Target(url, profile or "", draft) for url in unique.values()]
+        targets = [Target(url, profile or "", draft, api_key) for url in unique.values()]
         host, port = parse_listen(listen)
         typer.echo(f"ornith-stack exporter on {host or '*'}:{port}/metrics, "
                    f"{len(targets)} target(s): {', '.join(t.public for t in targets)}", err=True)

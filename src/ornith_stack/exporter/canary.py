@@ -65,13 +65,19 @@ def request_body(model: str, prompt: str = PROMPT, max_tokens: int = MAX_TOKENS)
     }
 
 
-def stream_chat(client: httpx.Client, url: str, body: dict, timeout: float) -> Stream:
+def bearer(api_key: str) -> dict[str, str]:
+    """The request headers that carry an engine's API key (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def stream_chat(client: httpx.Client, url: str, body: dict, timeout: float,
+                headers: dict[str, str] | None = None) -> Stream:
     """POST a streamed chat request and read its server-sent events; anything malformed is ValueError."""
     start = time.monotonic()
     first = last = None
     text: list[str] = []
     tokens = chunks = 0
-    with client.stream("POST", url, json=body, timeout=timeout) as response:
+    with client.stream("POST", url, json=body, timeout=timeout, headers=headers) as response:
         if response.status_code != 200:
             raise ValueError(f"HTTP {response.status_code}")
         for line in response.iter_lines():
@@ -107,20 +113,23 @@ def decode_rate(stream: Stream) -> float | None:
     return (stream.tokens - 1) / stream.span
 
 
-def run_once(client: httpx.Client, base: str, timeout: float, adapter: EngineAdapter) -> CanaryState:
+def run_once(client: httpx.Client, base: str, timeout: float, adapter: EngineAdapter,
+             api_key: str = "") -> CanaryState:
     """One canary run; any failure is a state with success False and the reason, never an exception."""
     state = CanaryState()
+    headers = bearer(api_key)
     try:
-        models = client.get(base + adapter.models_path, timeout=timeout).json()
+        models = client.get(base + adapter.models_path, timeout=timeout, headers=headers).json()
         model = models["data"][0]["id"]
         if not isinstance(model, str):
             raise ValueError(f"{adapter.models_path}: model id is not a string")
-        answer = stream_chat(client, base + adapter.chat_path, request_body(model), timeout)
+        answer = stream_chat(client, base + adapter.chat_path, request_body(model), timeout, headers)
         state.success = True
         state.correct = bool(ANSWER.search(answer.text))
         state.ttft = answer.ttft
         decode = stream_chat(client, base + adapter.chat_path,
-                             {**request_body(model, DECODE_PROMPT, DECODE_MAX_TOKENS), "ignore_eos": True}, timeout)
+                             {**request_body(model, DECODE_PROMPT, DECODE_MAX_TOKENS), "ignore_eos": True}, timeout,
+                             headers)
         state.decode_rate = decode_rate(decode)
     except Exception as exc:  # whatever a target answers, the canary reports it and runs again
         state.error = f"{type(exc).__name__}: {exc}"
@@ -165,7 +174,7 @@ class Canary:
             adapter = self.adapter_of(target)
             if adapter is None:
                 raise ValueError("the engine has not been recognised from its /metrics yet")
-            return run_once(self._client, target.url, self.timeout, adapter)
+            return run_once(self._client, target.url, self.timeout, adapter, target.api_key)
         except Exception as exc:
             log.warning("canary for %s: %s: %s", target.public, type(exc).__name__, exc)
             return CanaryState(error=f"{type(exc).__name__}: {exc}", finished_at=time.time())

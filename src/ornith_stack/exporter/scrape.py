@@ -53,6 +53,9 @@ class Target:
     url: str = field(repr=False)  # base URL, e.g. http://engine:8000; may carry user:password@
     profile: str = ""
     draft: str = ""  # from the profile, when the engine does not say
+    # The engine's API key, sent as `Authorization: Bearer` (SGLang's /server_info needs it; the
+    # /metrics and /health routes of both engines are open).
+    api_key: str = field(default="", repr=False, compare=False)
 
     @property
     def public(self) -> str:
@@ -203,7 +206,7 @@ class Scraper:
             state.adapter, state.info, state.last_counters, state.last_read_at = adapter, known, counters, started
 
     def _fetch_metrics(self, target: Target, deadline: float) -> tuple[Samples, EngineAdapter]:
-        status, body = http_get(target.url + "/metrics", deadline, MAX_BODY_BYTES)
+        status, body = http_get(target.url + "/metrics", deadline, MAX_BODY_BYTES, target.api_key)
         where = target.public
         if status != 200:
             raise ScrapeError("http_status", f"{where}/metrics: HTTP {status}")
@@ -222,7 +225,7 @@ class Scraper:
         """Version, model and draft from the engine's info endpoint; empty when none answers in time."""
         for path in adapter.info_paths:
             try:
-                status, body = http_get(target.url + path, deadline, MAX_INFO_BYTES)
+                status, body = http_get(target.url + path, deadline, MAX_INFO_BYTES, target.api_key)
                 if status == 200:
                     return adapter.parse_info(json.loads(body))
             except (ScrapeError, ValueError, TimeoutError):
@@ -308,7 +311,7 @@ def _le(value: float) -> str:
 
 
 # -- HTTP with one deadline -----------------------------------------------------------------------
-def http_get(url: str, deadline: float, limit: int) -> tuple[int, bytes]:
+def http_get(url: str, deadline: float, limit: int, api_key: str = "") -> tuple[int, bytes]:
     """GET `url`: connect, headers and body all done by `deadline` (time.monotonic()), at most `limit`
     bytes after decoding. A watchdog shuts the socket at the deadline, so a server that trickles its
     headers or body cannot hold the caller past it."""
@@ -326,6 +329,8 @@ def http_get(url: str, deadline: float, limit: int) -> tuple[int, bytes]:
     if parts.username is not None:
         token = f"{parts.username}:{parts.password or ''}".encode()
         headers["Authorization"] = "Basic " + base64.b64encode(token).decode()
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     watchdog = threading.Timer(remaining, _shut, (conn,))
     watchdog.daemon = True
     watchdog.start()
