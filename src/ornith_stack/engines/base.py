@@ -142,6 +142,9 @@ class EngineAdapter:
     # Fields of a non-streaming chat request that make the engine answer this request's own speculative
     # verification steps (choices[0].meta_info.spec_verify_ct); empty where the engine has none.
     per_request_steps_fields: ClassVar[dict[str, bool]] = {}
+    # Start-up phases as (what it means, regular expression of the engine's log line), in the order
+    # the engine logs them; `up` shows each as it appears.
+    start_phases: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def api_key_handoff(self, key: str, directory: Path) -> KeyHandoff:
         """Hand `key` to the engine: files it needs go into `directory` (mode 0600), never into argv."""

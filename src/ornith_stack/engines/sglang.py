@@ -43,6 +43,13 @@ class SglangAdapter(EngineAdapter):
     # 0.5.17's chat route returns each choice's meta_info (prompt and completion tokens, spec_verify_ct)
     # when asked, on non-streaming requests only (a streaming one with it is refused).
     per_request_steps_fields: ClassVar[dict[str, bool]] = {"return_meta_info": True}
+    # Lines of SGLang 0.5.17's log (tests/fixtures/engines/sglang-0.5.17/tp1/engine.log).
+    start_phases: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("weights loaded", r"Load weight end"),
+        ("KV pool sized", r"KV Cache is allocated"),
+        ("CUDA graphs captured", r"CUDA graph end"),
+        ("API up", r"The server is fired up"),
+    )
     metrics: ClassVar[MetricNames] = MetricNames(
         generation_tokens="sglang:generation_tokens_total",
         prompt_tokens="sglang:prompt_tokens_total",
