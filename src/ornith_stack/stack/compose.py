@@ -80,9 +80,10 @@ def compose_json(run: Runner, stack: Stack, *args: str) -> Any:
     if result.returncode != 0:
         raise UserError(f"`docker compose {' '.join(args)}` failed: {first_line(result)}")
     text = result.stdout.strip()
-    if text.startswith("["):
-        return json.loads(text)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    try:
+        return json.loads(text or "[]")
+    except ValueError:  # `ps --format json` writes one object per line
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def containers(run: Runner, stack: Stack) -> list[dict[str, Any]]:
