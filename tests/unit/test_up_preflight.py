@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,7 +31,7 @@ ENGINE_LOGS = REPO / "tests" / "fixtures" / "engines"
 
 def recorded(name: str, returncode: int = 0) -> Result:
     """A recorded command's stdout (`name.out` or `name.json`) and stderr (`name.err`, if any)."""
-    out = next((FIXTURES / f"{name}{ext}" for ext in (".out", ".json") if (FIXTURES / f"{name}{ext}").exists()))
+    out = next(FIXTURES / f"{name}{ext}" for ext in (".out", ".json") if (FIXTURES / f"{name}{ext}").exists())
     err = FIXTURES / f"{name}.err"
     return subprocess.CompletedProcess([], returncode, out.read_text(), err.read_text() if err.exists() else "")
 
@@ -173,8 +174,6 @@ def test_set_env_replaces_one_variable(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("kind", "log"), [("sglang", "sglang-0.5.17/tp1/engine.log"),
                                            ("vllm", "vllm-0.24.0/dflash/engine.log")])
 def test_start_phases_appear_in_a_real_engine_log_in_order(kind: str, log: str) -> None:
-    import re
-
     text = (ENGINE_LOGS / log).read_text()
     positions = [re.search(pattern, text) for _, pattern in adapter_for(kind).start_phases]
     assert all(positions), [phase for (phase, _), m in zip(adapter_for(kind).start_phases, positions, strict=True)
