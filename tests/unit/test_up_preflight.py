@@ -43,7 +43,7 @@ class Replay:
         self.answers = answers
         self.calls: list[tuple[str, ...]] = []
 
-    def __call__(self, argv: Sequence[str], timeout: float = 600.0) -> Result:
+    def __call__(self, argv: Sequence[str], timeout: float = 600.0, on_line: object = None) -> Result:
         self.calls.append(tuple(argv))
         for prefix, result in self.answers.items():
             if tuple(argv[: len(prefix)]) == prefix:
@@ -68,7 +68,7 @@ def test_an_unreachable_daemon_is_one_error_naming_the_fix() -> None:
 
 def test_a_missing_docker_program_says_install_docker(tmp_path: Path) -> None:
     # The real condition: no `docker` on PATH.
-    def without_docker(argv: Sequence[str], timeout: float = 600.0) -> Result:
+    def without_docker(argv: Sequence[str], timeout: float = 600.0, on_line: object = None) -> Result:
         return run(argv, timeout, env={"PATH": str(tmp_path)})
 
     with pytest.raises(UserError, match=r"^docker is not installed: install Docker Engine"):

@@ -82,7 +82,7 @@ def ensure_images(run: Runner, stack: Stack, say: Say) -> list[str]:
                 continue
             why = "missing" if have is None else "stale"
             say(f"building {image} ({why}; FROM {want[LABEL_UPSTREAM]})")
-            _build(run, image, build, want)
+            _build(run, image, build, want, say)
             changed.append(f"built {image} ({why})")
         elif image and image_labels(run, image) is None:
             say(f"pulling {image}")
@@ -94,12 +94,16 @@ def ensure_images(run: Runner, stack: Stack, say: Say) -> list[str]:
     return changed
 
 
-def _build(run: Runner, image: str, build: dict[str, Any], labels: dict[str, str]) -> None:
+def _build(run: Runner, image: str, build: dict[str, Any], labels: dict[str, str], say: Say) -> None:
     context = Path(str(build.get("context", ".")))
     argv = ["docker", "build", "-t", image, "-f", str(context / str(build.get("dockerfile", "Dockerfile")))]
     argv += [f"--build-arg={k}={v}" for k, v in sorted((build.get("args") or {}).items())]
     argv += [f"--label={k}={v}" for k, v in labels.items()]
-    result = run([*argv, str(context)], timeout=BUILD_TIMEOUT_S)
+    def step(line: str) -> None:  # the classic builder's "Step 3/14 : RUN ..." lines, BuildKit's "#5 [2/9] ..."
+        if line.startswith("Step ") or (line.startswith("#") and " [" in line[:12]):
+            say(line[:120])
+
+    result = run([*argv, str(context)], timeout=BUILD_TIMEOUT_S, on_line=step)
     if result.returncode != 0:
         tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
         raise UserError(f"building {image} failed: {tail} (`{' '.join(argv[:4])} ...` shows the whole log)")
