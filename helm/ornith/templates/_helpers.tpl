@@ -129,11 +129,24 @@ pins the image by itself; without one the tag is required and never "latest". */
 {{- toJson (concat $args .root.Values.exporter.extraArgs) }}
 {{- end }}
 
+{{- define "ornith.apiKeyEnv" -}}
+{{- with .Values.apiKey.secretName }}
+- name: ORNITH_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.apiKey.secretKey }}
+{{- end }}
+{{- end }}
+
 {{- define "ornith.exporterContainer" -}}
 - name: exporter
   image: {{ include "ornith.image" (dict "image" .root.Values.exporter.image "key" "exporter.image") | quote }}
   imagePullPolicy: {{ .root.Values.exporter.image.pullPolicy }}
   args: {{ include "ornith.exporterArgs" . }}
+{{- with include "ornith.apiKeyEnv" .root }}
+  env: {{- . | trim | nindent 4 }}
+{{- end }}
   ports:
     - name: metrics
       containerPort: {{ .root.Values.exporter.port }}
