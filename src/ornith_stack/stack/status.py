@@ -31,13 +31,16 @@ class EngineStatus:
     kv_usage: float | None
 
 
-def read_exporter(address: str) -> tuple[Reading, dict[str, dict[str, str]]]:
-    """Every ornith_* series by target, and each target's info labels."""
+def read_exporter(address: str) -> str:
     try:
-        text = httpx.get(f"http://{address}{deployment.METRICS_PATH}", timeout=15).text
+        return httpx.get(f"http://{address}{deployment.METRICS_PATH}", timeout=15).text
     except httpx.HTTPError as exc:
         raise UserError(f"the exporter at {address} does not answer ({type(exc).__name__}): `ornith-stack logs exporter`"
                         ) from None
+
+
+def parse_exporter(text: str) -> tuple[Reading, dict[str, dict[str, str]]]:
+    """Every ornith_* series by target (summed over its other labels), and each target's info labels."""
     values: Reading = defaultdict(dict)
     info: dict[str, dict[str, str]] = {}
     for family in text_string_to_metric_families(text):
@@ -52,11 +55,17 @@ def read_exporter(address: str) -> tuple[Reading, dict[str, dict[str, str]]]:
 
 
 def engine_status(address: str, interval_s: float = 2.0) -> list[EngineStatus]:
-    before, _ = read_exporter(address)
+    before = read_exporter(address)
     started = time.monotonic()
     time.sleep(interval_s)
-    after, info = read_exporter(address)
-    elapsed = time.monotonic() - started
+    after = read_exporter(address)
+    return compare(before, after, time.monotonic() - started)
+
+
+def compare(before_text: str, after_text: str, elapsed: float) -> list[EngineStatus]:
+    """Each engine's figures from two exporter scrapes `elapsed` seconds apart."""
+    before, _ = parse_exporter(before_text)
+    after, info = parse_exporter(after_text)
     rows = []
     for target, now in sorted(after.items()):
         then = before.get(target, {})
