@@ -140,14 +140,24 @@ def hf_cache(values: Mapping[str, str]) -> Path:
 
 
 def unchanged(run: Runner, stack: Stack) -> bool:
-    """Every service has a running container made from the configuration compose resolves now."""
+    """Every service has a running container (not restarting) made from the configuration compose resolves
+    now and from the image its tag names now."""
     result = run(stack.compose("config", "--hash", "*"))
     if result.returncode != 0:
         return False
     want = dict(line.split(None, 1) for line in result.stdout.splitlines() if len(line.split()) == 2)
-    have = {service_of(c): ((c.get("Config", {}).get("Labels") or {}).get("com.docker.compose.config-hash"),
-                            bool(c.get("State", {}).get("Running"))) for c in containers(run, stack)}
-    return bool(want) and all(have.get(service) == (digest, True) for service, digest in want.items())
+    have = {service_of(c): (c.get("Config", {}).get("Labels") or {}).get("com.docker.compose.config-hash")
+            for c in containers(run, stack) if _current(run, c)}
+    return bool(want) and all(have.get(service) == digest for service, digest in want.items())
+
+
+def _current(run: Runner, container: dict[str, Any]) -> bool:
+    """Running steadily, from the image its tag points at today."""
+    state = container.get("State", {})
+    if state.get("Status") != "running" or state.get("Restarting"):
+        return False
+    tag = run(["docker", "image", "inspect", "--format", "{{.Id}}", str(container.get("Config", {}).get("Image"))])
+    return tag.returncode == 0 and tag.stdout.strip() == container.get("Image")
 
 
 def engine_log(run: Runner, stack: Stack, lines: int = 400) -> str:
@@ -155,8 +165,12 @@ def engine_log(run: Runner, stack: Stack, lines: int = 400) -> str:
     return result.stdout + result.stderr
 
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
 def log_tail(text: str, lines: int = LOG_TAIL) -> str:
-    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+    """The last lines of a log on one line, without terminal control sequences."""
+    return " | ".join(line.strip() for line in ANSI.sub("", text).strip().splitlines()[-lines:])
 
 
 def wait_healthy(run: Runner, stack: Stack, adapter: EngineAdapter, base: str, timeout_s: float,
