@@ -70,7 +70,9 @@ def up_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 
 @pytest.fixture(scope="module")
 def first_up(up_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    result = cli(up_env, "up", "cpu-demo", "--project", PROJECT, "--env-file", up_env["ORNITH_TEST_ENV_FILE"])
+    # Under load here the engine took 9.5 minutes to answer /health (its compile); the default allows 10.
+    result = cli(up_env, "up", "cpu-demo", "--project", PROJECT, "--env-file", up_env["ORNITH_TEST_ENV_FILE"],
+                 "--start-timeout", "1500")
     print(result.stderr[-3000:])
     assert result.returncode == 0, result.stderr[-4000:]
     return result
@@ -123,14 +125,24 @@ def test_status_shows_acceptance_and_decode_speed(first_up: subprocess.Completed
                                                   up_env: dict[str, str]) -> None:
     engine = f"http://127.0.0.1:{up_env['ORNITH_ENGINE_PORT']}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {_api_key(up_env)}"}
-    body = {"model": "ornith", "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+    body = {"model": "ornith", "max_tokens": 300, "temperature": 0, "ignore_eos": True,
             "messages": [{"role": "user", "content": PROMPT}]}
-    httpx.post(engine, json={**body, "max_tokens": 48}, headers=headers, timeout=300).raise_for_status()
-    # Traffic while status reads the exporter twice, so decode tokens move between its reads.
-    traffic = threading.Thread(target=lambda: httpx.post(engine, json=body, headers=headers, timeout=300))
-    traffic.start()
-    result = cli(up_env, "status", "--project", PROJECT, "--interval", "4", timeout=120)
-    traffic.join()
+    httpx.post(engine, json=body, headers=headers, timeout=300).raise_for_status()
+    # Traffic until status has read the exporter twice, so decode tokens move between its reads (the tiny
+    # model decodes about 300 tokens/s here: one request would be over before the first read).
+    done = threading.Event()
+
+    def traffic() -> None:
+        while not done.is_set():
+            httpx.post(engine, json=body, headers=headers, timeout=300)
+
+    sender = threading.Thread(target=traffic)
+    sender.start()
+    try:
+        result = cli(up_env, "status", "--project", PROJECT, "--interval", "4", timeout=120)
+    finally:
+        done.set()
+        sender.join()
     assert result.returncode == 0, result.stdout + result.stderr
     assert "requires the API key" in result.stdout
     row = next(line for line in result.stdout.splitlines() if "vllm" in line and "up" in line)
@@ -142,7 +154,7 @@ def test_status_shows_acceptance_and_decode_speed(first_up: subprocess.Completed
 
 def test_second_up_has_nothing_to_change(first_up: subprocess.CompletedProcess[str], up_env: dict[str, str]) -> None:
     result = cli(up_env, "up", "cpu-demo", "--project", PROJECT, "--env-file", up_env["ORNITH_TEST_ENV_FILE"],
-                 timeout=600)
+                 "--start-timeout", "1500", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "nothing to change" in result.stdout and "changed:" not in result.stdout
 

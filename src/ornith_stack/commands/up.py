@@ -140,7 +140,8 @@ def register(app: typer.Typer) -> None:
             table.add_row(name, "up" if row.up else "[red]down[/]", _fmt(row.acceptance_length, ".2f"),
                           _fmt(row.decode_tok_s, ".1f"), _fmt(row.running, ".0f"), _fmt(row.waiting, ".0f"),
                           "-" if row.kv_usage is None else f"{row.kv_usage:.1%}")
-        out.print(table)
+        # A pipe or a log gets every row on one line, however narrow rich guesses the terminal is.
+        (out if out.is_terminal else Console(highlight=False, width=200)).print(table)
         if not rows or not all(row.up for row in rows):
             raise typer.Exit(1)
 

