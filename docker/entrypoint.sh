@@ -10,14 +10,19 @@
 #      command the entrypoint asks launch-args itself) with the words of $ORNITH_EXTRA_ARGS appended
 #      (shell-quoted, e.g. ORNITH_EXTRA_ARGS='--max-num-seqs 8 --served-model-name "my model"').
 #      ORNITH_DRY_RUN=1 prints that argv as one JSON list instead of executing it.
-#   The log line before exec shows the argv with secrets (--api-key VALUE, hf_... tokens) redacted;
-#   better still, pass secrets in the environment (VLLM_API_KEY, HF_TOKEN) rather than as flags.
+#   4. ORNITH_API_KEY set: the engine adapter says how the engine takes it (`ornith-stack engine-key`:
+#      vLLM reads $VLLM_API_KEY, SGLang a 0600 `--config` YAML file), so the key is never on the command
+#      line; ORNITH_API_KEY itself is removed from the engine's environment, and every line the engine
+#      prints passes a filter that replaces the key with <redacted> (SGLang logs its server_args, key
+#      included, at start).
+#   The log line before exec shows the argv with secrets (--api-key VALUE..., hf_... tokens) redacted;
+#   better still, pass secrets in the environment (ORNITH_API_KEY, HF_TOKEN) rather than as flags.
 set -euo pipefail
 
 say() { printf 'ornith-entrypoint: %s\n' "$*" >&2; }
 # The argv as one shell-quoted line for the log, with secrets replaced by <redacted>: the value of a
-# secret flag (--api-key, --admin-api-key, --hf-token, --*-token, --*-secret, --*-password; as the next
-# word or after "="), and anything shaped like a Hugging Face token (hf_...).
+# secret flag (--api-key, --admin-api-key, --hf-token, --*-token, --*-secret, --*-password; every word after
+# it up to the next flag, or after "="), and anything shaped like a Hugging Face token (hf_...).
 redacted() {
   python3 - "$@" <<'PY'
 import re, shlex, sys
@@ -26,10 +31,12 @@ HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
 out, hide_next = [], False
 for word in sys.argv[1:]:
     flag, eq, _ = word.partition("=")
-    if hide_next:
+    # vLLM's --api-key takes several keys (`--api-key a b`): hide every value up to the next flag.
+    if hide_next and not word.startswith("-"):
         out.append("<redacted>")
-        hide_next = False
-    elif SECRET_FLAG.fullmatch(flag):
+        continue
+    hide_next = False
+    if SECRET_FLAG.fullmatch(flag):
         out.append(f"{flag}=<redacted>" if eq else word)
         hide_next = not eq
     else:
@@ -109,9 +116,38 @@ PY
   say "$cached already in the Hugging Face cache: HF_HUB_OFFLINE=1 (set HF_HUB_OFFLINE=0 to re-resolve on the Hub)"
 fi
 
+# The API key: handed over the engine's own way, never as a flag (see 4. above).
+key_file=""
+if [[ -n ${ORNITH_API_KEY:-} ]]; then
+  key_dir=$(mktemp -d "${TMPDIR:-/tmp}/ornith-key.XXXXXX")  # mode 0700
+  key_file="$key_dir/key"
+  (umask 077 && printf '%s' "$ORNITH_API_KEY" > "$key_file")
+  handoff=$(ornith-stack engine-key "$profile" --dir "$key_dir")
+  # Line 1: the environment variables that carry the key; then one argv word per line.
+  mapfile -t words < <(python3 -c 'import json, sys; h = json.loads(sys.argv[1])
+print(" ".join(h["env"])); print(*h["args"], sep="\n")' "$handoff")
+  for name in ${words[0]}; do export "$name=$ORNITH_API_KEY"; done
+  for word in "${words[@]:1}"; do [[ -n $word ]] && set -- "$@" "$word"; done
+  unset ORNITH_API_KEY
+fi
+# Copies stdin to stdout with the key (read from $1) replaced by <redacted>, line by line as it comes.
+redact_key() {
+  python3 -u -c 'import sys
+key = open(sys.argv[1], "rb").read()
+out = sys.stdout.buffer
+for line in iter(sys.stdin.buffer.readline, b""):
+    out.write(line.replace(key, b"<redacted>") if key else line)
+    out.flush()' "$1"
+}
+
 if is_on "${ORNITH_DRY_RUN:-}"; then
   python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
   exit 0
 fi
 say "profile $profile: exec $(redacted "$@")"
+if [[ -n $key_file ]]; then
+  # The engine stays the process that exec replaces this shell with (PID 1 in a container, so it gets
+  # the stop signal); its output goes through two filters, which end when it closes its side.
+  exec "$@" > >(redact_key "$key_file") 2> >(redact_key "$key_file" >&2)
+fi
 exec "$@"

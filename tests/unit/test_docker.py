@@ -6,6 +6,7 @@ and the entrypoint's decisions (run on this machine with the real `ornith-stack`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -249,6 +250,85 @@ def test_entrypoint_log_redacts_secrets_in_the_command() -> None:
     # Everything else stays readable, including flags that merely contain "token".
     assert "exec echo --model org/model --api-key '<redacted>' '--hf-token=<redacted>'" in log
     assert "--max-num-batched-tokens 8" in log
+
+
+def test_entrypoint_log_redacts_every_key_of_vllms_list_form() -> None:
+    # vLLM's --api-key takes several keys: `--api-key a b` hides both, and the next flag stays readable.
+    result = _entrypoint("echo", ORNITH_PROFILE="cpu-demo", ORNITH_SKIP_DOCTOR="1",
+                         ORNITH_EXTRA_ARGS=f"--api-key {SECRETS[0]} {SECRETS[2]} --port 8001")
+    assert result.returncode == 0, result.stderr
+    assert SECRETS[0] in result.stdout and SECRETS[2] in result.stdout
+    log = next(line for line in result.stderr.splitlines() if ": exec " in line)
+    assert log.endswith("exec echo --api-key '<redacted>' '<redacted>' --port 8001"), log
+
+
+# A stand-in for the engine process: it reports what it received (argv, the key's hash as it found it in
+# its environment or its --config file, that file's mode) and then prints the key itself on stdout and
+# stderr, as SGLang does when it logs `server_args=ServerArgs(... api_key='...')`, once it has read a line on
+# stdin, so that a test can look at the process list while it runs.
+ENGINE_STANDIN = """
+import hashlib, json, os, sys, yaml
+argv = sys.argv[1:]
+digest = lambda text: hashlib.sha256(text.encode()).hexdigest() if text else None
+config = argv[argv.index("--config") + 1] if "--config" in argv else None
+report = {"argv": argv, "env_key": digest(os.environ.get("VLLM_API_KEY", "")),
+          "ornith_key_in_env": "ORNITH_API_KEY" in os.environ,
+          "config_key": digest(yaml.safe_load(open(config))["api-key"]) if config else None,
+          "config_mode": oct(os.stat(config).st_mode & 0o777) if config else None}
+print(json.dumps(report), flush=True)
+sys.stdin.readline()
+key = os.environ.get("VLLM_API_KEY") or yaml.safe_load(open(config))["api-key"]
+print(f"server_args=ServerArgs(api_key={key!r})", flush=True)
+print(f"warning: key {key}", file=sys.stderr, flush=True)
+"""
+API_KEY = "ornith-k3y-0123456789abcdef"
+
+
+def _entrypoint_running(profile: str) -> subprocess.Popen[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ORNITH_")}
+    base["PATH"] = f"{BIN}{os.pathsep}{base.get('PATH', '')}"
+    env = {**base, "ORNITH_PROFILE": profile, "ORNITH_SKIP_DOCTOR": "1", "ORNITH_API_KEY": API_KEY}
+    return subprocess.Popen(["bash", str(ENTRYPOINT), sys.executable, "-c", ENGINE_STANDIN, "--port", "8000"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
+@pytest.mark.parametrize(("profile", "where"), [("cpu-demo", "env_key"), ("gpu96", "config_key")])
+def test_entrypoint_hands_the_key_to_the_engine_off_its_command_line_and_out_of_its_logs(
+    profile: str, where: str
+) -> None:
+    # vLLM (cpu-demo) reads $VLLM_API_KEY; SGLang 0.5.17 (gpu96) has no such variable and gets a 0600
+    # --config YAML file instead. Either way the key is in no argv, in no `ps` line, in no log line.
+    proc = _entrypoint_running(profile)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        report = json.loads(proc.stdout.readline())
+        listing = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True,
+                                 check=True).stdout
+        proc.stdin.write("\n")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    expected = hashlib.sha256(API_KEY.encode()).hexdigest()
+    assert report[where] == expected
+    assert report["ornith_key_in_env"] is False
+    if where == "config_key":
+        assert report["config_mode"] == "0o600"
+    assert API_KEY not in " ".join(report["argv"])
+    assert str(proc.pid) in listing and API_KEY not in listing
+    # The engine printed the key on both streams; what leaves the container is redacted.
+    assert "server_args=ServerArgs(api_key='<redacted>')" in out and "warning: key <redacted>" in err
+    assert API_KEY not in out + err
+
+
+def test_entrypoint_dry_run_shows_the_handoff_without_the_key() -> None:
+    result = _entrypoint("python3", "-m", "sglang.launch_server", ORNITH_PROFILE="gpu96", ORNITH_SKIP_DOCTOR="1",
+                         ORNITH_DRY_RUN="1", ORNITH_API_KEY=API_KEY)
+    assert result.returncode == 0, result.stderr
+    argv = json.loads(result.stdout)
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"] and argv[3] == "--config"
+    assert argv[4].endswith("/sglang-api-key.yaml") and API_KEY not in result.stdout + result.stderr
 
 
 def test_entrypoint_does_not_echo_extra_args_it_refuses() -> None:

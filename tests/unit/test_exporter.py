@@ -798,8 +798,11 @@ class FakeChat(FakeEngine):
         chat = Route(body, status=status, content_type="text/event-stream")
         self.posts = 0
 
+        self.authorizations: list[str | None] = []
+
         def do_post(h: BaseHTTPRequestHandler) -> None:
             self.posts += 1
+            self.authorizations.append(h.headers.get("Authorization"))
             h.rfile.read(int(h.headers.get("Content-Length", 0)))
             h.send_response(chat.status)
             h.send_header("Content-Type", chat.content_type)
@@ -836,6 +839,22 @@ def test_canary_reports_right_wrong_and_failed(answer: str, status: int, correct
             assert value(text, "ornith_canary_ttft_seconds") > 0
     finally:
         chat.close()
+
+
+def test_canary_sends_the_api_key_as_a_bearer_token() -> None:
+    chat = FakeChat("42")
+    try:
+        scraper = Scraper([Target(chat.url, "cpu-demo")])
+        Canary([Target(chat.url, "cpu-demo", api_key="k-123")], timeout=5, adapter_of=scraper.adapter_of).run_round()
+        canary, _ = canary_for(chat)  # the same canary without a key
+        canary.run_round()
+        assert chat.authorizations == ["Bearer k-123", "Bearer k-123", None, None]
+    finally:
+        chat.close()
+
+
+def test_target_hides_its_api_key() -> None:
+    assert "k-123" not in repr(Target("http://engine:8000", api_key="k-123"))
 
 
 def test_canary_decode_rate_only_from_enough_tokens() -> None:

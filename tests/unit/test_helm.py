@@ -825,3 +825,20 @@ def test_a_cu129_tag_offers_the_plain_tag_as_in_compose() -> None:
         tag = case_values(f"values-{name}.yaml")["engine"]["image"]["tag"]
         assert tag.endswith("-cu129")
         assert f"install with --set engine.image.tag={tag.removesuffix('-cu129')}." in values
+def test_api_key_comes_from_an_existing_secret_and_the_probes_keep_working() -> None:
+    values = {**case_values("values-gpu96.yaml"), "apiKey": {"secretName": "ornith-api-key"}}
+    objects = tuple(render(values))
+    assert not find(objects, "Secret")
+    ref = {"secretKeyRef": {"name": "ornith-api-key", "key": "ORNITH_API_KEY"}}
+    engine = container(engine_pod_specs(objects)["single"], "engine")
+    assert {"name": "ORNITH_API_KEY", "valueFrom": ref} in engine["env"]
+    # /v1/models asks for the key once the engine has one; the health route never does.
+    health = read_yaml("values.yaml")["engine"]["healthPath"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert engine[probe]["httpGet"]["path"] == health, probe
+    exporters = [c for obj in objects for spec in _pod_specs(obj) for c in spec["containers"] if c["name"] == "exporter"]
+    assert exporters and all({"name": "ORNITH_API_KEY", "valueFrom": ref} in c["env"] for c in exporters)
+    # Without a key nothing changes: no variable, the readiness probes on the models route.
+    plain = container(engine_pod_specs(rendered("values-gpu96.yaml"))["single"], "engine")
+    assert all(e["name"] != "ORNITH_API_KEY" for e in plain["env"])
+    assert plain["readinessProbe"]["httpGet"]["path"] == "/v1/models"

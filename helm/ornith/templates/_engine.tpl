@@ -31,6 +31,7 @@ The engine pod, shared by the Deployment (role "single") and the LeaderWorkerSet
       name: {{ $v.hfToken.secretName }}
       key: {{ $v.hfToken.secretKey }}
 {{- end }}
+{{- include "ornith.apiKeyEnv" .root }}
 {{- with $v.engine.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -126,14 +127,16 @@ containers:
         protocol: TCP
 {{- end }}
 {{- if $leader }}
+{{- /* With an API key the engines guard /v1/*; their health routes stay open. */}}
+{{- $readyPath := ternary $v.engine.healthPath $v.engine.modelsPath (not (empty $v.apiKey.secretName)) }}
     startupProbe:
       httpGet:
-        path: {{ $v.engine.modelsPath }}
+        path: {{ $readyPath }}
         port: http
       {{- toYaml $v.engine.probes.startup | nindent 6 }}
     readinessProbe:
       httpGet:
-        path: {{ $v.engine.modelsPath }}
+        path: {{ $readyPath }}
         port: http
       {{- toYaml $v.engine.probes.readiness | nindent 6 }}
     livenessProbe:

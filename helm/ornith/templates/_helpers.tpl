@@ -133,17 +133,33 @@ pins the image by itself; without one the tag is required and never "latest". */
 {{- toJson (concat $args .root.Values.exporter.extraArgs) }}
 {{- end }}
 
+{{- define "ornith.apiKeyEnv" -}}
+{{- with .Values.apiKey.secretName }}
+- name: ORNITH_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.apiKey.secretKey }}
+{{- end }}
+{{- end }}
+
 {{- define "ornith.exporterContainer" -}}
 - name: exporter
   image: {{ include "ornith.image" (dict "image" .root.Values.exporter.image "key" "exporter.image") | quote }}
   imagePullPolicy: {{ .root.Values.exporter.image.pullPolicy }}
   args: {{ include "ornith.exporterArgs" . }}
-  {{- if .podName }}
+  {{- $apiKeyEnv := include "ornith.apiKeyEnv" .root | trim }}
+  {{- if or .podName $apiKeyEnv }}
   env:
+  {{- if .podName }}
     - name: ORNITH_POD_NAME
       valueFrom:
         fieldRef:
           fieldPath: metadata.name
+  {{- end }}
+  {{- with $apiKeyEnv }}
+    {{- . | nindent 4 }}
+  {{- end }}
   {{- end }}
   ports:
     - name: metrics

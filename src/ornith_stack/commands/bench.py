@@ -119,7 +119,8 @@ def register(app: typer.Typer) -> None:
         suite: Annotated[str, typer.Option(help=f"{', '.join(SUITES)} or all; comma-separated.")] = "all",
         method: Annotated[str, typer.Option(help=f"{', '.join(METHODS)}: a seed's whole method (suites, tasks, "
                                             "prompts, sampling); custom: the flags as given.")] = "custom",
-        api_key: Annotated[str | None, typer.Option(envvar="ORNITH_BENCH_API_KEY",
+        api_key: Annotated[str | None, typer.Option(envvar=["ORNITH_BENCH_API_KEY", "ORNITH_API_KEY"],
+                                                    show_default=False,
                                                     help="Sent as Authorization: Bearer KEY.")] = None,
         baseline: Annotated[Path | None, typer.Option(help="A previous bench.json to compute speedups against.")] = None,
         out_dir: Annotated[Path, typer.Option("--out", help="Directory for bench.json, bench.md and the plots.")] = Path("bench-results"),

@@ -34,6 +34,10 @@ def register(app: typer.Typer) -> None:
         target_name: Annotated[str | None, typer.Option(
             help="The `target` label of the one --target, where its URL does not tell replicas apart "
                  "(a sidecar's http://127.0.0.1:PORT: the pod's name).")] = None,
+        api_key: Annotated[str, typer.Option(
+            envvar="ORNITH_API_KEY", show_default=False,
+            help="The engines' API key, sent as `Authorization: Bearer` by the canary and the info "
+                 "request (prefer the environment variable: a flag shows in the process list).")] = "",
     ) -> None:
         """Serve unified ornith_* metrics (acceptance, throughput, latency) scraped from vLLM/SGLang engines."""
         if not target:
@@ -51,7 +55,7 @@ def register(app: typer.Typer) -> None:
         unique = {Target(url).public: url for url in bases}
         if target_name is not None and (len(unique) != 1 or not target_name.strip()):
             raise UserError("--target-name names one target: pass exactly one --target with it, and a non-empty name")
-        targets = [Target(url, profile or "", draft, (target_name or "").strip()) for url in unique.values()]
+        targets = [Target(url, profile or "", draft, (target_name or "").strip(), api_key) for url in unique.values()]
         host, port = parse_listen(listen)
         typer.echo(f"ornith-stack exporter on {host or '*'}:{port}/metrics, "
                    f"{len(targets)} target(s): {', '.join(t.public for t in targets)}", err=True)

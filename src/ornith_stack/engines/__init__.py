@@ -5,6 +5,7 @@ from __future__ import annotations
 from ornith_stack.engines.base import (
     EngineAdapter,
     EngineInfo,
+    KeyHandoff,
     MetricNames,
     ReportedAcceptance,
     ServeSettings,
@@ -39,6 +40,7 @@ __all__ = [
     "ADAPTERS",
     "EngineAdapter",
     "EngineInfo",
+    "KeyHandoff",
     "MetricNames",
     "ReportedAcceptance",
     "ServeSettings",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from ornith_stack.engines.exposition import Samples
@@ -95,6 +97,15 @@ class ReportedAcceptance:
     ratio: float | None = None
 
 
+@dataclass(frozen=True)
+class KeyHandoff:
+    """How the engine process receives the API key without the key on its command line: environment
+    variables to set to the key (names only, never the value) and argv words to append."""
+
+    env: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+
+
 def acceptance_length(before: SpecCounters | None, after: SpecCounters) -> float | None:
     """Mean accepted tokens per step (bonus included) between two reads; lifetime on a first read or
     after a counter reset (an engine restart makes counters go down); None when no step happened."""
@@ -134,6 +145,13 @@ class EngineAdapter:
     # Fields of a non-streaming chat request that make the engine answer this request's own speculative
     # verification steps (choices[0].meta_info.spec_verify_ct); empty where the engine has none.
     per_request_steps_fields: ClassVar[dict[str, bool]] = {}
+    # Start-up phases as (what it means, regular expression of the engine's log line), in the order
+    # the engine logs them; `up` shows each as it appears.
+    start_phases: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def api_key_handoff(self, key: str, directory: Path) -> KeyHandoff:
+        """Hand `key` to the engine: files it needs go into `directory` (mode 0600), never into argv."""
+        raise NotImplementedError(f"{self.kind}: no way to pass an API key is described")
 
     def launch_args(self, profile: Profile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
         """The full argv of the engine process for `profile` (python and module first)."""
@@ -231,6 +249,15 @@ def render_flag(flag: str, value: ArgValue) -> list[str]:
     if isinstance(value, dict):
         return [f"--{flag}", json.dumps(value, separators=(",", ":"))]
     return [f"--{flag}", str(value)]
+
+
+def write_secret(path: Path, text: str) -> Path:
+    """Write `text` to a new file only its owner can read (created 0600, never widened in between)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.chmod(path, 0o600)
+    return path
 
 
 def shell_join(argv: list[str]) -> str:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
+
+import yaml
 
 from ornith_stack.engines.base import (
     EngineAdapter,
     EngineInfo,
+    KeyHandoff,
     MetricNames,
     ReportedAcceptance,
     ServeSettings,
@@ -15,6 +19,7 @@ from ornith_stack.engines.base import (
     float_arg,
     int_arg,
     str_arg,
+    write_secret,
 )
 from ornith_stack.engines.exposition import Samples
 from ornith_stack.profiles.model import ArgValue, Profile
@@ -39,6 +44,13 @@ class SglangAdapter(EngineAdapter):
     # 0.5.17's chat route returns each choice's meta_info (prompt and completion tokens, spec_verify_ct)
     # when asked, on non-streaming requests only (a streaming one with it is refused).
     per_request_steps_fields: ClassVar[dict[str, bool]] = {"return_meta_info": True}
+    # Lines of SGLang 0.5.17's log (tests/fixtures/engines/sglang-0.5.17/tp1/engine.log).
+    start_phases: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("weights loaded", r"Load weight end"),
+        ("KV pool sized", r"KV Cache is allocated"),
+        ("CUDA graphs captured", r"CUDA graph end"),
+        ("API up", r"The server is fired up"),
+    )
     metrics: ClassVar[MetricNames] = MetricNames(
         generation_tokens="sglang:generation_tokens_total",
         prompt_tokens="sglang:prompt_tokens_total",
@@ -50,6 +62,14 @@ class SglangAdapter(EngineAdapter):
         itl="sglang:inter_token_latency_seconds",
         e2e="sglang:e2e_request_latency_seconds",
     )
+
+    def api_key_handoff(self, key: str, directory: Path) -> KeyHandoff:
+        # SGLang 0.5.17 reads no environment variable for its key (server_args.py: `api_key` is a flag
+        # only), but `--config FILE.yaml` merges the file's options into the parsed arguments inside the
+        # process (server_args_config_parser.py), so the key stays out of argv. Its auth middleware leaves
+        # /health* and /metrics* open (utils/auth.py), so probes and scrapes need no key.
+        config = write_secret(directory / "sglang-api-key.yaml", yaml.safe_dump({"api-key": key}))
+        return KeyHandoff(args=("--config", str(config)))
 
     def profile_args(self, profile: Profile) -> dict[str, ArgValue]:
         args: dict[str, ArgValue] = {}

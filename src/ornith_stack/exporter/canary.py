@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ornith_stack.engines import EngineAdapter
-from ornith_stack.exporter.scrape import MAX_INFO_BYTES, Target, http_get, http_open
+from ornith_stack.exporter.scrape import MAX_INFO_BYTES, Target, bearer, http_get, http_open
 
 PROMPT = "What is 17 + 25? Reply with the number only."
 ANSWER = re.compile(r"(?<!\d)42(?!\d)")
@@ -65,7 +65,7 @@ def request_body(model: str, prompt: str = PROMPT, max_tokens: int = MAX_TOKENS)
     }
 
 
-def stream_chat(url: str, body: dict, timeout: float) -> Stream:
+def stream_chat(url: str, body: dict, timeout: float, headers: dict[str, str] | None = None) -> Stream:
     """POST a streamed chat request and read its server-sent events, all within `timeout` seconds
     (the scrape's watchdog holds the deadline on the socket); anything malformed is ValueError."""
     start = time.monotonic()
@@ -74,7 +74,7 @@ def stream_chat(url: str, body: dict, timeout: float) -> Stream:
     tokens = chunks = 0
     pending = b""
     with http_open(url, start + timeout, "POST", json.dumps(body).encode(),
-                   {"Content-Type": "application/json", "Accept": "text/event-stream"}) as reply:
+                   {"Content-Type": "application/json", "Accept": "text/event-stream", **(headers or {})}) as reply:
         if reply.status != 200:
             raise ValueError(f"HTTP {reply.status}")
         for piece in reply.chunks():
@@ -113,22 +113,24 @@ def decode_rate(stream: Stream) -> float | None:
     return (stream.tokens - 1) / stream.span
 
 
-def run_once(base: str, timeout: float, adapter: EngineAdapter) -> CanaryState:
+def run_once(base: str, timeout: float, adapter: EngineAdapter, api_key: str = "") -> CanaryState:
     """One canary run; any failure is a state with success False and the reason, never an exception."""
     state = CanaryState()
     try:
-        status, listing = http_get(base + adapter.models_path, time.monotonic() + timeout, MAX_INFO_BYTES)
+        status, listing = http_get(base + adapter.models_path, time.monotonic() + timeout, MAX_INFO_BYTES,
+                                   api_key)
         if status != 200:
             raise ValueError(f"{adapter.models_path}: HTTP {status}")
         model = json.loads(listing)["data"][0]["id"]
         if not isinstance(model, str):
             raise ValueError(f"{adapter.models_path}: model id is not a string")
-        answer = stream_chat(base + adapter.chat_path, request_body(model), timeout)
+        answer = stream_chat(base + adapter.chat_path, request_body(model), timeout, bearer(api_key))
         state.success = True
         state.correct = bool(ANSWER.search(answer.text))
         state.ttft = answer.ttft
         decode = stream_chat(base + adapter.chat_path,
-                             {**request_body(model, DECODE_PROMPT, DECODE_MAX_TOKENS), "ignore_eos": True}, timeout)
+                             {**request_body(model, DECODE_PROMPT, DECODE_MAX_TOKENS), "ignore_eos": True}, timeout,
+                             bearer(api_key))
         state.decode_rate = decode_rate(decode)
     except Exception as exc:  # whatever a target answers, the canary reports it and runs again
         state.error = f"{type(exc).__name__}: {exc}"
@@ -172,7 +174,7 @@ class Canary:
             adapter = self.adapter_of(target)
             if adapter is None:
                 raise ValueError("the engine has not been recognised from its /metrics yet")
-            return run_once(target.url, self.timeout, adapter)
+            return run_once(target.url, self.timeout, adapter, target.api_key)
         except Exception as exc:
             log.warning("canary for %s: %s: %s", target.public, type(exc).__name__, exc)
             return CanaryState(error=f"{type(exc).__name__}: {exc}", finished_at=time.time())

@@ -61,6 +61,9 @@ class Target:
     profile: str = ""
     draft: str = ""  # from the profile, when the engine does not say
     name: str = ""  # the `target` label when the URL does not tell replicas apart (a sidecar's loopback)
+    # The engine's API key, sent as `Authorization: Bearer` (SGLang's /server_info needs it; the
+    # /metrics and /health routes of both engines are open).
+    api_key: str = field(default="", repr=False, compare=False)
 
     @property
     def public(self) -> str:
@@ -229,7 +232,7 @@ class Scraper:
             state.adapter, state.info, state.last_counters, state.last_read_at = adapter, known, counters, started
 
     def _fetch_metrics(self, target: Target, deadline: float) -> tuple[Samples, EngineAdapter]:
-        status, body = http_get(target.url + "/metrics", deadline, MAX_BODY_BYTES)
+        status, body = http_get(target.url + "/metrics", deadline, MAX_BODY_BYTES, target.api_key)
         where = target.public
         if status != 200:
             raise ScrapeError("http_status", f"{where}/metrics: HTTP {status}")
@@ -248,7 +251,7 @@ class Scraper:
         """Version, model and draft from the engine's info endpoint; empty when none answers in time."""
         for path in adapter.info_paths:
             try:
-                status, body = http_get(target.url + path, deadline, MAX_INFO_BYTES)
+                status, body = http_get(target.url + path, deadline, MAX_INFO_BYTES, target.api_key)
                 if status == 200:
                     return adapter.parse_info(json.loads(body))
             except (ScrapeError, ValueError, TimeoutError):
@@ -474,9 +477,14 @@ def http_open(url: str, deadline: float, method: str = "GET", body: bytes | None
             sock.close()
 
 
-def http_get(url: str, deadline: float, limit: int) -> tuple[int, bytes]:
+def bearer(api_key: str) -> dict[str, str]:
+    """The request headers that carry an engine's API key (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def http_get(url: str, deadline: float, limit: int, api_key: str = "") -> tuple[int, bytes]:
     """GET `url` within `deadline`: its status and body, at most `limit` bytes after decoding."""
-    with http_open(url, deadline, headers={"Accept": "text/plain;version=0.0.4"}) as reply:
+    with http_open(url, deadline, headers={"Accept": "text/plain;version=0.0.4", **bearer(api_key)}) as reply:
         return reply.status, read_body(reply, limit)
 
 

@@ -1,0 +1,168 @@
+"""`ornith-stack up [PROFILE|auto]`, `status`, `logs [SERVICE]`, `down [--volumes]`: a profile's compose
+stack on this machine. The work is in ornith_stack.stack; this module parses and prints."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ornith_stack.engines import adapter_for
+from ornith_stack.profiles import load_profile
+from ornith_stack.stack.bringup import Outcome, UpOptions, up
+from ornith_stack.stack.compose import ENGINE_SERVICE, find_checkout, pick_stack, published
+from ornith_stack.stack.shell import run
+from ornith_stack.stack.status import api_authenticated, engine_status
+
+out = Console(highlight=False, soft_wrap=True)
+ProjectOption = Annotated[str | None, typer.Option(
+    "--project", "-p", help="Compose project name (default: ornith-PROFILE; day-2 commands: the only one running).")]
+
+
+class StepProgress:
+    """Each step of `up` as a line that turns from a spinner into a tick, with its latest detail."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task: TaskID | None = None
+        self.title = ""
+
+    def step(self, title: str) -> None:
+        self.finish()
+        self.title = title
+        self.task = self.progress.add_task(escape(title), total=1)
+
+    def note(self, text: str) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, description=escape(f"{self.title}: {text}"))
+            self.progress.console.print(f"  [dim]{escape(self.title)}:[/] {escape(text)}")
+
+    def finish(self) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, completed=1, description=f"[green]✓[/] {escape(self.title)}")
+            self.task = None
+
+
+def print_access(outcome: Outcome) -> None:
+    access = outcome.access
+    if outcome.reason:
+        out.print(outcome.reason)
+    if outcome.changed:
+        for line in outcome.changed:
+            out.print(f"changed: {line}")
+    else:
+        out.print(f"nothing to change: {outcome.stack.project} already runs profile {outcome.profile.name} as configured")
+    key = access.key
+    auth = '-H "Authorization: Bearer $ORNITH_API_KEY" ' if key.value else ""
+    body = json.dumps({"model": access.model, "messages": [{"role": "user", "content": "Hello!"}],
+                       "chat_template_kwargs": {"enable_thinking": True}})
+    env_file = outcome.stack.env_file
+    load = f"export $(grep ^ORNITH_API_KEY= {shlex.quote(str(env_file))})\n" if key.value and env_file else ""
+    out.print(f"\nAPI (OpenAI-compatible): {access.api_base}\nserved model: {access.model}\nAPI key: {key.where}")
+    out.print(f"smoke request answered (thinking on: the answer is in `{access.thinking_field}`)")
+    out.print("\ncurl:\n" + load + f"curl -s {access.api_base}/chat/completions {auth}"
+              f"-H 'Content-Type: application/json' -d '{body}'", markup=False)
+    api_key = 'os.environ["ORNITH_API_KEY"]' if key.value else '"none"'
+    out.print("\nPython (pip install openai):\n"
+              "import os\nfrom openai import OpenAI\n"
+              f'client = OpenAI(base_url="{access.api_base}", api_key={api_key})\n'
+              f'reply = client.chat.completions.create(model="{access.model}", '
+              'messages=[{"role": "user", "content": "Hello!"}], '
+              'extra_body={"chat_template_kwargs": {"enable_thinking": True}})\n'
+              "print(reply.choices[0].message)", markup=False)
+    out.print("")
+    for name, label in (("grafana", "Grafana"), ("prometheus", "Prometheus"), ("alertmanager", "Alertmanager"),
+                        ("exporter", "Exporter /metrics")):
+        if name in access.addresses:
+            out.print(f"{label}: http://{access.addresses[name]}")
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("up")
+    def up_cmd(
+        profile: Annotated[str, typer.Argument(help="Profile name, or auto (the doctor picks: cpu-demo without GPUs).")
+                           ] = "auto",
+        project: ProjectOption = None,
+        env_file: Annotated[Path | None, typer.Option(
+            help="Compose env file that keeps ORNITH_API_KEY (default: compose/.env).")] = None,
+        api_key: Annotated[bool, typer.Option(
+            "--api-key/--no-api-key", help="Protect the API with ORNITH_API_KEY (from the environment, the env "
+            "file, or a new one). Without: loopback only.")] = True,
+        start_timeout: Annotated[float | None, typer.Option(help="Seconds the engine may take to start.")] = None,
+    ) -> None:
+        """Check the machine, fetch the weights, build the images, start the stack, prove it answers,
+        and print how to call it. Nothing changes unless preflight passes; a second run with nothing
+        changed starts nothing."""
+        options = UpOptions(root=find_checkout(Path.cwd()), profile=profile, project=project, env_file=env_file,
+                            with_key=api_key, start_timeout_s=start_timeout)
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=False) as progress:
+            steps = StepProgress(progress)
+            outcome = up(options, run, steps)
+            steps.finish()
+        print_access(outcome)
+
+    @app.command("status")
+    def status_cmd(project: ProjectOption = None,
+                   interval: Annotated[float, typer.Option(help="Seconds between the two reads.")] = 2.0) -> None:
+        """Per engine: health, acceptance length, decode tok/s, running/waiting requests and KV use, as the
+        exporter reads them; and whether the API asks for a key."""
+        stack = pick_stack(run, project)
+        profile = load_profile(stack.profile)
+        adapter = adapter_for(profile)
+        exporter = published(run, stack, "exporter", 9400)
+        engine = published(run, stack, ENGINE_SERVICE, profile.serve.port)
+        out.print(f"project {stack.project} (profile {stack.profile})")
+        if engine is not None:
+            auth = api_authenticated(f"http://{engine}", adapter.models_path)
+            note = {True: "requires the API key", False: "UNAUTHENTICATED: anyone who reaches it can use it",
+                    None: "not answering"}[auth]
+            out.print(f"API http://{engine}/v1: {note}")
+        if exporter is None:
+            out.print("the exporter publishes no port: `ornith-stack logs exporter`")
+            raise typer.Exit(1)
+        rows = engine_status(exporter, interval)
+        table = Table("engine", "health", "acceptance", "decode tok/s", "running", "waiting", "KV use")
+        for row in rows:
+            name = f"{row.target} {row.info.get('engine', '')} {row.info.get('version', '')}".strip()
+            table.add_row(name, "up" if row.up else "[red]down[/]", _fmt(row.acceptance_length, ".2f"),
+                          _fmt(row.decode_tok_s, ".1f"), _fmt(row.running, ".0f"), _fmt(row.waiting, ".0f"),
+                          "-" if row.kv_usage is None else f"{row.kv_usage:.1%}")
+        # A pipe or a log gets every row on one line, however narrow rich guesses the terminal is.
+        (out if out.is_terminal else Console(highlight=False, width=200)).print(table)
+        if not rows or not all(row.up for row in rows):
+            raise typer.Exit(1)
+
+    @app.command("logs")
+    def logs_cmd(service: Annotated[str | None, typer.Argument(help="engine, exporter, prometheus, ...")] = None,
+                 project: ProjectOption = None,
+                 follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
+                 tail: Annotated[str, typer.Option(help="Lines from the end of each log, or all.")] = "200") -> None:
+        """The services' logs (docker compose logs)."""
+        stack = pick_stack(run, project)
+        argv = stack.compose("logs", "--tail", tail, *(["--follow"] if follow else []), *([service] if service else []))
+        raise typer.Exit(subprocess.call(argv))
+
+    @app.command("down")
+    def down_cmd(project: ProjectOption = None,
+                 volumes: Annotated[bool, typer.Option("--volumes", help="Also remove the named volumes "
+                                                       "(Prometheus data, the in-volume model cache).")] = False) -> None:
+        """Stop and remove the stack's containers and network (and with --volumes its volumes)."""
+        stack = pick_stack(run, project)
+        result = run(stack.compose("down", "--remove-orphans", *(["--volumes"] if volumes else [])), timeout=600)
+        if result.returncode != 0:
+            out.print(result.stderr.strip())
+            raise typer.Exit(1)
+        out.print(f"removed {stack.project}" + (" and its volumes" if volumes else ""))

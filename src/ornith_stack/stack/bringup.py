@@ -1,0 +1,255 @@
+"""`ornith-stack up`: preflight, key, weights, images, start, health, smoke, in that order.
+
+Nothing is written, pulled, built or started before preflight has passed. A second run with nothing
+changed (same images, same resolved compose configuration, every service running) starts nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from ornith_stack import deployment
+from ornith_stack.engines import EngineAdapter, adapter_for
+from ornith_stack.errors import UserError
+from ornith_stack.profiles.model import Profile
+from ornith_stack.stack.artifacts import download_weights, ensure_images, hub_models
+from ornith_stack.stack.compose import ENGINE_SERVICE, Stack, containers, published, service_of, stack_for
+from ornith_stack.stack.envfile import ApiKey, api_key, read_env, set_env
+from ornith_stack.stack.preflight import preflight
+from ornith_stack.stack.shell import Runner, first_line
+
+# How long the engine may take to answer its health route after `up -d`: the compose healthchecks'
+# start periods (900 s on GPUs: a cold load took 440 s on a Spark, then compile and graph capture;
+# 300 s for the tiny CPU model) plus room.
+START_TIMEOUT_GPU_S = 1800.0
+START_TIMEOUT_CPU_S = 600.0
+POLL_S = 3.0
+SMOKE_PROMPT = "Say hello in one short sentence."
+LOG_TAIL = 6
+
+
+class Reporter(Protocol):
+    def step(self, title: str) -> None:
+        """A new step begins (the previous one is done)."""
+
+    def note(self, text: str) -> None:
+        """Progress inside the running step."""
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    root: Path
+    profile: str = "auto"
+    project: str | None = None
+    env_file: Path | None = None
+    with_key: bool = True
+    start_timeout_s: float | None = None
+
+
+@dataclass
+class Access:
+    """Where the user reaches the stack."""
+
+    api_base: str
+    model: str
+    key: ApiKey
+    thinking_field: str = ""  # where the smoke request's answer was: reasoning_content or content
+    addresses: dict[str, str] = field(default_factory=dict)  # Grafana, Prometheus, ... -> URL
+
+
+@dataclass
+class Outcome:
+    stack: Stack
+    profile: Profile
+    reason: str | None
+    changed: list[str]
+    access: Access
+
+
+def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str, str] = os.environ) -> Outcome:
+    reporter.step("preflight")
+    env_path = options.env_file or options.root / "compose" / ".env"
+    values = {**read_env(env_path), **environ}
+    hf_home = hf_cache(values)
+    ready = preflight(options.profile, run, values.get("ORNITH_BIND", "127.0.0.1"), options.with_key, hf_home)
+    profile = ready.profile
+    stack = stack_for(options.root, profile.name, options.project, env_path)
+    changed: list[str] = []
+
+    reporter.step("API key")
+    key = api_key(env_path, environ, options.with_key)
+    if key.created:
+        changed.append(f"new API key: {key.where}")
+
+    reporter.step("weights")
+    if hub_models(profile):
+        if values.get("ORNITH_HF_CACHE") != str(hf_home):
+            set_env(env_path, "ORNITH_HF_CACHE", str(hf_home))
+        download_weights(profile, hf_home, reporter.note)
+    else:
+        reporter.note(f"{profile.model.repo} is inside the engine image")
+
+    reporter.step("images")
+    images_changed = ensure_images(run, stack, reporter.note)
+    changed += images_changed
+
+    reporter.step("start")
+    if not images_changed and unchanged(run, stack):
+        reporter.note("every service runs as configured")
+    else:
+        result = run(stack.compose("up", "--detach", "--no-build", "--remove-orphans"), timeout=900)
+        if result.returncode != 0:
+            raise UserError(f"`docker compose up` failed: {first_line(result)} (`ornith-stack logs` shows the services)")
+        changed.append(f"started {stack.project} ({stack.compose_file.name})")
+
+    adapter = adapter_for(profile)
+    engine = published(run, stack, ENGINE_SERVICE, profile.serve.port)
+    if engine is None:
+        raise UserError(f"the engine of {stack.project} publishes no port {profile.serve.port}: "
+                        "`ornith-stack logs engine` shows why it stopped")
+    reporter.step("engine health")
+    timeout = options.start_timeout_s or (START_TIMEOUT_GPU_S if profile.hardware.gpu else START_TIMEOUT_CPU_S)
+    wait_healthy(run, stack, adapter, f"http://{engine}", timeout, reporter)
+
+    reporter.step("smoke request")
+    model = profile.serve.served_name or profile.model.repo or ""
+    access = Access(f"http://{engine}/v1", model, key, addresses=addresses(run, stack))
+    access.thinking_field = smoke(f"http://{engine}", adapter, model, key.value)
+    exporter = access.addresses.get("exporter")
+    if exporter:
+        wait_exporter(exporter, timeout=120.0)
+    return Outcome(stack, profile, ready.reason, changed, access)
+
+
+def hf_cache(values: Mapping[str, str]) -> Path:
+    """The host folder the engine's Hugging Face cache is mounted from (ORNITH_HF_CACHE when it is a path)."""
+    given = values.get("ORNITH_HF_CACHE", "")
+    if given.startswith("/"):
+        return Path(given)
+    home = values.get("HF_HOME") or os.path.join(values.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                                "huggingface")
+    return Path(home)
+
+
+def unchanged(run: Runner, stack: Stack) -> bool:
+    """Every service has a running container (not restarting) made from the configuration compose resolves
+    now and from the image its tag names now."""
+    result = run(stack.compose("config", "--hash", "*"))
+    if result.returncode != 0:
+        return False
+    want = dict(line.split(None, 1) for line in result.stdout.splitlines() if len(line.split()) == 2)
+    have = {service_of(c): (c.get("Config", {}).get("Labels") or {}).get("com.docker.compose.config-hash")
+            for c in containers(run, stack) if _current(run, c)}
+    return bool(want) and all(have.get(service) == digest for service, digest in want.items())
+
+
+def _current(run: Runner, container: dict[str, Any]) -> bool:
+    """Running steadily, from the image its tag points at today."""
+    state = container.get("State", {})
+    if state.get("Status") != "running" or state.get("Restarting"):
+        return False
+    tag = run(["docker", "image", "inspect", "--format", "{{.Id}}", str(container.get("Config", {}).get("Image"))])
+    return tag.returncode == 0 and tag.stdout.strip() == container.get("Image")
+
+
+def engine_log(run: Runner, stack: Stack, lines: int = 400) -> str:
+    result = run(stack.compose("logs", "--no-color", "--no-log-prefix", "--tail", str(lines), ENGINE_SERVICE))
+    return result.stdout + result.stderr
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def log_tail(text: str, lines: int = LOG_TAIL) -> str:
+    """The last lines of a log on one line, without terminal control sequences."""
+    return " | ".join(line.strip() for line in ANSI.sub("", text).strip().splitlines()[-lines:])
+
+
+def wait_healthy(run: Runner, stack: Stack, adapter: EngineAdapter, base: str, timeout_s: float,
+                 reporter: Reporter) -> None:
+    """Until the engine answers its (unauthenticated) health route, showing its start phases as they
+    appear in its log; a container that exits or restarts, or the timeout, is the error with its last lines."""
+    deadline = time.monotonic() + timeout_s
+    seen: set[str] = set()
+    while True:
+        log = engine_log(run, stack)
+        for phase, pattern in adapter.start_phases:
+            if phase not in seen and re.search(pattern, log):
+                seen.add(phase)
+                reporter.note(phase)
+        state: dict[str, Any] = next((c.get("State", {}) for c in containers(run, stack) if service_of(c) == ENGINE_SERVICE), {})
+        if state.get("Status") in ("exited", "dead") or int(state.get("RestartCount", 0) or 0) > 0 or (
+                state.get("Restarting")):
+            raise UserError(f"the engine stopped (exit {state.get('ExitCode')}); its last lines: {log_tail(log)}")
+        try:
+            if httpx.get(base + adapter.health_path, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise UserError(f"the engine did not answer {adapter.health_path} within {timeout_s:.0f} s; its last "
+                            f"lines: {log_tail(log)} (`ornith-stack logs engine` shows more)")
+        time.sleep(POLL_S)
+
+
+def chat_body(model: str, prompt: str, max_tokens: int = 32) -> dict[str, Any]:
+    """A chat request with thinking on (Ornith/Qwen3.5 then answer in `reasoning_content` first)."""
+    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "chat_template_kwargs": {"enable_thinking": True}}
+
+
+def smoke(base: str, adapter: EngineAdapter, model: str, key: str) -> str:
+    """One chat request with the key (and, with a key, one without it, which must be refused); returns
+    the message field the answer came in."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        answer = httpx.post(base + adapter.chat_path, json=chat_body(model, SMOKE_PROMPT), headers=headers,
+                            timeout=300)
+        unauthenticated = httpx.get(base + adapter.models_path, timeout=30).status_code if key else None
+    except httpx.HTTPError as exc:
+        raise UserError(f"the smoke request to {base} failed: {type(exc).__name__}: {exc}") from None
+    if answer.status_code != 200:
+        raise UserError(f"the smoke request answered HTTP {answer.status_code}: {answer.text[:200]}")
+    if unauthenticated is not None and unauthenticated != 401:
+        raise UserError(f"{base}{adapter.models_path} answered HTTP {unauthenticated} without the API key "
+                        "(expected 401): the engine did not take ORNITH_API_KEY; `ornith-stack logs engine`")
+    message = answer.json()["choices"][0]["message"]
+    return "reasoning_content" if message.get("reasoning_content") else "content"
+
+
+def wait_exporter(address: str, timeout: float) -> None:
+    """Until the exporter reads the engine up (ornith_engine_up 1)."""
+    deadline = time.monotonic() + timeout
+    pattern = re.compile(r"^ornith_engine_up\{[^}]*\} 1(\.0)?$", re.MULTILINE)
+    while True:
+        try:
+            if pattern.search(httpx.get(f"http://{address}{deployment.METRICS_PATH}", timeout=10).text):
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise UserError(f"the exporter at {address} does not read the engine up after {timeout:.0f} s: "
+                            "`ornith-stack logs exporter`")
+        time.sleep(POLL_S)
+
+
+SERVICE_PORTS = {
+    "exporter": deployment.EXPORTER_PORT,
+    "prometheus": 9090,
+    "grafana": 3000,
+    "alertmanager": deployment.ALERTMANAGER_PORT,
+}
+
+
+def addresses(run: Runner, stack: Stack) -> dict[str, str]:
+    """host:port of each monitoring service that publishes one."""
+    found = {name: published(run, stack, name, port) for name, port in SERVICE_PORTS.items()}
+    return {name: address for name, address in found.items() if address}

@@ -1,0 +1,109 @@
+"""One compose stack: a profile's compose file run under a project name, and what Docker says about it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ornith_stack.errors import UserError
+from ornith_stack.stack.shell import Runner, first_line
+
+PROJECT_PREFIX = "ornith-"
+ENGINE_SERVICE = "engine"
+
+
+def find_checkout(start: Path) -> Path:
+    """The ornith-stack checkout holding `start` (its compose/ files build from docker/ and mount monitoring/)."""
+    for folder in (start, *start.parents):
+        if (folder / "compose" / ".env.example").is_file() and (folder / "docker" / "entrypoint.sh").is_file():
+            return folder
+    raise UserError(f"no ornith-stack checkout at or above {start}: run this in a clone of the repository "
+                    "(its compose/, docker/ and monitoring/ folders are what `up` starts)")
+
+
+@dataclass(frozen=True)
+class Stack:
+    profile: str
+    project: str
+    compose_file: Path
+    env_file: Path | None
+
+    def compose(self, *args: str) -> list[str]:
+        files = ["-f", str(self.compose_file)] if self.compose_file.is_file() else []
+        env = ["--env-file", str(self.env_file)] if self.env_file is not None and self.env_file.is_file() else []
+        return ["docker", "compose", "-p", self.project, *files, *env, *args]
+
+
+def stack_for(root: Path, profile: str, project: str | None, env_file: Path | None) -> Stack:
+    compose_file = root / "compose" / f"{profile}.yml"
+    if not compose_file.is_file():
+        raise UserError(f"{compose_file} does not exist: `ornith-stack render` writes it from the profile")
+    return Stack(profile, project or PROJECT_PREFIX + profile, compose_file,
+                 env_file or compose_file.parent / ".env")
+
+
+def running_stacks(run: Runner) -> list[Stack]:
+    """Compose projects on this Docker whose file is one of our compose/PROFILE.yml."""
+    result = run(["docker", "compose", "ls", "--all", "--format", "json"])
+    if result.returncode != 0:
+        raise UserError(f"`docker compose ls` failed ({first_line(result)}): is Docker running, with Compose v2?")
+    stacks = []
+    for item in json.loads(result.stdout or "[]"):
+        for file in str(item.get("ConfigFiles", "")).split(","):
+            path = Path(file)
+            if path.parent.name == "compose" and path.suffix == ".yml" and (path.parent / ".env.example").is_file():
+                stacks.append(Stack(path.stem, str(item["Name"]), path, path.parent / ".env"))
+                break
+    return stacks
+
+
+def pick_stack(run: Runner, project: str | None) -> Stack:
+    """The stack a day-2 command acts on: --project NAME, else the only one on this Docker."""
+    stacks = running_stacks(run)
+    if project is not None:
+        chosen = [s for s in stacks if s.project in (project, PROJECT_PREFIX + project)]
+        if not chosen:
+            known = ", ".join(s.project for s in stacks) or "none"
+            raise UserError(f"no ornith-stack project {project!r} on this Docker (projects: {known})")
+        return chosen[0]
+    if not stacks:
+        raise UserError("no ornith-stack project on this Docker: `ornith-stack up` starts one")
+    if len(stacks) > 1:
+        raise UserError(f"several projects run ({', '.join(s.project for s in stacks)}): pass --project NAME")
+    return stacks[0]
+
+
+def compose_json(run: Runner, stack: Stack, *args: str) -> Any:
+    result = run(stack.compose(*args))
+    if result.returncode != 0:
+        raise UserError(f"`docker compose {' '.join(args)}` failed: {first_line(result)}")
+    text = result.stdout.strip()
+    try:
+        return json.loads(text or "[]")
+    except ValueError:  # `ps --format json` writes one object per line
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def containers(run: Runner, stack: Stack) -> list[dict[str, Any]]:
+    """`docker inspect` of every container of the project, running or not."""
+    ids = run(stack.compose("ps", "--all", "--quiet")).stdout.split()
+    if not ids:
+        return []
+    result = run(["docker", "inspect", *ids])
+    return list(json.loads(result.stdout)) if result.returncode == 0 else []
+
+
+def service_of(container: dict[str, Any]) -> str:
+    return str((container.get("Config", {}).get("Labels") or {}).get("com.docker.compose.service", ""))
+
+
+def published(run: Runner, stack: Stack, service: str, port: int) -> str | None:
+    """host:port where a service's container port is published, or None."""
+    result = run(stack.compose("port", service, str(port)))
+    address = result.stdout.strip().splitlines()[0] if result.returncode == 0 and result.stdout.strip() else ""
+    if not address or address.endswith(":0"):
+        return None
+    host, _, host_port = address.rpartition(":")
+    return f"{'127.0.0.1' if host in ('0.0.0.0', '::', '[::]') else host}:{host_port}"

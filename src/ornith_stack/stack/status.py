@@ -1,0 +1,109 @@
+"""`ornith-stack status`: per engine, what the exporter reads (health, acceptance, decode speed, requests,
+KV use), from two reads of its /metrics a moment apart."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from ornith_stack import deployment
+from ornith_stack.engines import SpecCounters, acceptance_length
+from ornith_stack.errors import UserError
+from ornith_stack.exporter import catalogue as C
+
+Reading = dict[str, dict[str, float]]  # target -> series name -> value
+INFO_LABELS = ("engine", "version", "model", "profile")
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    target: str
+    up: bool
+    info: dict[str, str]
+    acceptance_length: float | None  # over the interval when steps happened in it, else lifetime
+    decode_tok_s: float | None
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None
+
+
+def read_exporter(address: str) -> str:
+    try:
+        return httpx.get(f"http://{address}{deployment.METRICS_PATH}", timeout=15).text
+    except httpx.HTTPError as exc:
+        raise UserError(f"the exporter at {address} does not answer ({type(exc).__name__}): `ornith-stack logs exporter`"
+                        ) from None
+
+
+def parse_exporter(text: str) -> tuple[Reading, dict[str, dict[str, str]]]:
+    """Every ornith_* series by target (summed over its other labels), and each target's info labels."""
+    values: Reading = defaultdict(dict)
+    info: dict[str, dict[str, str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            target = sample.labels.get("target")
+            if target is None or "position" in sample.labels:
+                continue
+            if sample.name == C.ENGINE_INFO.name:
+                info[target] = {k: sample.labels.get(k, "") for k in INFO_LABELS}
+            values[target][sample.name] = values[target].get(sample.name, 0.0) + sample.value
+    return values, info
+
+
+def engine_status(address: str, interval_s: float = 2.0) -> list[EngineStatus]:
+    before = read_exporter(address)
+    started = time.monotonic()
+    time.sleep(interval_s)
+    after = read_exporter(address)
+    return compare(before, after, time.monotonic() - started)
+
+
+def compare(before_text: str, after_text: str, elapsed: float) -> list[EngineStatus]:
+    """Each engine's figures from two exporter scrapes `elapsed` seconds apart."""
+    before, _ = parse_exporter(before_text)
+    after, info = parse_exporter(after_text)
+    rows = []
+    for target, now in sorted(after.items()):
+        then = before.get(target, {})
+        rows.append(EngineStatus(
+            target=target,
+            up=now.get(C.ENGINE_UP.series) == 1.0,
+            info=info.get(target, {}),
+            acceptance_length=_acceptance(then, now),
+            decode_tok_s=_rate(then, now, C.DECODE_TOKENS.series, elapsed),
+            running=now.get(C.REQUESTS_RUNNING.series),
+            waiting=now.get(C.REQUESTS_WAITING.series),
+            kv_usage=now.get(C.KV_CACHE_USAGE.series),
+        ))
+    return rows
+
+
+def _counters(values: dict[str, float]) -> SpecCounters | None:
+    steps = values.get(C.SPEC_STEPS.series)
+    return None if steps is None else SpecCounters(steps, values.get(C.SPEC_ACCEPTED_TOKENS.series, 0.0))
+
+
+def _acceptance(then: dict[str, float], now: dict[str, float]) -> float | None:
+    after = _counters(now)
+    if after is None:
+        return now.get(C.SPEC_ENGINE_ACCEPTANCE_LENGTH.series)
+    window = acceptance_length(_counters(then), after)
+    return window if window is not None else acceptance_length(None, after)
+
+
+def _rate(then: dict[str, float], now: dict[str, float], name: str, elapsed: float) -> float | None:
+    if name not in now or name not in then or elapsed <= 0 or now[name] < then[name]:
+        return None
+    return (now[name] - then[name]) / elapsed
+
+
+def api_authenticated(base: str, models_path: str) -> bool | None:
+    """Whether the engine refuses a request without a key (None: it did not answer)."""
+    try:
+        return httpx.get(base + models_path, timeout=10).status_code in (401, 403)
+    except httpx.HTTPError:
+        return None
