@@ -26,6 +26,7 @@ from ornith_stack.deployment import ENGINE_JOB, EXPORTER_PORT, EXPORTER_SERVICE
 from ornith_stack.exporter.catalogue import GENERATION_TOKENS_PER_SECOND, SPEC_ACCEPTANCE_LENGTH
 from ornith_stack.exporter.scrape import Scraper, Target
 from ornith_stack.generate import alertmanager, alerts, dashboards, prometheus
+from ornith_stack.stack.status import alerts_go_nowhere
 
 pytestmark = pytest.mark.integration
 
@@ -308,11 +309,30 @@ def test_a_firing_rule_reaches_the_webhook_through_alertmanager(tmp_path: Path) 
         assert alert["annotations"]["runbook_url"] == f"{alerts.RUNBOOK_BASE}/OrnithExporterDown.md"
         assert alert["annotations"]["runbook_url"].startswith("https://")
         assert _pages(_Webhook.received, "OrnithWatchdog"), "the always-firing watchdog reaches its receiver"
+        assert alerts_go_nowhere(f"127.0.0.1:{am_port}") is False  # `ornith-stack status` sees a real webhook
         print(f"\nPrometheus -> Alertmanager -> webhook in {time.monotonic() - started:.1f} s")
     finally:
         stop(prom)
         stop(am)
         hook.shutdown()
+
+
+def test_status_flags_an_alertmanager_that_still_sends_to_the_placeholder(tmp_path: Path) -> None:
+    """The generated alertmanager.yml as shipped (no ORNITH_ALERT_WEBHOOK_URL) in a real Alertmanager:
+    `ornith-stack status` reads its loaded configuration and says alerts go nowhere."""
+    if ALERTMANAGER is None:
+        pytest.skip("prometheus-alertmanager is not installed (Debian package of that name)")
+    port = free_port()
+    assert alerts_go_nowhere(f"127.0.0.1:{port}") is None  # nothing listening: unknown, not "fine"
+    am = subprocess.Popen([ALERTMANAGER, f"--config.file={REPO / alertmanager.CONFIG}",
+                           f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{port}",
+                           "--cluster.listen-address="],
+                          stdout=(tmp_path / "am.log").open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/-/ready", 30, am)
+        assert alerts_go_nowhere(f"127.0.0.1:{port}") is True
+    finally:
+        stop(am)
 
 
 def _pages(received: list[tuple[str, dict]], alertname: str) -> list[tuple[str, dict]]:

@@ -15,12 +15,13 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ornith_stack import deployment
 from ornith_stack.engines import adapter_for
 from ornith_stack.profiles import load_profile
 from ornith_stack.stack.bringup import Outcome, UpOptions, up
 from ornith_stack.stack.compose import ENGINE_SERVICE, find_checkout, pick_stack, published
 from ornith_stack.stack.shell import run
-from ornith_stack.stack.status import api_authenticated, engine_status
+from ornith_stack.stack.status import alerts_go_nowhere, api_authenticated, engine_status
 
 out = Console(highlight=False, soft_wrap=True)
 ProjectOption = Annotated[str | None, typer.Option(
@@ -122,7 +123,7 @@ def register(app: typer.Typer) -> None:
         stack = pick_stack(run, project)
         profile = load_profile(stack.profile)
         adapter = adapter_for(profile)
-        exporter = published(run, stack, "exporter", 9400)
+        exporter = published(run, stack, deployment.EXPORTER_SERVICE, deployment.EXPORTER_PORT)
         engine = published(run, stack, ENGINE_SERVICE, profile.serve.port)
         out.print(f"project {stack.project} (profile {stack.profile})")
         if engine is not None:
@@ -130,6 +131,10 @@ def register(app: typer.Typer) -> None:
             note = {True: "requires the API key", False: "UNAUTHENTICATED: anyone who reaches it can use it",
                     None: "not answering"}[auth]
             out.print(f"API http://{engine}/v1: {note}")
+        alertmanager = published(run, stack, deployment.ALERTMANAGER_SERVICE, deployment.ALERTMANAGER_PORT)
+        if alertmanager is not None and alerts_go_nowhere(alertmanager):
+            out.print("alerts go NOWHERE: Alertmanager sends to the placeholder webhook; set "
+                      "ORNITH_ALERT_WEBHOOK_URL in the env file and run `ornith-stack up` again")
         if exporter is None:
             out.print("the exporter publishes no port: `ornith-stack logs exporter`")
             raise typer.Exit(1)

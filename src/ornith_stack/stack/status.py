@@ -107,3 +107,15 @@ def api_authenticated(base: str, models_path: str) -> bool | None:
         return httpx.get(base + models_path, timeout=10).status_code in (401, 403)
     except httpx.HTTPError:
         return None
+
+
+def alerts_go_nowhere(address: str) -> bool | None:
+    """Whether the running Alertmanager at host:port still sends to the generated placeholder webhook, a
+    reserved name that never resolves (None: it did not answer). Read from its own API, so it is what
+    Alertmanager loaded, not what a file on the host says."""
+    try:
+        reply = httpx.get(f"http://{address}/api/v2/status", timeout=10)
+        loaded = reply.json()["config"]["original"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    return isinstance(loaded, str) and deployment.ALERT_WEBHOOK_PLACEHOLDER in loaded
