@@ -256,6 +256,14 @@ class _Webhook(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def start_alertmanager(config: Path, port: int, work: Path) -> subprocess.Popen:
+    """A real Alertmanager on loopback with `config`, alone (no cluster), its log in `work`."""
+    assert ALERTMANAGER is not None
+    return subprocess.Popen([ALERTMANAGER, f"--config.file={config}", f"--storage.path={work / 'am'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                            stdout=(work / "am.log").open("w"), stderr=subprocess.STDOUT)
+
+
 def test_a_firing_rule_reaches_the_webhook_through_alertmanager(tmp_path: Path) -> None:
     """The generated rules in a real Prometheus, the generated Alertmanager configuration in a real
     Alertmanager, a webhook receiver on loopback: OrnithExporterDown (its `for` cut to 1 s) for an
@@ -283,10 +291,7 @@ def test_a_firing_rule_reaches_the_webhook_through_alertmanager(tmp_path: Path) 
     config["scrape_configs"] = config["scrape_configs"][:1]  # the exporter job; no discovery to ask
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
 
-    am = subprocess.Popen([ALERTMANAGER, f"--config.file={tmp_path / 'alertmanager.yml'}",
-                           f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}",
-                           "--cluster.listen-address="],
-                          stdout=(tmp_path / "am.log").open("w"), stderr=subprocess.STDOUT)
+    am = start_alertmanager(tmp_path / "alertmanager.yml", am_port, tmp_path)
     # Resent every second (not every minute): an alert firing at the first evaluation, before the
     # Alertmanager is known to Prometheus (the watchdog), arrives on the next send.
     prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
@@ -324,10 +329,7 @@ def test_status_flags_an_alertmanager_that_still_sends_to_the_placeholder(tmp_pa
         pytest.skip("prometheus-alertmanager is not installed (Debian package of that name)")
     port = free_port()
     assert alerts_go_nowhere(f"127.0.0.1:{port}") is None  # nothing listening: unknown, not "fine"
-    am = subprocess.Popen([ALERTMANAGER, f"--config.file={REPO / alertmanager.CONFIG}",
-                           f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{port}",
-                           "--cluster.listen-address="],
-                          stdout=(tmp_path / "am.log").open("w"), stderr=subprocess.STDOUT)
+    am = start_alertmanager(REPO / alertmanager.CONFIG, port, tmp_path)
     try:
         wait_http(f"http://127.0.0.1:{port}/-/ready", 30, am)
         assert alerts_go_nowhere(f"127.0.0.1:{port}") is True
