@@ -146,8 +146,9 @@ def test_status_shows_acceptance_and_decode_speed(first_up: subprocess.Completed
     assert result.returncode == 0, result.stdout + result.stderr
     assert "requires the API key" in result.stdout
     row = next(line for line in result.stdout.splitlines() if "vllm" in line and "up" in line)
-    numbers = [float(n) for n in re.findall(r"\b\d+\.\d+\b", row)]
-    acceptance, decode = numbers[0], numbers[1]
+    # The table's cells: engine (its name carries the version, e.g. 0.32.0), health, acceptance, decode tok/s.
+    cells = [cell.strip() for cell in row.strip().strip("│|").split("│")]
+    acceptance, decode = float(cells[2]), float(cells[3])
     assert 1.0 <= acceptance <= 5.0, row  # 1 + accepted/steps, 4 drafted tokens at most
     assert decode > 0, row
 

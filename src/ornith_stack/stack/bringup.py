@@ -152,9 +152,12 @@ def unchanged(run: Runner, stack: Stack) -> bool:
 
 
 def _current(run: Runner, container: dict[str, Any]) -> bool:
-    """Running steadily, from the image its tag points at today."""
+    """Running steadily (or, for a one-shot service such as alertmanager-config, finished with exit code
+    0 under no restart policy), from the image its tag points at today."""
     state = container.get("State", {})
-    if state.get("Status") != "running" or state.get("Restarting"):
+    restart = ((container.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or "no"
+    finished = restart == "no" and state.get("Status") == "exited" and state.get("ExitCode") == 0
+    if not finished and (state.get("Status") != "running" or state.get("Restarting")):
         return False
     tag = run(["docker", "image", "inspect", "--format", "{{.Id}}", str(container.get("Config", {}).get("Image"))])
     return tag.returncode == 0 and tag.stdout.strip() == container.get("Image")
