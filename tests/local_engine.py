@@ -111,13 +111,16 @@ def running_engine(
     timeout_s: float = DEFAULT_START_TIMEOUT_S,
     log_path: Path | None = None,
     port: int | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[LocalEngine]:
     """Run the engine for `model_dir` as `profile` describes; yield it once healthy; always stop it.
-    `port`: a given loopback port (an engine restarted at the same address), else a free one."""
+    `port`: a given loopback port (an engine restarted at the same address), else a free one.
+    `extra_env`: variables over the profile's (e.g. how vLLM binds its threads to cores)."""
     prof = engine_profile(model_dir, profile=profile, speculative=speculative, extra_args=extra_args)
     check_engine_installed(prof)
     port = port or free_port()
     argv, env = engine_command(prof, port)
+    env.update(extra_env or {})
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="ornith-engine-", suffix=".log")
         os.close(fd)

@@ -9,6 +9,10 @@ from __future__ import annotations
 # The version of ornith-stack, of its images (ornith-stack/exporter, ornith-stack/vllm-cpu-demo) and of
 # the Helm chart (version and appVersion).
 VERSION = "0.1.0"
+# Labels of the images this project builds (compose's build.labels): what is inside, for `docker inspect`.
+# A changed label is a changed image config, so `docker compose build` (and `ornith-stack up`) builds again.
+IMAGE_LABEL_VERSION = "org.ornith-stack.version"
+IMAGE_LABEL_UPSTREAM = "org.ornith-stack.upstream"
 
 # The exporter: the port it serves /metrics on and the compose service that runs it.
 EXPORTER_PORT = 9400

@@ -697,9 +697,13 @@ def test_the_doctor_step_asks_for_the_gpus_the_service_reserves(
 def test_an_exporter_only_change_leaves_the_engine_running(
     first_run, inventory: Path, hub: HubServer, ports: dict[str, int], bases: dict[str, str], tmp_path: Path
 ) -> None:
-    """A new exporter port in .env: compose recreates the exporter; the engine container is the same one."""
+    """A new exporter port in .env, and on the controller an exporter image left by an older checkout: the play
+    builds the image again from this checkout and delivers it, compose recreates the exporter from it, and
+    the engine container is the same one."""
     engine_before = _container("engine")["Id"]
     exporter_before = _container("exporter")["Id"]
+    current = image_id(EXPORTER_IMAGE)
+    _run("docker", "tag", bases["python"], EXPORTER_IMAGE)  # what an older checkout built, under the same tag
     port = free_port()
     env = {
         "ORNITH_EXPORTER_PORT": port,
@@ -719,4 +723,6 @@ def test_an_exporter_only_change_leaves_the_engine_running(
     assert "RUNNING HANDLER [ornith_service : Apply the change to the Ornith compose project]" in result.stdout
     assert _container("engine")["Id"] == engine_before
     assert _container("exporter")["Id"] != exporter_before
+    # Built again (every layer from the cache, so the very image this checkout made before), and running.
+    assert image_id(EXPORTER_IMAGE) == current and _container("exporter")["Image"] == current
     urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()

@@ -40,6 +40,10 @@ REQUESTS, CONCURRENCY = 16, 8
 # set it to the engine's running-request limit; the tiny engines have none, so two).
 BALANCE_THRESHOLD = 2
 LIGHT_LOAD_USERS = 2
+# vLLM on CPU pins an engine's OpenMP threads to the first core by default ("auto" keeps the last core for
+# everything else), where replica 0 already serves: replica 1 restarted there beside it got no CPU time for
+# 7 minutes. Replica 1 floats instead, so the kernel runs it wherever a core is free.
+FLOATING = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 def _samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
@@ -93,7 +97,8 @@ def replicas(vllm_ngram: Any, tiny_models: Any, replica_port: int,
 
     stack = ExitStack()
     log = tmp_path_factory.mktemp("replica-1") / "engine.log"
-    second = stack.enter_context(running_engine(tiny_models.qwen3_moe, log_path=log, port=replica_port))
+    second = stack.enter_context(running_engine(tiny_models.qwen3_moe, log_path=log, port=replica_port,
+                                                extra_env=FLOATING))
     yield vllm_ngram, second, stack
     stack.close()
 
@@ -205,7 +210,7 @@ def test_a_killed_replica_is_routed_around_shown_down_and_rejoins(
               f"meanwhile: {failed_before}")
 
         log = tmp_path_factory.mktemp("replica-1-restarted") / "engine.log"
-        with running_engine(tiny_models.qwen3_moe, log_path=log, port=replica_port) as restarted:
+        with running_engine(tiny_models.qwen3_moe, log_path=log, port=replica_port, extra_env=FLOATING) as restarted:
             rejoined_from = gateway.successes().get(dead, 0.0)
 
             def routed_again() -> bool:  # bursts as in the spread test: balancing needs requests in flight

@@ -72,7 +72,7 @@ def stack(vllm_ngram, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
     work = tmp_path_factory.mktemp("monitoring")
     exporter_port, prom_port = free_port(), free_port()
     exporter = subprocess.Popen(
-        [sys.executable, "-m", "ornith_stack.exporter", "--target", vllm_ngram.base_url,
+        [sys.executable, "-m", "ornith_stack", "exporter", "--target", vllm_ngram.base_url,
          "--listen", f"127.0.0.1:{exporter_port}", "--profile", "cpu-demo", "--canary", "--canary-interval", "2"],
         stdout=(work / "exporter.log").open("w"), stderr=subprocess.STDOUT)
     config = {
@@ -226,7 +226,7 @@ def test_recorded_acceptance_follows_the_counters_whoever_else_scrapes(loaded: d
 def test_engine_down_is_reported_not_fatal(loaded: dict[str, str], tmp_path: Path) -> None:
     # A second exporter pointed at a closed port keeps serving and says the engine is down.
     port, dead = free_port(), f"http://127.0.0.1:{free_port()}"
-    proc = subprocess.Popen([sys.executable, "-m", "ornith_stack.exporter", "--target", dead,
+    proc = subprocess.Popen([sys.executable, "-m", "ornith_stack", "exporter", "--target", dead,
                              "--target", loaded["engine"], "--listen", f"127.0.0.1:{port}"],
                             stdout=(tmp_path / "log").open("w"), stderr=subprocess.STDOUT)
     try:
@@ -408,7 +408,7 @@ def sglang_replay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         threading.Thread(target=replay.serve_forever, daemon=True).start()
         wall_start = time.time() - (time.monotonic() - replay_start)
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "ornith_stack.exporter", "--target", f"http://127.0.0.1:{replay.server_port}",
+            [sys.executable, "-m", "ornith_stack", "exporter", "--target", f"http://127.0.0.1:{replay.server_port}",
              "--listen", exporter_url, "--profile", "gpu96"],
             stdout=(work / "exporter.log").open("w"), stderr=subprocess.STDOUT))
 

@@ -737,6 +737,28 @@ def test_parse_listen(listen: str, expected: tuple[str, int]) -> None:
     assert parse_listen(listen) == expected
 
 
+@pytest.mark.parametrize("listen", ["::1:9400", "9400", "[::1]:0", "host:70000"])
+def test_a_listen_address_that_is_not_host_and_port_is_refused(listen: str) -> None:
+    with pytest.raises(UserError, match="expected \\[HOST\\]:PORT"):
+        parse_listen(listen)
+
+
+def test_the_exporter_listens_on_ipv6_loopback_and_gzips_for_prometheus(engine: FakeEngine) -> None:
+    """`--listen [::1]:PORT` binds an IPv6 socket, and an answer to a client that accepts gzip (Prometheus
+    always does) is compressed, as prometheus_client's own server does."""
+    engine.metrics(vllm_text(10, 40, 20, [8, 6, 4, 2]))
+    host, port = parse_listen(f"[::1]:{free_port()}")
+    ready = threading.Event()
+    threading.Thread(target=serve, args=(Settings([Target(engine.url)], host, port), ready), daemon=True).start()
+    assert ready.wait(5)
+    zipped = httpx.get(f"http://[::1]:{port}/metrics", headers={"Accept-Encoding": "gzip"}, timeout=10)
+    assert zipped.headers["Content-Encoding"] == "gzip"
+    assert int(zipped.headers["Content-Length"]) < len(zipped.content)  # httpx decompressed what came
+    assert value(zipped.text, "ornith_spec_accepted_tokens_total") == 20
+    plain = httpx.get(f"http://[::1]:{port}/metrics", headers={"Accept-Encoding": "identity"}, timeout=10)
+    assert "Content-Encoding" not in plain.headers and value(plain.text, "ornith_spec_accepted_tokens_total") == 20
+
+
 @pytest.mark.parametrize(("url", "shown"), [
     ("http://ops:s3cret@engine:8000/v1", "http://engine:8000/v1"), ("http://ops@[::1]:8000", "http://[::1]:8000"),
     ("http://engine:8000", "http://engine:8000"), ("http://u:p@engine:notaport", "http://engine:notaport")])

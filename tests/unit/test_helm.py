@@ -313,6 +313,9 @@ def test_exporter_measures_every_engine_copy(case: str) -> None:
         for monitor in find(objects, "ServiceMonitor"):  # the engine's own series carry the same target
             for endpoint in monitor["spec"]["endpoints"]:
                 relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+                # Both jobs, the exporter's and the engine's own, say which replica (pod) a series is from.
+                if relabel["job"]["replacement"] in ("engine", "ornith-exporter"):
+                    assert relabel["replica"]["sourceLabels"] == ["__meta_kubernetes_pod_name"]
                 if relabel["job"]["replacement"] == "engine":
                     assert relabel["target"]["sourceLabels"] == ["__meta_kubernetes_pod_name"]
                     assert relabel["profile"]["replacement"] == values["profile"]

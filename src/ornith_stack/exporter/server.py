@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import html
 import json
 import math
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -43,11 +45,24 @@ class Settings:
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
-    """'[HOST]:PORT' as (host, port); ':PORT' listens on every address."""
+    """'[HOST]:PORT' as (host, port); ':PORT' listens on every address; an IPv6 HOST is bracketed."""
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(f"--listen {listen!r}: expected [HOST]:PORT, e.g. :{EXPORTER_PORT} or 127.0.0.1:{EXPORTER_PORT}")
-    return host.strip("[]"), int(port)
+    bracketed = host.startswith("[") and host.endswith("]")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or (":" in host and not bracketed):
+        raise UserError(f"--listen {listen!r}: expected [HOST]:PORT, e.g. :{EXPORTER_PORT}, 127.0.0.1:{EXPORTER_PORT} "
+                        f"or [::1]:{EXPORTER_PORT}")
+    return (host[1:-1] if bracketed else host), int(port)
+
+
+def address_family(host: str) -> socket.AddressFamily:
+    """The family a listening HOST belongs to (IPv6 for `::1`, a name by what it resolves to first);
+    every address ("") is IPv4's 0.0.0.0, as before."""
+    if not host:
+        return socket.AF_INET
+    try:
+        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    except socket.gaierror as exc:
+        raise UserError(f"--listen {host}: cannot resolve it ({exc.strerror})") from None
 
 
 def check_timeout(timeout: float) -> float:
@@ -107,8 +122,10 @@ def build_app(settings: Settings) -> tuple[Callable, Scraper, Canary | None]:
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [landing_page(settings).encode()]
         if path == "/metrics":
-            body = metrics(environ)
-            start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))])
+            body, headers = metrics(environ), [("Content-Type", CONTENT_TYPE_LATEST)]
+            if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):  # Prometheus asks for it on every scrape
+                body, headers = gzip.compress(body), [*headers, ("Content-Encoding", "gzip")]
+            start_response("200 OK", [*headers, ("Content-Length", str(len(body)))])
             return [body]
         if path in (SD_PATH, GATEWAY_SD_PATH):
             start_response("200 OK", [("Content-Type", "application/json")])
@@ -151,8 +168,13 @@ def landing_page(settings: Settings) -> str:
 def serve(settings: Settings, ready: threading.Event | None = None) -> None:
     """Serve until interrupted."""
     app, scraper, canary = build_app(settings)
+    family = address_family(settings.host)
+
+    class server_class(_Server):  # noqa: N801 - a class made for this one server
+        address_family = family
+
     try:
-        httpd = make_server(settings.host, settings.port, app, server_class=_Server, handler_class=_QuietHandler)
+        httpd = make_server(settings.host, settings.port, app, server_class=server_class, handler_class=_QuietHandler)
     except OSError as exc:
         raise UserError(f"cannot listen on {settings.host or '*'}:{settings.port}: {exc.strerror}") from None
     if canary is not None:

@@ -3,21 +3,16 @@ images (the thin engine layer and this project's images built and labelled, the 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ornith_stack import __version__
 from ornith_stack.doctor import Options, diagnose
 from ornith_stack.errors import UserError
 from ornith_stack.profiles.model import Profile
 from ornith_stack.stack.compose import Stack, compose_json
 from ornith_stack.stack.shell import Runner, first_line
 
-# Labels of the images `up` builds: a change of either means the image is stale and is built again.
-LABEL_VERSION = "org.ornith-stack.version"
-LABEL_UPSTREAM = "org.ornith-stack.upstream"
 BUILD_TIMEOUT_S = 3600.0
 Say = Callable[[str], None]
 # Doctor topics about the checkpoint itself (the machine's were checked in preflight).
@@ -60,50 +55,49 @@ def download_weights(profile: Profile, hf_home: Path, say: Say) -> list[Path]:
     return snapshots
 
 
-def image_labels(run: Runner, image: str) -> dict[str, str] | None:
-    """The labels of a local image; None when the image is not here."""
-    result = run(["docker", "image", "inspect", image, "--format", "{{json .Config.Labels}}"])
-    if result.returncode != 0:
-        return None
-    labels = json.loads(result.stdout or "null")
-    return dict(labels) if isinstance(labels, dict) else {}
+def image_id(run: Runner, image: str) -> str | None:
+    """The ID of a local image; None when the image is not here."""
+    result = run(["docker", "image", "inspect", image, "--format", "{{.Id}}"])
+    return result.stdout.strip() if result.returncode == 0 else None
 
 
 def ensure_images(run: Runner, stack: Stack, say: Say) -> list[str]:
-    """Build what is missing or stale, pull what is missing; returns what changed, one line each."""
+    """Build this project's images, pull the missing others; returns what changed, one line each.
+
+    The build goes through compose, the builder of the README's `docker compose ... up --build`, so both
+    share one layer cache, and Docker's cache is what decides staleness: a changed source file, version
+    label or upstream pin makes a new image, an unchanged one leaves the image ID as it was."""
     services: dict[str, Any] = compose_json(run, stack, "config", "--format", "json")["services"]
-    changed = []
+    builds: dict[str, str] = {}  # image -> the first service that builds it (several may share one image)
     for name, service in sorted(services.items()):
-        image, build = str(service.get("image", "")), service.get("build")
-        if build:
-            want = {LABEL_VERSION: __version__, LABEL_UPSTREAM: str((build.get("args") or {}).get("BASE_IMAGE", ""))}
-            have = image_labels(run, image)
-            if have is not None and all(have.get(k) == v for k, v in want.items()):
-                continue
-            why = "missing" if have is None else "stale"
-            say(f"building {image} ({why}; FROM {want[LABEL_UPSTREAM]})")
-            _build(run, image, build, want, say)
-            changed.append(f"built {image} ({why})")
-        elif image and image_labels(run, image) is None:
-            say(f"pulling {image}")
-            pulled = run(["docker", "pull", image], timeout=BUILD_TIMEOUT_S)
-            if pulled.returncode != 0:
-                raise UserError(f"cannot pull {image} for {name} ({first_line(pulled)}): check the network or a "
-                                "registry mirror; compose/.env.example names the variable that replaces this image")
-            changed.append(f"pulled {image}")
+        if service.get("build") and service.get("image"):
+            builds.setdefault(str(service["image"]), name)
+    before = {image: image_id(run, image) for image in builds}
+    if builds:
+        say(f"building {', '.join(sorted(builds))} (an unchanged image is kept as it is)")
+        _build(run, stack, sorted(set(builds.values())), say)
+    changed = [f"built {image} ({'missing' if was is None else 'its sources changed'})"
+               for image, was in sorted(before.items()) if image_id(run, image) != was]
+    for name, service in sorted(services.items()):
+        image = str(service.get("image", ""))
+        if service.get("build") or not image or image_id(run, image) is not None:
+            continue
+        say(f"pulling {image}")
+        pulled = run(["docker", "pull", image], timeout=BUILD_TIMEOUT_S)
+        if pulled.returncode != 0:
+            raise UserError(f"cannot pull {image} for {name} ({first_line(pulled)}): check the network or a "
+                            "registry mirror; compose/.env.example names the variable that replaces this image")
+        changed.append(f"pulled {image}")
     return changed
 
 
-def _build(run: Runner, image: str, build: dict[str, Any], labels: dict[str, str], say: Say) -> None:
-    context = Path(str(build.get("context", ".")))
-    argv = ["docker", "build", "-t", image, "-f", str(context / str(build.get("dockerfile", "Dockerfile")))]
-    argv += [f"--build-arg={k}={v}" for k, v in sorted((build.get("args") or {}).items())]
-    argv += [f"--label={k}={v}" for k, v in labels.items()]
-    def step(line: str) -> None:  # the classic builder's "Step 3/14 : RUN ..." lines, BuildKit's "#5 [2/9] ..."
-        if line.startswith("Step ") or (line.startswith("#") and " [" in line[:12]):
+def _build(run: Runner, stack: Stack, services: list[str], say: Say) -> None:
+    def step(line: str) -> None:  # BuildKit's plain progress: "#5 [engine build 2/9] RUN ..."
+        if line.startswith("#") and " [" in line[:12]:
             say(line[:120])
 
-    result = run([*argv, str(context)], timeout=BUILD_TIMEOUT_S, on_line=step)
+    argv = stack.compose("--progress", "plain", "build", *services)
+    result = run(argv, timeout=BUILD_TIMEOUT_S, on_line=step)
     if result.returncode != 0:
         tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
-        raise UserError(f"building {image} failed: {tail} (`{' '.join(argv[:4])} ...` shows the whole log)")
+        raise UserError(f"building {', '.join(services)} failed: {tail} (`{' '.join(argv)}` shows the whole log)")
