@@ -125,6 +125,40 @@ def test_a_server_that_is_not_an_openai_engine_is_one_clear_error(response: http
         _client(lambda r: response).server_info()
 
 
+@pytest.mark.parametrize("length", ["abc", [4096], 3.7, float("nan"), 0, True])
+def test_a_max_model_len_that_is_not_a_token_count_is_refused(length: object) -> None:
+    cards = json.dumps({"data": [{"id": "ornith", "max_model_len": length}]})  # NaN as JSON's NaN
+    with pytest.raises(UserError, match="max_model_len .*expected a positive whole number"):
+        _client(lambda r: httpx.Response(200, text=cards)).server_info()
+
+
+def test_a_models_answer_past_its_size_cap_is_refused() -> None:
+    huge = json.dumps({"data": [{"id": "ornith", "pad": "x" * (5 << 20)}]})
+    with pytest.raises(UserError, match="more than 4 MiB"):
+        _client(lambda r: httpx.Response(200, text=huge)).server_info()
+
+
+def test_a_trickling_models_answer_ends_at_the_total_deadline() -> None:
+    """A real loopback server sends /v1/models one byte every 0.2 s: per-read timeouts never fire, the
+    total deadline (--timeout 1) does."""
+    import threading
+    import time
+
+    from hostile import RawTarget, head, trickle
+
+    body = json.dumps({"data": [{"id": "ornith", "max_model_len": 4096}]}).encode()
+    server = RawTarget(lambda conn, stop: (conn.sendall(head(len(body))), trickle(body, stop, conn)))
+    client = EngineClient(server.url, timeout_s=1.0, stop=threading.Event())
+    started = time.monotonic()
+    try:
+        with pytest.raises(UserError, match="deadline"):
+            client.server_info()
+    finally:
+        server.close()
+        client.close()
+    assert time.monotonic() - started < 3.0
+
+
 def test_an_engine_that_is_down_is_one_clear_error() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("Connection refused")

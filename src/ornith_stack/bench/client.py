@@ -28,6 +28,10 @@ from ornith_stack.errors import UserError
 _SSE_FIELDS = {"event", "id", "retry"}
 FLUSH_PATHS = ("/flush_cache", "/reset_prefix_cache")
 _MAX_LINE = 1 << 22  # one SSE line of 4 MiB is not a chunk of generated text
+# An engine's /v1/models or info answer is a few kilobytes, its /metrics well under a megabyte (SGLang's
+# with every histogram: about 60 KiB): anything past these is not such an answer.
+_MAX_JSON = 1 << 22
+_MAX_METRICS = 1 << 25
 
 
 @dataclass
@@ -122,16 +126,19 @@ class EngineClient:
             names = ", ".join(str(c.get("id")) for c in cards)
             raise UserError(f"{self.url} does not serve model {model!r}; it serves: {names}")
         length = card.get("max_model_len")
-        return ServerInfo(model=str(card["id"]), max_model_len=int(length) if length else None)
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length <= 0):
+            raise UserError(f"{self.url}/v1/models gives max_model_len {_short(repr(length), 40)}: expected a "
+                            "positive whole number of tokens; is this an OpenAI-compatible engine?")
+        return ServerInfo(model=str(card["id"]), max_model_len=length)
 
     def pool_tokens(self, info_paths: tuple[str, ...]) -> int | None:
         """SGLang's KV pool size (`max_total_num_tokens`, what --max-total-tokens caps) from the first
         info endpoint that answers; None where the engine has no such endpoint or field."""
         for path in info_paths:
             try:
-                response = self._http.get(self.url + path)
-                payload = response.json() if response.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
+                status, text = self._get(path, _MAX_JSON)
+                payload = json.loads(text) if status == 200 else None
+            except (httpx.HTTPError, BadStream, ValueError):
                 continue
             found = _find_key(payload, "max_total_num_tokens")
             if isinstance(found, int) and found > 0:
@@ -152,13 +159,13 @@ class EngineClient:
     def metrics(self) -> Samples | None:
         """A parsed /metrics scrape, or None when the engine exports none (SGLang without the flag)."""
         try:
-            response = self._http.get(self.url + "/metrics")
-        except httpx.HTTPError:
+            status, text = self._get("/metrics", _MAX_METRICS)
+        except (httpx.HTTPError, BadStream):
             return None
-        if response.status_code != 200:
+        if status != 200:
             return None
         try:
-            return parse(response.text)
+            return parse(text)
         except UserError as exc:
             raise UserError(f"{self.url}/metrics: {exc}") from None
 
@@ -257,18 +264,34 @@ class EngineClient:
                 raise BadStream(f"no end after the {self.deadline_s:g} s deadline (--timeout)")
         return check
 
+    def _get(self, path: str, limit: int) -> tuple[int, str]:
+        """GET `path`: (status, body), within the total deadline (--timeout) however slowly the body comes,
+        and refused past `limit` bytes. Raises httpx.HTTPError or BadStream."""
+        t0 = self.clock()
+        check = self._expired(t0)
+        body = bytearray()
+        with self._http.stream("GET", self.url + path) as response:
+            for chunk in response.iter_bytes():
+                check()
+                body += chunk
+                if len(body) > limit:
+                    raise BadStream(f"an answer of more than {limit >> 20} MiB")
+            return response.status_code, body.decode("utf-8", errors="replace")
+
     def _get_json(self, path: str) -> Any:
         try:
-            response = self._http.get(self.url + path)
+            status, text = self._get(path, _MAX_JSON)
         except httpx.HTTPError as exc:
             raise UserError(f"cannot reach {self.url}{path}: {exc or type(exc).__name__}; is the engine up?") from None
-        if response.status_code != 200:
-            raise UserError(f"{self.url}{path} answered HTTP {response.status_code} ({_short(response.text, 60)}); "
+        except BadStream as exc:
+            raise UserError(f"{self.url}{path}: {exc}; is this an OpenAI-compatible engine?") from None
+        if status != 200:
+            raise UserError(f"{self.url}{path} answered HTTP {status} ({_short(text, 60)}); "
                             "is this an OpenAI-compatible engine?")
         try:
-            return response.json()
+            return json.loads(text)
         except ValueError:
-            raise UserError(f"{self.url}{path} did not answer JSON: {_short(response.text)}") from None
+            raise UserError(f"{self.url}{path} did not answer JSON: {_short(text)}") from None
 
 
 def _lines(raw: Iterable[bytes], check: Callable[[], None]) -> Iterator[str]:
