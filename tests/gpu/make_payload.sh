@@ -5,7 +5,7 @@
 #
 # - vllm==0.24.0 (cp38-abi3 manylinux_2_28 x86_64, 279 MB) unpacked and stripped of what an H200 run
 #   does not load: the FA2 build (Hopper uses FA3), the vllm-rs binary, the sm100 FMHA and DeepGEMM
-#   CUDA headers, and the DeepGEMM builds for other Pythons (shared FACTS section 6); packed as tar.xz
+#   CUDA headers, and the DeepGEMM builds for other Pythons (none of them loaded on the H200); packed as tar.xz
 #   and split in three.
 # - the dependency wheels the machine lacks (KINDS.md lists what it has; payload-wheels.txt, resolved by
 #   payload_deps.py), installed here with `pip install --no-deps --target` for CPython 3.12, trimmed

@@ -3,8 +3,8 @@
 #
 #   bash tests/gpu/make_sglang_payload.sh     # writes .gpu/sglang/xfer1 .. xferN (ignored folder)
 #
-# - the wheels of tests/gpu/sglang-wheels.txt (sglang 0.5.17 cp312 and the working set of shared FACTS
-#   section 10), installed here with `pip install --no-deps --target` for CPython 3.12 on x86_64;
+# - the wheels of tests/gpu/sglang-wheels.txt (sglang 0.5.17 cp312 and the set it served with on the
+#   H200 at tp 1 and tp 2), installed here with `pip install --no-deps --target` for CPython 3.12 on x86_64;
 # - sglang-kernel 0.4.5 (383 MB) unpacked without `sgl_kernel/flash_ops.abi3.so` (1.12 GB of
 #   FlashAttention-3 kernels: the run uses the triton attention backend, as an A100 would),
 #   `sgl_kernel/sm100/common_ops.abi3.so` (Blackwell) and `sgl_kernel/infllm_ops*.so` (never loaded);

@@ -28,7 +28,7 @@ SKIP = {
         "tokenspeed-mla", "humming-kernels",
     ]
 }  # fmt: skip
-# xgrammar 0.2.9 needs apache-tvm-ffi >= 0.1.11 although vLLM pins 0.1.9 (shared FACTS section 6).
+# xgrammar 0.2.9 needs apache-tvm-ffi >= 0.1.11 although vLLM pins 0.1.9 (its import fails with 0.1.9).
 PIN = {"apache-tvm-ffi": "apache-tvm-ffi>=0.1.11"}
 ENV = {
     "python_version": "3.12", "python_full_version": "3.12.3", "platform_machine": "x86_64",

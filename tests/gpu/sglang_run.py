@@ -42,8 +42,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-# What the tiny model or the test machine forces on top of the profile's launch args (shared FACTS
-# section 10), each with its reason; the README of the fixtures repeats them.
+# What the tiny model or the test machine forces on top of the profile's launch args, each with its
+# reason (measured on the H200 machine, 2026-11-30); the README of the fixtures repeats them.
 OVERRIDES: dict[str, list[tuple[list[str], str]]] = {
     "common": [
         (["--attention-backend", "triton"], "FA3 kernels (sgl_kernel/flash_ops, 1.12 GB) are not carried; triton is what an A100 uses"),
@@ -51,7 +51,7 @@ OVERRIDES: dict[str, list[tuple[list[str], str]]] = {
         (["--grammar-backend", "none"], "no structured output is requested; xgrammar's kernels are not exercised"),
     ],
     "tp2": [
-        (["--disable-prefill-cuda-graph"], "tp 2 spends over 6 minutes capturing prefill CUDA graphs (FACTS section 10)"),
+        (["--disable-prefill-cuda-graph"], "tp 2 spends over 6 minutes capturing prefill CUDA graphs (measured on the H200)"),
     ],
     "uncapped": [
         (["--context-length", "16384"], "seed 004 asks up to 4,096 new tokens; the tiny model has 4,096 positions "

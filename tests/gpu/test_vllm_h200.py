@@ -4,7 +4,7 @@ $ORNITH_GPU_WORK/runs, default /tmp/ornith-gpu/runs; `pytest -m gpu tests/gpu` t
 
 The expectations are issue 3's "done when": a chat request with enable_thinking false gets
 usage.completion_tokens back, and the engine's /metrics count generated tokens and speculative drafts;
-plus the sizing lines the planner is checked against (shared FACTS section 3) agree with what the same
+plus the sizing lines the planner is checked against (vLLM's "GPU KV cache size" and "Maximum concurrency") agree with what the same
 engine exports in vllm:cache_config_info.
 """
 
@@ -80,6 +80,6 @@ def test_sizing_log_lines_match_exported_cache_config(run: Path) -> None:
     assert int(block.group(1)) == int(info["block_size"])
     assert int(tokens.group(1).replace(",", "")) == int(info["kv_cache_size_tokens"])
     assert float(concurrency.group(2)) == pytest.approx(float(info["kv_cache_max_concurrency"]), abs=0.005)
-    # FACTS section 3: GPU KV cache size = int(concurrency x max_model_len).
+    # vLLM logs GPU KV cache size = int(concurrency x max_model_len) (v1/core/kv_cache_utils.py).
     max_len = int(concurrency.group(1).replace(",", ""))
     assert int(float(info["kv_cache_max_concurrency"]) * max_len) == int(info["kv_cache_size_tokens"])

@@ -53,7 +53,7 @@ def test_sweep_lengths_are_capped_by_the_servers_window() -> None:
 
 
 def test_active_parameters_of_the_35b_are_about_three_billion() -> None:
-    # Seed 003: "roughly 3B active parameters"; FACTS section 2: 256 experts top-8, text 34.66B.
+    # Seed 003: "roughly 3B active parameters"; the config: 256 experts top-8, text 34.66B.
     shape = load_shape("ornith-1.5-35b-a3b")
     assert shape.text_params == pytest.approx(34.66e9, rel=1e-3)
     assert active_params(shape) == pytest.approx(2.95e9, rel=0.01)

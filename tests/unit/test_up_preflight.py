@@ -114,7 +114,7 @@ def test_two_folders_on_one_filesystem_add_up(tmp_path: Path) -> None:
 
 
 def test_gpu_profiles_need_their_checkpoints_on_disk() -> None:
-    # The 35B checkpoint (FACTS: 71.90 GB with MTP and vision) and the cpu-demo model inside its image.
+    # The 35B checkpoint (71.90 GB in BF16 with MTP and vision) and the cpu-demo model inside its image.
     assert P.weights_bytes(load_profile("gpu96")) > 71e9
     assert P.weights_bytes(load_profile("cpu-demo")) == 0
 

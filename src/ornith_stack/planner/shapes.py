@@ -11,13 +11,13 @@ published checkpoint names its guessed keys in `_ornith_inferred`: the plan's ve
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from ornith_stack.errors import UserError
+from ornith_stack.reading import read_json_object
 
 CONFIG_DIR = Path(str(resources.files(__package__))) / "configs"
 
@@ -145,7 +145,7 @@ class ModelShape:
             self.linear_num_value_heads * self.linear_value_head_dim
         )
 
-    # -- parameters (checked against FACTS section 2: 122B total matches exactly) -----------------
+    # -- parameters (the 122B's total comes out at its published 125,086,497,008 exactly) ----------
     def _ffn_params(self) -> int:
         h = self.hidden_size
         if self.num_experts:
@@ -238,27 +238,6 @@ def resolve_config_path(path_or_name: str | Path) -> Path:
         f"model config {str(path_or_name)!r} is neither a file nor a shipped shape; "
         f"shipped: {', '.join(shipped_shapes())}"
     )
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON file whose top level is an object (config.json, an index); errors name the file."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path} is missing") from None
-    except IsADirectoryError:
-        raise UserError(f"{path} is a folder, not a JSON file") from None
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a JSON file (not UTF-8 text)") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    except RecursionError:
-        raise UserError(f"{path}: JSON nested too deeply to be a model config") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object at the top level")
-    return data
 
 
 def load_shape(path_or_name: str | Path) -> ModelShape:

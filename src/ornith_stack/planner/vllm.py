@@ -1,6 +1,6 @@
 """vLLM 0.24 KV-cache accounting for hybrid (gated-delta + full attention) and plain models.
 
-Mirrors, function by function (FACTS section 3; read in the vLLM 0.24.0 wheel):
+Mirrors, function by function (read in the vLLM 0.24.0 wheel):
 - `platforms/interface.py` `_align_hybrid_block_size`: attention block size = kernel alignment (16)
   x ceil(mamba page / (alignment x attention bytes per token per layer)); the mamba page is padded
   up to the attention page.
