@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from ornith_stack.deployment import METRICS_PATH
 from ornith_stack.engines.exposition import Samples, parse
 from ornith_stack.errors import UserError
 
@@ -159,7 +160,7 @@ class EngineClient:
     def metrics(self) -> Samples | None:
         """A parsed /metrics scrape, or None when the engine exports none (SGLang without the flag)."""
         try:
-            status, text = self._get("/metrics", _MAX_METRICS)
+            status, text = self._get(METRICS_PATH, _MAX_METRICS)
         except (httpx.HTTPError, BadStream):
             return None
         if status != 200:

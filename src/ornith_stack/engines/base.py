@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ornith_stack.deployment import METRICS_PATH
 from ornith_stack.engines.exposition import Samples
 from ornith_stack.profiles import require_repo
 from ornith_stack.profiles.model import ArgValue, Profile
@@ -125,7 +126,7 @@ class EngineAdapter:
     tp_flag: ClassVar[str]
     health_path: ClassVar[str] = "/health"
     models_path: ClassVar[str] = "/v1/models"
-    metrics_path: ClassVar[str] = "/metrics"
+    metrics_path: ClassVar[str] = METRICS_PATH
     metrics: ClassVar[MetricNames]
     # Every metric the engine exports starts with this; it is how a scraped target is recognised.
     metric_prefix: ClassVar[str]

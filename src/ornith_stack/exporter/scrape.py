@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
+from ornith_stack.deployment import METRICS_PATH
 from ornith_stack.engines import ADAPTERS, EngineAdapter, EngineInfo, detect_adapter
 from ornith_stack.engines.exposition import BadExposition, Samples, parse
 from ornith_stack.exporter import catalogue as C
@@ -232,7 +233,7 @@ class Scraper:
             state.adapter, state.info, state.last_counters, state.last_read_at = adapter, known, counters, started
 
     def _fetch_metrics(self, target: Target, deadline: float) -> tuple[Samples, EngineAdapter]:
-        status, body = http_get(target.url + "/metrics", deadline, MAX_BODY_BYTES, target.api_key)
+        status, body = http_get(target.url + METRICS_PATH, deadline, MAX_BODY_BYTES, target.api_key)
         where = target.public
         if status != 200:
             raise ScrapeError("http_status", f"{where}/metrics: HTTP {status}")

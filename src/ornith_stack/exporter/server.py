@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CONTENT_TYPE_LATEST, ProcessCollector
 
-from ornith_stack.deployment import EXPORTER_PORT, GATEWAY_SD_PATH, SD_PATH
+from ornith_stack.deployment import EXPORTER_PORT, GATEWAY_SD_PATH, METRICS_PATH, SD_PATH
 from ornith_stack.errors import UserError
 from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.collectors import ExporterCollector, render
@@ -93,7 +93,7 @@ def normalise_target(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise UserError(f"--target {url!r}: only http:// and https:// targets are supported")
     url = url.rstrip("/")
-    return url.removesuffix("/metrics")
+    return url.removesuffix(METRICS_PATH)
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -121,7 +121,7 @@ def build_app(settings: Settings) -> tuple[Callable, Scraper, Canary | None]:
         if path in ("/", "/index.html"):
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [landing_page(settings).encode()]
-        if path == "/metrics":
+        if path == METRICS_PATH:
             body, headers = metrics(environ), [("Content-Type", CONTENT_TYPE_LATEST)]
             if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):  # Prometheus asks for it on every scrape
                 body, headers = gzip.compress(body), [*headers, ("Content-Encoding", "gzip")]
@@ -145,7 +145,7 @@ def service_discovery(targets: Iterable[Target]) -> list[dict]:
         url = urlsplit(redact(target.url))
         labels = {"__scheme__": url.scheme, "target": target.label}
         if url.path:
-            labels["__metrics_path__"] = url.path + "/metrics"
+            labels["__metrics_path__"] = url.path + METRICS_PATH
         if target.profile:
             labels["profile"] = target.profile
         groups.append({"targets": [url.netloc], "labels": labels})
@@ -158,7 +158,7 @@ def landing_page(settings: Settings) -> str:
     return (
         "<!doctype html><html><head><title>ornith-stack exporter</title></head><body>"
         "<h1>ornith-stack exporter</h1>"
-        '<p>Unified speculative-decoding, throughput and latency metrics: <a href="/metrics">/metrics</a></p>'
+        f'<p>Unified speculative-decoding, throughput and latency metrics: <a href="{METRICS_PATH}">{METRICS_PATH}</a></p>'
         f'<p>The engines, for Prometheus service discovery: <a href="{SD_PATH}">{SD_PATH}</a></p>'
         f"<p>Targets:</p><ul>{rows}</ul>"
         f"<p>Canary: {'on' if settings.canary else 'off'}</p></body></html>"
