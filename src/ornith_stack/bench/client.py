@@ -168,7 +168,7 @@ class EngineClient:
         try:
             return parse(text)
         except UserError as exc:
-            raise UserError(f"{self.url}/metrics: {exc}") from None
+            raise UserError(f"{self.url}{METRICS_PATH}: {exc}") from None
 
     def stream_chat(self, body: dict[str, Any]) -> RequestSample:
         """Send one streaming chat completion and time it; errors are kept in the sample, not raised.
