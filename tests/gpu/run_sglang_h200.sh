@@ -12,6 +12,10 @@
 #   bash tests/gpu/run_sglang_h200.sh serve tp1                   # pytest -m gpu -k tp1: starts SGLang
 #   bash tests/gpu/run_sglang_h200.sh serve tp2                   # and records into $W/runs/tpN
 #   bash tests/gpu/run_sglang_h200.sh serve uncapped-tp1          # tp 1 without the KV / request caps
+#   bash tests/gpu/run_sglang_h200.sh gateway                     # two gpu96 replicas at half the memory
+#                                                                 # fraction behind the Model Gateway
+# A staged folder may also hold wheels (sglang-router for `gateway`, math-verify which the CLI imports);
+# they are unpacked into $W/wheels.
 #
 # The device tool sends the session's own checkout, not a helper's worktree: the recorded runs carried
 # this tree as a tarball (`git ls-files -co --exclude-standard | tar -czf .gpu/.../tree.tar.gz -T -`)
@@ -28,7 +32,8 @@ OUT=${OUT:-$W/out}
 START=$(date +%s)
 mkdir -p "$W"/{parts,site,models,runs} "$OUT"
 
-export PYTHONPATH="$W/site:$REPO/src"
+# ORNITH_SRC: another copy of the package (a snapshot of a commit) instead of this tree's src/.
+export PYTHONPATH="$W/site:$W/wheels:${ORNITH_SRC:-$REPO/src}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 SGLANG_DISABLE_REQUEST_LOGGING=1
 # NVLink multicast stays off on these machines (shared GPUs); SGLang's own processes inherit it.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -71,7 +76,14 @@ make_models() {
 }
 
 stage() {  # copy one carried folder of parts; the last one unpacks and prepares
-    cp "$1"/* "$W/parts/" && log "staged $(cd "$1" && printf '%s ' *)"
+    local f
+    for f in "$1"/*; do
+        case $f in
+            *.whl) mkdir -p "$W/wheels" && python3 -m zipfile -e "$f" "$W/wheels" ;;
+            *) cp "$f" "$W/parts/" ;;
+        esac
+    done
+    log "staged $(cd "$1" && printf '%s ' *)"
     unpack || exit 1
     if [ -f "$W/site/.sglang-payload" ]; then
         [ -f "$W/machine.txt" ] || machine_facts
@@ -97,8 +109,24 @@ serve() {  # $1 = tp1 | tp2
     return "$rc"
 }
 
+gateway() {  # tests/gpu/gateway_run.py on GPU 0: two replicas, the gateway, the exporter, the bench
+    if [ ! -f "$W/site/.sglang-payload" ] || [ ! -f "$W/models/.done" ]; then log "not staged"; exit 1; fi
+    export CUDA_VISIBLE_DEVICES=0
+    log "gateway_run.py (two gpu96 replicas on GPU 0)"
+    timeout "${GATEWAY_TIMEOUT_S:-480}" python3 "$REPO/tests/gpu/gateway_run.py" "$W/runs/gateway" --target "$W/models/target" \
+        --draft "$W/models/draft" 2>&1 | tee "$W/runs/gateway-run.txt"
+    local rc=${PIPESTATUS[0]}
+    cp "$W/machine.txt" "$W/runs/" 2>/dev/null
+    nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv > "$W/runs/nvidia-smi-after-gateway.csv"
+    tar -czf "$OUT/results-gateway.tar.gz" -C "$W/runs" gateway gateway-run.txt machine.txt nvidia-smi-after-gateway.csv
+    tail -n 20 "$W/runs/gateway/replica-1/engine.log" 2>/dev/null | cut -c1-300
+    log "gateway done: rc=$rc"
+    return "$rc"
+}
+
 case ${1:-} in
     stage) stage "$2" ;;
     serve) serve "$2" ;;
-    *) echo "usage: $0 stage DIR | serve tp1|tp2|uncapped-tp1" >&2; exit 2 ;;
+    gateway) gateway ;;
+    *) echo "usage: $0 stage DIR | serve tp1|tp2|uncapped-tp1 | gateway" >&2; exit 2 ;;
 esac
