@@ -53,6 +53,13 @@ def query_range(prometheus: str, expr: str, start: float, end: float) -> list[di
     return list(body["data"]["result"])
 
 
+def panel_unit(dashboard: dict[str, Any], title: str) -> str:
+    """The panel's Grafana unit as an axis label ("suffix: tok/s" is Grafana's custom unit tok/s)."""
+    panel = next(p for p in dashboard.get("panels", []) if p.get("title") == title)
+    unit = str(panel.get("fieldConfig", {}).get("defaults", {}).get("unit", ""))
+    return {"percentunit": "fraction", "none": "", "short": "requests"}.get(unit, unit.removeprefix("suffix: "))
+
+
 def legend(fmt: str, labels: dict[str, str]) -> str:
     return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m[1], ""), fmt) or str(labels)
 
@@ -77,6 +84,7 @@ def draw(prometheus: str, minutes: float, out: Path) -> int:
                     drawn += 1
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("minutes before now")
+        ax.set_ylabel(panel_unit(dashboard, title))
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)

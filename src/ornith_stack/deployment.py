@@ -21,6 +21,9 @@ EXPORTER_PORT = 9400
 EXPORTER_LISTEN = f":{EXPORTER_PORT}"
 EXPORTER_LISTEN_HOST = f"127.0.0.1:{EXPORTER_PORT}"
 EXPORTER_SERVICE = "exporter"
+# The Dockerfile this project builds the exporter image (images.yaml services.exporter) from, relative to the
+# repository root.
+EXPORTER_DOCKERFILE = "docker/exporter.Dockerfile"
 # The unprivileged user (and group) the images this project builds run as, in Docker and in Helm.
 EXPORTER_UID = 10001
 METRICS_PATH = "/metrics"
@@ -56,6 +59,10 @@ RULE_FILES = ("ornith-recording.yml", "ornith-alerts.yml")
 ENGINE_SERVICE = "engine"
 # Where containers read an operator's profile (`profiles new`) from: compose mounts the file there.
 CONTAINER_PROFILE_DIR = "/etc/ornith-stack/profiles"
+# The compose variable that names the operator's profile file on the host that runs compose: empty, the
+# path where `profiles new` wrote it; Ansible copies the file to the host and sets it (the controller's
+# path does not exist there, and Docker would mount an empty folder in its place).
+PROFILE_FILE_VARIABLE = "ORNITH_PROFILE_FILE"
 GATEWAY_SERVICE = "gateway"
 GATEWAY_METRICS_PORT = 29000
 # Cache-aware routing: a request goes to the replica whose radix tree shares its longest prefix, unless

@@ -7,11 +7,15 @@ deeply nested value or a YAML alias bomb is one error line instead of a hang, a 
 
 from __future__ import annotations
 
+import gzip
+import itertools
 import json
 import os
 import stat
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -26,23 +30,58 @@ MAX_DEPTH = 64
 def read_text(path: Path, limit: int = MAX_CONFIG_BYTES) -> str:
     """The UTF-8 text of regular file `path`, refusing FIFOs, devices, folders and files over `limit` bytes."""
     try:
-        require_regular(path)
-        # O_NONBLOCK: a FIFO swapped in after the check cannot block the open.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise UserError(f"{_name(path)} is not a regular file; refusing to read it")
+        with open_regular(path) as handle:
             data = handle.read(limit + 1)
-    except FileNotFoundError:
-        raise UserError(f"{_name(path)} is missing") from None
     except OSError as exc:
         raise UserError(f"cannot read {_name(path)}: {exc.strerror}") from None
     if len(data) > limit:
         raise UserError(f"{_name(path)} is larger than {limit:,} bytes; not a configuration file")
+    return _utf8(data, _name(path))
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for binary reading once it is proven a regular file (a FIFO would block, a device
+    never end); the caller closes it. Errors are UserErrors naming the file."""
+    require_regular(path)
+    try:
+        # O_NONBLOCK: a FIFO swapped in after the check cannot block the open.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise UserError(f"{_name(path)} is missing") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {_name(path)}: {exc.strerror}") from None
+    handle = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        handle.close()
+        raise UserError(f"{_name(path)} is not a regular file; refusing to read it")
+    return handle
+
+
+def read_lines(path: Path, line_limit: int, total_limit: int) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of regular file `path` (gzip-compressed when it ends in .gz), as
+    UTF-8, refusing a line over `line_limit` bytes and more than `total_limit` bytes in all (decompressed)."""
+    total = 0
+    try:
+        with open_regular(path) as raw, (gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw) as handle:
+            for number in itertools.count(1):
+                line = handle.readline(line_limit + 1)
+                if not line:
+                    return
+                total += len(line)
+                if len(line) > line_limit and not line.endswith(b"\n"):
+                    raise UserError(f"{_name(path)}:{number}: a line longer than {line_limit:,} bytes")
+                if total > total_limit:
+                    raise UserError(f"{_name(path)} holds more than {total_limit:,} bytes")
+                yield number, _utf8(line, f"{_name(path)}:{number}")
+    except (OSError, EOFError, zlib.error) as exc:
+        raise UserError(f"cannot read {_name(path)}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _utf8(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise UserError(f"{_name(path)}: not UTF-8 text") from None
+        raise UserError(f"{where}: not UTF-8 text") from None
 
 
 def require_regular(path: Path) -> None:

@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ornith_stack.errors import UserError
+from ornith_stack.generate import ansible_roles
+
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = ROOT / "ansible"
 BIN = Path(sys.executable).parent
@@ -66,18 +69,79 @@ def test_playbook_passes_syntax_check(playbook: str) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
+def _templated(value: object) -> bool:
+    """Whether a default is a Jinja2 template (a string holding one, or a list or mapping of such strings)."""
+    text = json.dumps(value)
+    return "{{" in text or "{%" in text
+
+
 @pytest.mark.parametrize("role", ROLES)
 def test_every_default_is_prefixed_typed_and_documented(role: str) -> None:
-    """defaults/main.yml, meta/argument_specs.yml and the README name the same variables."""
+    """meta/argument_specs.yml describes every variable of defaults/main.yml once, and no other.
+
+    The rule for `default` in argument_specs: a literal value of defaults/main.yml is given as that very value
+    (Ansible's own validator accepts it for the type, elements and choices); a templated one is described in
+    words, never as a template (the template lives in defaults/main.yml only).
+    """
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
     role_dir = ANSIBLE_DIR / "roles" / role
     defaults = yaml.safe_load((role_dir / "defaults/main.yml").read_text())
     specs = yaml.safe_load((role_dir / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
-    readme = (role_dir / "README.md").read_text()
     assert all(name.startswith(f"{role}_") for name in defaults), sorted(defaults)
-    assert set(specs) == set(defaults)
-    assert all("type" in spec and spec.get("description") for spec in specs.values())
-    undocumented = [name for name in defaults if f"`{name}`" not in readme]
-    assert not undocumented, f"{role}/README.md does not document {undocumented}"
+    assert list(specs) == list(defaults), "same variables, in the same order"
+    for name, spec in specs.items():
+        assert spec.get("type") and spec.get("description") and "default" in spec, name
+        if _templated(defaults[name]):
+            assert isinstance(spec["default"], str) and not _templated(spec["default"]), (name, spec["default"])
+        else:
+            assert spec["default"] == defaults[name], name
+            assert "choices" not in spec or defaults[name] in spec["choices"], name
+    literal = {name: value for name, value in defaults.items() if not _templated(value)}
+    result = ArgumentSpecValidator({name: specs[name] for name in literal}).validate(literal)
+    assert not result.error_messages, result.error_messages
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_defaults_hold_values_and_the_readme_table_comes_from_argument_specs(role: str) -> None:
+    """defaults/main.yml says where the descriptions are; the README's generated table lists each variable with
+    its type and its default: the value itself as code where argument_specs gives it, else its words."""
+    role_dir = ANSIBLE_DIR / "roles" / role
+    text = (role_dir / "defaults/main.yml").read_text()
+    assert text.splitlines()[1] == "# Values only: each variable is described and typed in meta/argument_specs.yml."
+    defaults = yaml.safe_load(text)
+    specs = yaml.safe_load((role_dir / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    readme = (role_dir / "README.md").read_text()
+    assert readme.startswith(f"{ansible_roles.NOTICE}# {role}\n")
+    rows = {m[0]: m[1:] for m in re.findall(r"^\| `(\w+)` \| (.*?) \| (.*?) \| (.*) \|$", readme, re.MULTILINE)}
+    assert list(rows) == list(specs)
+    for name, spec in specs.items():
+        kind, default, meaning = rows[name]
+        assert kind.startswith(spec["type"]) and meaning.startswith(" ".join(str(spec["description"]).split()[:3]))
+        if _templated(defaults[name]):
+            assert default.replace("\\<", "<") == " ".join(spec["default"].split()), name
+        else:
+            assert default == f"`{ansible_roles.literal(defaults[name])}`", name
+
+
+def test_a_readme_without_the_table_markers_is_refused_with_the_fix(tmp_path: Path) -> None:
+    role = tmp_path / "ansible/roles/demo"
+    (role / "meta").mkdir(parents=True)
+    (role / "defaults").mkdir()
+    (role / "meta/argument_specs.yml").write_text(
+        "argument_specs: {main: {options: {demo_port: {type: int, default: 8000, description: Port.}}}}\n")
+    (role / "defaults/main.yml").write_text("demo_port: 8000\n")
+    (role / "README.md").write_text("# demo\n\n## Variables\n\n| hand-made table |\n")
+    with pytest.raises(UserError, match=r"README.md: the Variables table needs one line <!-- BEGIN variables"):
+        ansible_roles.readme(tmp_path, "demo")
+    (role / "README.md").write_text(f"# demo\n\nProse.\n\n## Variables\n\n{ansible_roles.BEGIN}\nstale\n"
+                                    f"{ansible_roles.END}\n\nMore prose.\n")
+    built = ansible_roles.readme(tmp_path, "demo")
+    assert built.startswith(ansible_roles.NOTICE + "# demo\n\nProse.\n")
+    assert "| `demo_port` | int | `8000` | Port. |" in built and "stale" not in built
+    assert built.endswith(f"{ansible_roles.END}\n\nMore prose.\n")
+    (role / "README.md").write_text(built)
+    assert ansible_roles.readme(tmp_path, "demo") == built  # the notice is not added twice
 
 
 def _tasks() -> list[tuple[Path, dict]]:

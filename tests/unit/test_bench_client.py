@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from ornith_stack.bench.client import EngineClient
+from ornith_stack.bench.client import EngineClient, ServerInfo
 from ornith_stack.errors import UserError
 
 GAP = 0.05  # seconds between scripted chunks
@@ -110,6 +110,18 @@ def test_models_endpoint_gives_name_and_max_model_len() -> None:
     cards = {"object": "list", "data": [{"id": "ornith", "max_model_len": 262144}]}
     info = _client(lambda r: httpx.Response(200, json=cards)).server_info()
     assert (info.model, info.max_model_len) == ("ornith", 262144)
+
+
+def test_through_a_gateway_that_lists_no_model_name_the_named_model_is_taken_and_none_is_refused() -> None:
+    """SGLang's Model Gateway (sglang-router 0.3.2) in front of vLLM workers lists one model, "unknown"
+    (tests/integration/test_gateway.py runs the real one)."""
+    cards = {"object": "list", "data": [{"id": "unknown"}]}
+    client = _client(lambda r: httpx.Response(200, json=cards))
+    assert client.server_info("ornith") == ServerInfo(model="ornith", max_model_len=None)
+    with pytest.raises(UserError, match="pass --model with the workers' served name"):
+        client.server_info()
+    with pytest.raises(UserError, match="does not serve model 'ornith'; it serves: other"):
+        _client(lambda r: httpx.Response(200, json={"data": [{"id": "other"}]})).server_info("ornith")
 
 
 @pytest.mark.parametrize(
@@ -330,3 +342,71 @@ def test_stop_ends_a_stream_that_never_ends() -> None:
         assert client.stream_chat({"messages": []}).error == "interrupted"
     finally:
         server.close()
+
+
+# -- response headers: bounded in size and in time ----------------------------------------------------
+
+
+def _endless_headers(sent: list[int]):
+    """A server whose header block never ends, sent as fast as the client reads; `sent` counts the bytes."""
+    def behaviour(conn, stop: threading.Event) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        line = b"X-Pad: " + b"a" * 1000 + b"\r\n"
+        while not stop.is_set():
+            conn.sendall(line)
+            sent[0] += len(line)
+    return behaviour
+
+
+def _trickled_headers(sent: list[int]):
+    """A server that sends its headers one byte every 0.2 s: no per-read timeout ever fires."""
+    from hostile import trickle
+
+    def behaviour(conn, stop: threading.Event) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        trickle(b"y" * 100_000, stop, conn)
+    return behaviour
+
+
+@pytest.mark.parametrize(("behaviour", "message"), [
+    (_endless_headers, "/v1/models: RemoteProtocolError"),
+    (_trickled_headers, "/v1/models: no whole answer within the 2 s deadline (--timeout)"),
+])
+def test_endless_or_trickling_response_headers_are_one_error_line(tmp_path, capsys, behaviour, message: str) -> None:
+    import time
+
+    from hostile import RawTarget
+
+    from ornith_stack.cli import main
+
+    sent = [0]
+    server = RawTarget(behaviour(sent))
+    started = time.monotonic()
+    try:
+        rc = main(["bench", "--url", server.url, "--timeout", "2", "--out", str(tmp_path / "out")])
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+    assert time.monotonic() - started < 6
+    # The client stops reading at h11's 100 KiB header cap: what the server got out is that plus socket buffers.
+    assert sent[0] < 32 << 20
+    assert not (tmp_path / "out").exists()
+
+
+def test_trickling_headers_of_a_chat_answer_end_that_request_at_the_deadline() -> None:
+    import time
+
+    from hostile import RawTarget
+
+    server = RawTarget(_trickled_headers([0]))
+    client = EngineClient(server.url, timeout_s=1.0)
+    started = time.monotonic()
+    try:
+        sample = client.stream_chat({"model": "m", "messages": [], "max_tokens": 8})
+        chat = client.complete_chat({"model": "m", "messages": [], "max_tokens": 8})
+    finally:
+        server.close()
+        client.close()
+    assert sample.error == chat.error == "no whole answer within the 1 s deadline (--timeout)"
+    assert time.monotonic() - started < 4

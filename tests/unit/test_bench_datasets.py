@@ -310,3 +310,23 @@ def test_tasks_dir_takes_the_original_mbpp_format(tmp_path: Path) -> None:
     (tmp_path / "mbpp.jsonl").write_text(json.dumps({**row, "test_list": []}) + "\n")
     with pytest.raises(UserError, match="test_list"):
         load_tasks(tmp_path, tasks=("mbpp",))
+
+
+def test_a_task_file_that_is_a_fifo_or_expands_past_the_cap_is_one_clear_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+    import os
+
+    from ornith_stack.bench import datasets
+
+    os.mkfifo(tmp_path / "gsm8k.jsonl")
+    with pytest.raises(UserError, match=r"gsm8k\.jsonl is not a regular file"):
+        load_tasks(tmp_path, tasks=("gsm8k",))
+    (tmp_path / "gsm8k.jsonl").unlink()
+    # A compressed file is capped by what it expands to: 4 MB of rows from a few kilobytes.
+    with gzip.open(tmp_path / "gsm8k.jsonl.gz", "wt") as handle:
+        handle.write('{"question": "1 + 1?", "answer": "#### 2"}\n' * 100_000)
+    assert (tmp_path / "gsm8k.jsonl.gz").stat().st_size < 100_000
+    monkeypatch.setattr(datasets, "MAX_DATASET_BYTES", 1 << 20)
+    with pytest.raises(UserError, match="holds more than 1,048,576 bytes"):
+        load_tasks(tmp_path, tasks=("gsm8k",))

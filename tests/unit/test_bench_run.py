@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -14,6 +16,7 @@ from test_bench_client import LoopbackEngine
 
 from ornith_stack.bench import BenchConfig, run_bench
 from ornith_stack.bench.report import write_outputs
+from ornith_stack.bench.result import Suites, load_result
 from ornith_stack.bench.sandbox import Limits
 from ornith_stack.profiles import load_profile
 
@@ -103,6 +106,8 @@ def test_all_suites_write_json_markdown_and_plots_shaped_like_the_seed(tmp_path:
     result = run_bench(_config(), load_profile("a100x2"), transport=httpx.MockTransport(engine))
     paths = write_outputs(result, tmp_path)
 
+    # bench.json holds the whole result: read back (as a --baseline is), it is the same result.
+    assert load_result(paths["json"]) == result
     data = json.loads(paths["json"].read_text())
     suites = data["suites"]
     assert len(suites["decode"]["samples"]) == 3
@@ -134,9 +139,9 @@ def test_ctrl_c_keeps_the_samples_gathered_so_far(tmp_path: Path) -> None:
     # Request 1 is the warm-up, 2 and 3 are decode samples, Ctrl-C lands in the 4th.
     engine = FakeEngine(interrupt_at=4)
     result = run_bench(_config(samples=10), None, transport=httpx.MockTransport(engine))
-    assert result["interrupted"] is True
-    assert len(result["suites"]["decode"]["samples"]) == 2
-    assert "tasks" not in result["suites"]
+    assert result.interrupted is True
+    assert result.suites.decode is not None and len(result.suites.decode.samples) == 2
+    assert result.suites.tasks is None
     paths = write_outputs(result, tmp_path)
     assert "**Interrupted**" in paths["markdown"].read_text()
     assert len(json.loads(paths["json"].read_text())["suites"]["decode"]["samples"]) == 2
@@ -151,8 +156,8 @@ def test_an_endpoint_that_only_fails_stops_after_the_warm_up_and_says_why(tmp_pa
         return httpx.Response(500, text="Internal Server Error")
 
     result = run_bench(_config(), None, transport=httpx.MockTransport(broken))
-    assert result["aborted"] == "every warm-up request failed: HTTP 500: Internal Server Error"
-    assert result["suites"] == {}
+    assert result.aborted == "every warm-up request failed: HTTP 500: Internal Server Error"
+    assert result.suites == Suites()
     assert "**Stopped before the suites**: every warm-up request failed" in write_outputs(result, tmp_path)["markdown"].read_text()
 
 
@@ -213,9 +218,9 @@ def test_ctrl_c_stops_a_concurrent_suite_within_seconds_and_keeps_finished_sampl
         result = run_bench(config, None)
     finally:
         server.close()
-    assert result["interrupted"] is True
-    samples = result["suites"]["serving"]["levels"][0]["samples"]
-    assert len(samples) == 6 and all(s["error"] is None for s in samples)
+    assert result.interrupted is True and result.suites.serving is not None
+    samples = result.suites.serving.levels[0].samples
+    assert len(samples) == 6 and all(s.error is None for s in samples)
 
 
 def _interrupt_when(condition, interrupt) -> None:
@@ -231,8 +236,9 @@ def test_a_busy_engine_is_called_out_in_the_report(tmp_path: Path) -> None:
     quiet = run_bench(_config(suites=("decode",)), None, transport=httpx.MockTransport(FakeEngine()))
     assert "Warning" not in write_outputs(quiet, tmp_path / "quiet")["markdown"].read_text()
     busy = run_bench(_config(suites=("decode",)), None, transport=httpx.MockTransport(FakeEngine(other_traffic=16)))
-    decode = busy["suites"]["decode"]
-    assert decode["engine_decode_tok_s"]["median"] > 1.5 * decode["decode_tok_s"]["median"]
+    decode = busy.suites.decode
+    assert decode is not None and decode.engine_decode_tok_s.median and decode.decode_tok_s.median
+    assert decode.engine_decode_tok_s.median > 1.5 * decode.decode_tok_s.median
     assert "**Warning**: the engine counted" in write_outputs(busy, tmp_path / "busy")["markdown"].read_text()
 
 
@@ -254,13 +260,14 @@ def test_seed004_method_reports_acceptance_per_task_and_throughput_at_1_8_32(tmp
     engine = FakeEngine(max_model_len=32768)
     config = apply_method(_config(task_limit=2, repeats=1), "seed004")
     result = run_bench(config, None, transport=httpx.MockTransport(engine))
-    tasks = result["suites"]["tasks"]["tasks"]
+    assert result.suites.tasks is not None
+    tasks = result.suites.tasks.tasks
     assert list(tasks) == ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench"]
     # The fake engine accepts 3 drafts per step: 4 tokens a step in both definitions.
-    assert all(t["acceptance"]["per_request_mean"] == pytest.approx(4.0) for t in tasks.values())
-    assert all(t["acceptance"]["token_weighted"] == pytest.approx(4.0) for t in tasks.values())
-    assert all([x["concurrency"] for x in t["throughput"]] == [1, 8, 32] for t in tasks.values())
-    assert tasks["mt-bench"]["checked"] == 0 and tasks["gsm8k"]["passed"] == 2
+    assert all(t.acceptance and t.acceptance.per_request_mean == pytest.approx(4.0) for t in tasks.values())
+    assert all(t.acceptance and t.acceptance.token_weighted == pytest.approx(4.0) for t in tasks.values())
+    assert all([x.concurrency for x in t.throughput] == [1, 8, 32] for t in tasks.values())
+    assert tasks["mt-bench"].checked == 0 and tasks["gsm8k"].passed == 2
     # Thinking on, seed 004's sampling and budget in every task request.
     table = write_outputs(result, tmp_path)["markdown"].read_text()
     assert "| task | acceptance length | concurrency 1 tok/s | concurrency 8 tok/s | concurrency 32 tok/s |" in table
@@ -269,8 +276,9 @@ def test_seed004_method_reports_acceptance_per_task_and_throughput_at_1_8_32(tmp
     assert "The method asks 128 samples per task; --task-limit ran fewer: GSM8K 2 of 160, MATH-500 2 of 160" in table
     assert "thinking on; sampling: temperature 0.6, top-p 0.95, top-k 20; up to 4096 new tokens" in table
     # Without a limit the shipped sets give 128 each and MT-Bench all 80 of its questions.
-    for name, t in tasks.items():
-        t["n"] = t["available"] = 80 if name == "mt-bench" else 128
+    whole = {name: replace(t, n=80 if name == "mt-bench" else 128, available=80 if name == "mt-bench" else 128)
+             for name, t in tasks.items()}
+    result = replace(result, suites=replace(result.suites, tasks=replace(result.suites.tasks, tasks=whole)))
     table = write_outputs(result, tmp_path)["markdown"].read_text()
     assert ("The method asks 128 samples per task; these sets hold fewer and all of them ran: MT-Bench 80 "
             "(MT-Bench has no more questions).") in table
@@ -280,10 +288,11 @@ def test_serving_suite_reports_percentiles_and_spread(tmp_path: Path) -> None:
     result = run_bench(_config(suites=("serving",), random_input_len=64, random_output_len=8, num_prompts=6,
                                max_concurrency=(1, 3), repeats=3, goodput={"ttft": 10000.0}),
                        None, transport=httpx.MockTransport(FakeEngine()))
-    levels = result["suites"]["serving"]["levels"]
-    assert [len(level["runs"]) for level in levels] == [3, 3]
-    assert all(r["completed"] == 6 and r["total_output_tokens"] == 48 for level in levels for r in level["runs"])
-    assert all(r["goodput"] == pytest.approx(r["request_throughput"]) for level in levels for r in level["runs"])
+    assert result.suites.serving is not None
+    levels = result.suites.serving.levels
+    assert [len(level.runs) for level in levels] == [3, 3]
+    assert all(r.completed == 6 and r.total_output_tokens == 48 for level in levels for r in level.runs)
+    assert all(r.goodput == pytest.approx(r.request_throughput) for level in levels for r in level.runs)
     paths = write_outputs(result, tmp_path)
     table = paths["markdown"].read_text()
     assert "### rate inf, max concurrency 3: latency percentiles" in table
@@ -315,8 +324,8 @@ def test_serving_sends_the_dataset_prompts_in_order_as_vllm_bench_serves_a_custo
     # lines in order, starting over, a line's output_tokens winning over --random-output-len.
     run = [("first", 8), ("second", 12), ("first", 8), ("second", 12), ("first", 8)]
     assert engine.sent[2:] == run + run
-    serving = result["suites"]["serving"]
-    assert serving["dataset"] == str(dataset) and serving["levels"][0]["runs"][0]["total_output_tokens"] == 48
+    serving = result.suites.serving
+    assert serving is not None and serving.dataset == str(dataset) and serving.levels[0].runs[0].total_output_tokens == 48
     assert f"5 prompts from `{dataset}`" in write_outputs(result, tmp_path / "out")["markdown"].read_text()
 
 
@@ -327,10 +336,43 @@ def test_serving_sends_the_dataset_prompts_in_order_as_vllm_bench_serves_a_custo
     ("\n", "the file holds no JSON lines"),
 ])
 def test_a_bad_dataset_is_one_clear_error_before_any_request(tmp_path: Path, capsys, text: str, message: str) -> None:
-    from ornith_stack.cli import main
-
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text(text)
+    _refused_dataset(tmp_path, capsys, dataset, message)
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _line_of_gigabytes(path: Path) -> Path:
+    """One line of 4 GiB: the opening of a prompt, then zero bytes (sparse: no disk is spent)."""
+    with path.open("wb") as handle:
+        handle.write(b'{"prompt": "')
+        handle.truncate(4 << 30)
+    return path
+
+
+def _link_to_dev_zero(path: Path) -> Path:
+    path.symlink_to("/dev/zero")
+    return path
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (_fifo, "is not a regular file"),
+    (_link_to_dev_zero, "is not a regular file"),
+    (_line_of_gigabytes, ":1: a line longer than 16,777,216 bytes"),
+])
+def test_a_dataset_that_is_no_file_or_has_an_endless_line_is_refused(tmp_path: Path, capsys, make, message: str) -> None:
+    _refused_dataset(tmp_path, capsys, make(tmp_path / "prompts.jsonl"), message)
+
+
+def _refused_dataset(tmp_path: Path, capsys, dataset: Path, message: str) -> None:
+    """The bench with --dataset-path DATASET against a live engine: one error line, exit 2, no request sent
+    and nothing written to --out."""
+    from ornith_stack.cli import main
+
     server = LoopbackEngine(["ok"])
     try:
         rc = main(["bench", "--url", server.url, "--suite", "serving", "--dataset-path", str(dataset),
@@ -339,8 +381,8 @@ def test_a_bad_dataset_is_one_clear_error_before_any_request(tmp_path: Path, cap
     finally:
         server.close()
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and message in err and len(err.splitlines()) == 1, err
-    assert calls == 0
+    assert rc == 2 and message in err and err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert calls == 0 and not (tmp_path / "out").exists()
 
 
 class FakeSGLang(FakeEngine):
@@ -384,10 +426,10 @@ def test_seed004_on_sglang_takes_each_request_s_own_steps_whatever_else_runs(tmp
     engine = FakeSGLang(other_traffic=120)
     config = apply_method(_config(task_limit=2, repeats=1), "seed004")
     result = run_bench(config, None, transport=httpx.MockTransport(engine))
-    assert result["engine"] == "sglang"
-    tasks = result["suites"]["tasks"]["tasks"]
-    assert all(t["acceptance"]["per_request_mean"] == pytest.approx(4.0) for t in tasks.values())
-    assert all(t["acceptance"]["token_weighted"] == pytest.approx(4.0) for t in tasks.values())
+    assert result.engine == "sglang" and result.suites.tasks is not None
+    tasks = result.suites.tasks.tasks
+    assert all(t.acceptance and t.acceptance.per_request_mean == pytest.approx(4.0) for t in tasks.values())
+    assert all(t.acceptance and t.acceptance.token_weighted == pytest.approx(4.0) for t in tasks.values())
     # The acceptance requests asked for meta_info without streaming; the throughput levels streamed.
     asked = [b for b in engine.bodies if b.get("return_meta_info")]
     assert len(asked) == 2 * len(tasks) and not any(b["stream"] for b in asked)
@@ -429,8 +471,9 @@ def test_seed004_draws_problems_as_dflash_s_server_path(tmp_path: Path) -> None:
     assert sent[:4] == [0, 1, 2, 3]  # warm-up row 0, then rows 1-3 one at a time
     assert sorted(sent[4:12]) == list(range(8)) and sorted(sent[12:15]) == [8, 9, 10]
     assert sorted(sent[15:47]) == list(range(32)) and sorted(sent[47:]) == [32, 33, 34]
-    assert [s["id"] for s in result["suites"]["tasks"]["tasks"]["gsm8k"]["samples"]] == ["gsm8k/1", "gsm8k/2", "gsm8k/3"]
-    assert result["suites"]["tasks"]["order"] == "server"
+    assert result.suites.tasks is not None
+    assert [s.id for s in result.suites.tasks.tasks["gsm8k"].samples] == ["gsm8k/1", "gsm8k/2", "gsm8k/3"]
+    assert result.suites.tasks.order == "server"
     # Before each level's warm-up the prefix cache is emptied (SGLang's path tried first, then vLLM's).
     flushed = [n for path, n in engine.flushes if path == "/reset_prefix_cache"]
     assert flushed[:3] == [1, 1 + 4, 1 + 4 + 11] and len(flushed) == 5 * 3  # after the run's one warm-up

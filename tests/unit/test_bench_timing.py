@@ -169,7 +169,7 @@ def test_ttft_itl_and_e2e_are_vllm_bench_serve_s_on_the_same_stream(name: str) -
         # vLLM leaves output_tokens unset and counts the generated text with the tokenizer.
         assert not theirs.output_tokens
         assert ours.completion_tokens == _whitespace_tokens(theirs.generated_text) == 3
-        assert ours.extra["completion_tokens_from"] == "tokenizer"
+        assert ours.extra.completion_tokens_from == "tokenizer"
     else:
         assert ours.completion_tokens == theirs.output_tokens == USAGE["completion_tokens"]
         # TPOT as vLLM's calculate_metrics: (latency - ttft) / (output tokens - 1).

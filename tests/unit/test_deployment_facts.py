@@ -53,8 +53,8 @@ WRITTEN = [
 ]
 # Tags of the images this project builds, wherever a file names one.
 OWN_IMAGE = r"ornith-stack/(?:exporter|vllm-cpu-demo):([\w.-]+)"
-OWN_IMAGE_FILES = ["docker/exporter.Dockerfile", "docker/README.md", "helm/ornith/values.yaml",
-                   "src/ornith_stack/images.yaml", "compose/cpu-demo.yml"]
+OWN_IMAGE_FILES = ["docker/exporter.Dockerfile", "docker/README.md", "src/ornith_stack/images.yaml",
+                   "compose/cpu-demo.yml"]
 COMPOSE_PORTS = {"exporter": D.EXPORTER_PORT, "prometheus": D.PROMETHEUS_PORT, "grafana": D.GRAFANA_PORT,
                  "alertmanager": D.ALERTMANAGER_PORT}
 

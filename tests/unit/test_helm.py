@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,9 +22,10 @@ import pytest
 import yaml
 from referencing import Registry, Resource
 
+from ornith_stack import deployment
 from ornith_stack.engines import adapter_for
 from ornith_stack.merge import deep_merge
-from ornith_stack.profiles import profile_names
+from ornith_stack.profiles import images, profile_names
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "ornith"
@@ -41,6 +43,9 @@ PROFILE_CASES = [f"values-{name}.yaml" for name in profile_names()]
 SCENARIO_CASES = sorted(f"ci/{p.name}" for p in (CHART / "ci").glob("*.yaml"))
 # spark's seed names no model repository: alone it must fail (tested below); rendered with its scenario.
 RENDERABLE = [c for c in PROFILE_CASES if c != "values-spark.yaml"] + SCENARIO_CASES
+# Where an operator pushed the images this project builds: installed with --set projectImages.registry=...
+# (the ci/ scenarios set it themselves).
+REGISTRY = "registry.example.com"
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -57,8 +62,10 @@ def read_yaml(rel: str) -> dict[str, Any]:
 
 
 def case_values(case: str) -> dict[str, Any]:
-    """The values a case installs with: values.yaml defaults under one generated values file."""
-    return read_yaml(case)
+    """The values a case installs with: one generated values file (on values.yaml's defaults), and for a
+    profile's file the registry of the project's images, as `--set projectImages.registry=` gives it."""
+    values = read_yaml(case)
+    return values if case.startswith("ci/") else deep_merge(values, {"projectImages": {"registry": REGISTRY}})
 
 
 @cache
@@ -342,7 +349,7 @@ def test_model_cache_is_filled_once_at_the_pinned_revision(case: str) -> None:
         assert token[0]["valueFrom"]["secretKeyRef"]["name"] == secret
     # Engine pods wait for the Job's marker and then load offline.
     for spec in engine_pod_specs(objects).values():
-        (wait,) = spec["initContainers"]
+        (wait,) = [c for c in spec["initContainers"] if c["name"] == "wait-for-model"]
         assert literal_env(wait)["MARKER"] == env["MARKER"]
         assert literal_env(container(spec, "engine"))["HF_HUB_OFFLINE"] == "1"
     # A ReadWriteOnce claim attaches to one node: a lone engine pod and the Job must share it.
@@ -525,7 +532,7 @@ def test_bad_values_fail_the_schema_readably(change: dict[str, Any], expected: s
 
 
 def test_missing_model_repo_is_a_readable_error() -> None:
-    message = render_error(read_yaml("values-spark.yaml"))
+    message = render_error(case_values("values-spark.yaml"))
     assert 'model.repo is required for profile "spark"' in message
     assert "--set model.repo=OWNER/NAME" in message
 
@@ -540,7 +547,7 @@ def test_missing_model_repo_is_a_readable_error() -> None:
     ],
 )
 def test_impossible_deployments_fail_with_the_fix(change: dict[str, Any], expected: str) -> None:
-    assert expected in render_error(deep_merge(read_yaml("values-a100x2.yaml"), change))
+    assert expected in render_error(deep_merge(case_values("values-a100x2.yaml"), change))
 
 
 def test_no_profile_is_refused() -> None:
@@ -563,11 +570,12 @@ def test_crd_schemas_reject_unknown_fields() -> None:
 
 
 def test_every_value_is_documented_where_declared() -> None:
+    """Every row of the values table (helm-docs' rows: each leaf, or a described mapping) has a description."""
     from ornith_stack.generate import helm_values
 
-    rows = [row for v in helm_values.parse((CHART / "values.yaml").read_text()) for row in v.documented_leaves]
+    rows = helm_values.parse((CHART / "values.yaml").read_text()).rows
     assert len(rows) > 50
-    assert [r.path for r in rows if not r.description] == []
+    assert [r.key for r in rows if not r.description] == []
 
 
 def test_service_monitor_jobs_are_those_the_rules_select() -> None:
@@ -609,7 +617,7 @@ def test_packaged_chart_carries_its_files_and_renders(tmp_path: Path) -> None:
     assert "ornith/files/prometheus-rules.yaml" in names and "ornith/values.schema.json" in names
     assert not [n for n in names if "crds-schemas" in n]
     with helm.Chart.load(archive) as packaged:
-        manifests = render_manifests(read_yaml("values-gpu96.yaml"), source=packaged)
+        manifests = render_manifests(case_values("values-gpu96.yaml"), source=packaged)
     assert "kind: PrometheusRule" in manifests["ornith/templates/prometheusrule.yaml"]
 
 
@@ -699,23 +707,66 @@ def test_engine_runs_as_non_root_with_a_writable_home_and_cache(case: str) -> No
         assert env["USER"]
 
 
-def test_exporter_image_is_a_documented_value_with_its_build_and_push_command() -> None:
-    from ornith_stack.profiles import images
+def _upstream_images() -> set[str]:
+    """The upstream images images.yaml pins: engines without a Dockerfile of ours, and the services'."""
+    pins = images()
+    engines = {p["image"] for versions in pins["engines"].values() for p in versions.values() if "dockerfile" not in p}
+    return engines | {ref for name, ref in pins["services"].items() if name != "exporter"}
 
-    pin = images()["services"]["exporter"]
-    repository, tag = pin.rsplit(":", 1)
-    docs = (CHART / "values.yaml").read_text()
-    assert f"docker build -f docker/exporter.Dockerfile -t REGISTRY/{pin} ." in docs
-    assert f"docker push REGISTRY/{pin}" in docs
-    assert (ROOT / "docker" / "exporter.Dockerfile").is_file()
-    values = case_values("values-gpu96.yaml")
-    assert (values["exporter"]["image"]["repository"], values["exporter"]["image"]["tag"]) == (repository, tag)
-    notes = render_manifests(values)["ornith/templates/NOTES.txt"]
-    assert f"docker push REGISTRY/{pin}" in notes
-    pushed = deep_merge(values, {"exporter": {"image": {"repository": f"registry.example/{repository}"}}})
-    assert "published in no registry" not in render_manifests(pushed)["ornith/templates/NOTES.txt"]
-    exporter = next(d for d in render(pushed) if d["metadata"]["name"] == "ornith-exporter")
-    assert container(exporter["spec"]["template"]["spec"], "exporter")["image"] == f"registry.example/{pin}"
+
+def _project_images() -> dict[str, str]:
+    """The images this project builds (images.yaml reference -> Dockerfile)."""
+    pins = images()
+    built = {p["image"]: p["dockerfile"] for versions in pins["engines"].values() for p in versions.values()
+             if "dockerfile" in p}
+    return {**built, pins["gateway"]["image"]: pins["gateway"]["dockerfile"],
+            pins["services"]["exporter"]: deployment.EXPORTER_DOCKERFILE}
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_every_image_is_a_pinned_upstream_one_or_the_projects_from_its_registry(case: str) -> None:
+    """Nothing nobody can pull: an upstream image images.yaml pins, or an image this project builds, under
+    projectImages.registry."""
+    registry = case_values(case)["projectImages"]["registry"]
+    assert registry
+    allowed = _upstream_images() | {f"{registry}/{ref}" for ref in _project_images()}
+    named = set()
+    for obj in rendered(case):
+        for spec in _pod_specs(obj):
+            named |= {c["image"].split("@")[0] for c in spec.get("containers", []) + spec.get("initContainers", [])}
+    assert named and named <= allowed, named - allowed
+    for dockerfile in _project_images().values():
+        assert (ROOT / dockerfile).is_file(), dockerfile
+
+
+@pytest.mark.parametrize(("case", "leave_out"), [("values-gpu96.yaml", ["exporter.enabled"]),
+                                                  ("ci/gpu96-gateway.yaml", ["exporter.enabled", "gateway.enabled"]),
+                                                  ("values-cpu-demo.yaml", ["exporter.enabled"])])
+def test_without_the_registry_the_chart_names_the_commands_that_build_and_push_the_projects_images(
+        case: str, leave_out: list[str]) -> None:
+    values = read_yaml(case)
+    values.pop("projectImages", None)
+    message = render_error(values)
+    assert message.count("projectImages.registry is empty") == 1
+    wanted = [f"{c['repository']}:{c['tag']}" for c in (values["engine"]["image"], values["exporter"]["image"],
+                                                         values.get("gateway", {}).get("image", {}))
+              if c.get("dockerfile")]
+    assert wanted
+    for ref in wanted:
+        dockerfile = _project_images()[ref]
+        assert f"`docker build -f {dockerfile} -t REGISTRY/{ref} . && docker push REGISTRY/{ref}`" in message
+    assert "then install with --set projectImages.registry=REGISTRY" in message
+    assert all(f"--set {key}=false" in message for key in leave_out)
+    # The upstream engine image needs no registry: without the exporter (and gateway) gpu96 renders.
+    if case == "values-gpu96.yaml":
+        objects = render(deep_merge(values, {"exporter": {"enabled": False}}))
+        assert {c["image"] for o in objects for spec in _pod_specs(o) for c in spec["containers"]} <= _upstream_images()
+
+
+def test_the_registry_is_checked_by_the_schema() -> None:
+    errors = schema_errors(deep_merge(read_yaml("values-gpu96.yaml"), {"projectImages": {"registry": "https://r.example/"}}))
+    assert any(e.startswith("projectImages.registry") for e in errors), errors
+    assert schema_errors(deep_merge(read_yaml("values-gpu96.yaml"), {"projectImages": {"registry": "r.example:5000/team"}})) == []
 
 
 @pytest.mark.parametrize("case", ["values-gpu96.yaml", "ci/gb300x2-two-nodes-lws.yaml"])
@@ -769,7 +820,7 @@ def test_replicas_run_behind_the_model_gateway_which_discovers_the_engine_pods()
     gateway = next(o for o in find(objects, "Deployment") if o["metadata"]["name"] == f"{RELEASE}-gateway")
     container = gateway["spec"]["template"]["spec"]["containers"][0]
     args = container["args"]
-    assert container["image"] == "ornith-stack/model-gateway:0.3.2"
+    assert container["image"] == f"{REGISTRY}/{images()['gateway']['image']}"
     assert args[args.index("--policy") + 1] == "cache_aware" and "--service-discovery" in args
     selector = args[args.index("--selector") + 1: args.index("--service-discovery-port")]
     assert {"app.kubernetes.io/component=engine", "ornith.ai/role=leader", f"app.kubernetes.io/instance={RELEASE}"} \
@@ -788,9 +839,10 @@ def test_replicas_run_behind_the_model_gateway_which_discovers_the_engine_pods()
 def test_every_probe_asks_a_health_route_never_the_metrics(case: str) -> None:
     """Engine probes: its health or models route; exporter probes: its own page (/), which scrapes nothing;
     the gateway's: its own readiness and liveness routes."""
-    engine = case_values(case)["engine"]
+    adapter = adapter_for(case_values(case)["engine"]["kind"])
+    # The engine's routes as its adapter knows them (the values file's healthPath/modelsPath come from there).
     # The gateway's: /readiness (a worker is healthy), /liveness (the process runs); neither proxies a request.
-    routes = {"engine": {engine["healthPath"], engine["modelsPath"]}, "exporter": {"/"},
+    routes = {"engine": {adapter.health_path, adapter.models_path}, "exporter": {"/"},
               "gateway": {"/readiness", "/liveness"}}
     probed = []
     for obj in rendered(case):
@@ -843,3 +895,77 @@ def test_api_key_comes_from_an_existing_secret_and_the_probes_keep_working() -> 
     plain = container(engine_pod_specs(rendered("values-gpu96.yaml"))["single"], "engine")
     assert all(e["name"] != "ORNITH_API_KEY" for e in plain["env"])
     assert plain["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+
+
+# ------------------------------------------------------------------------------------- python pins
+SGLANG_0517_WHEELS = Path(os.environ.get("ORNITH_CACHE_DIR", ROOT / ".cache")) / "wheels" / "sglang-0.5.17"
+
+
+def test_sglang_0517s_wheel_pins_the_transformers_that_images_yaml_pins() -> None:
+    """The upstream image carries the pin because SGLang's own wheel requires it (Requires-Dist)."""
+    import zipfile
+
+    wheels = sorted(SGLANG_0517_WHEELS.glob("sglang-0.5.17-*.whl"))
+    if not wheels:
+        pytest.skip(f"no sglang 0.5.17 wheel in {SGLANG_0517_WHEELS} (scripts/test.sh downloads it)")
+    with zipfile.ZipFile(wheels[0]) as archive:
+        metadata = archive.read("sglang-0.5.17.dist-info/METADATA").decode()
+    requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    transformers = [r for r in requires if re.match(r"transformers\b", r)]
+    pinned = images()["engines"]["sglang"]["0.5.17"]["python_pins"]["transformers"]
+    assert transformers == [f"transformers=={pinned}"], transformers
+
+
+def _pins_check(case: str) -> list[dict[str, Any]]:
+    return [c for spec in engine_pod_specs(rendered(case)).values() for c in spec.get("initContainers", [])
+            if c["name"] == "check-python-pins"]
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_the_profiles_python_pins_are_checked_in_every_engine_pod(case: str) -> None:
+    values = case_values(case)
+    pins = values["engine"].get("pythonPins", {})
+    checks = _pins_check(case)
+    if not pins:
+        assert checks == [], f"{case}: a check without pins"
+        return
+    assert len(checks) == len(engine_pod_specs(rendered(case)))
+    engine = container(next(iter(engine_pod_specs(rendered(case)).values())), "engine")
+    for check in checks:
+        assert check["image"] == engine["image"]  # the engine's image: nothing more to pull
+        assert check["args"] == [engine["image"], *(f"{k}=={v}" for k, v in sorted(pins.items()))]
+    for spec in engine_pod_specs(rendered(case)).values():
+        assert spec["initContainers"][0]["name"] == "check-python-pins"  # before the wait for the download
+
+
+def test_gpu96_checks_the_transformers_pin_and_profiles_without_pins_have_no_check() -> None:
+    profile_pins = images()["engines"]["sglang"]["0.5.17"]["python_pins"]
+    assert case_values("values-gpu96.yaml")["engine"]["pythonPins"] == profile_pins
+    (check,) = _pins_check("values-gpu96.yaml")
+    assert f"transformers=={profile_pins['transformers']}" in check["args"]
+    without = [c for c in RENDERABLE if not case_values(c)["engine"].get("pythonPins")]
+    assert "values-gb300x2.yaml" in without and all(_pins_check(c) == [] for c in without)
+
+
+def test_the_pins_check_passes_a_matching_image_and_stops_another_naming_pin_version_and_fix() -> None:
+    """The init container's own program, run with this Python as the image's: a matching pin passes, a
+    different version or a missing package stops it with one error line each."""
+    from importlib.metadata import version
+
+    (check,) = _pins_check("values-gpu96.yaml")
+    assert check["command"][:2] == ["python3", "-c"]
+    program = check["command"][2]
+    ours = version("PyYAML")
+
+    def run(*pins: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", program, "example/engine:1", *pins], capture_output=True, text=True)
+
+    good = run(f"PyYAML=={ours}")
+    assert good.returncode == 0 and good.stderr == "", good
+    bad = run(f"PyYAML=={ours}", "PyYAML==0.0.1", "no-such-package-ornith==1.0")
+    assert bad.returncode == 1
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("error: engine.pythonPins pins ") for line in lines)
+    assert f"PyYAML==0.0.1 (src/ornith_stack/images.yaml), but the engine image example/engine:1 has PyYAML {ours}" in lines[0]
+    assert "has no-such-package-ornith not installed" in lines[1]
+    assert all("docker/engine.Dockerfile builds one" in line and "engine.image.repository" in line for line in lines)

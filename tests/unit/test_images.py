@@ -84,6 +84,7 @@ def test_a_digest_pin_reaches_compose_ansible_and_the_helm_chart(
         "tag": "",
         "digest": DIGEST,
     }
+    values["projectImages"] = {"registry": "registry.example.test"}  # where the exporter image was pushed
     manifests = helm.Chart.load(root / "helm" / "ornith").render(values=values, name="ornith", namespace="llm")
     engine_images = {
         c["image"]

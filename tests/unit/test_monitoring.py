@@ -1,9 +1,10 @@
 """Prometheus config, rules and dashboards: valid for promtool, alert tests pass, every query parses and
-names only metrics that exist (the exporter's catalogue, the recording rules, or the pinned engines'
-declared metrics in shared/engine-metrics/)."""
+names only metrics that exist (the exporter's catalogue, the recording rules, the pinned engines'
+declared metrics in shared/engine-metrics/, or Alertmanager's and the Model Gateway's recorded /metrics)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -81,6 +82,12 @@ def engine_series(shared: Path) -> set[str]:
     return names
 
 
+def gateway_series() -> set[str]:
+    """The sample names of the Model Gateway's (sglang-router 0.3.2) own /metrics (tests/fixtures/gateway/)."""
+    text = (REPO / "tests" / "fixtures" / "gateway" / "metrics.txt").read_text()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
 def alertmanager_series() -> set[str]:
     """The sample names of Alertmanager 0.25.0's own /metrics (tests/fixtures/alertmanager/README.md)."""
     text = (REPO / "tests" / "fixtures" / "alertmanager" / "metrics.txt").read_text()
@@ -135,7 +142,8 @@ def test_every_query_parses(tmp_path: Path) -> None:
 def test_every_named_metric_exists(shared: Path) -> None:
     recorded = {r["record"] for path in (PROM / "rules").glob("*.yml")
                 for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"] if "record" in r}
-    known = C.exported_sample_names() | recorded | engine_series(shared) | alertmanager_series() | {"up"}
+    known = (C.exported_sample_names() | recorded | engine_series(shared) | alertmanager_series() | gateway_series()
+             | {"up"})
     unknown = {(where, name) for where, expr in all_queries() for name in metric_names(grafana_free(expr))
                if name not in known}
     assert not unknown, sorted(unknown)
@@ -374,3 +382,106 @@ def test_latency_panels_show_the_p95_the_alert_reads_and_a_mean() -> None:
                for e in by_title["Waiting requests by reason"])
     heatmaps = {p["title"] for p in board["panels"] if p["type"] == "heatmap"}
     assert {"Prompt length: distribution", "Output length: distribution"} <= heatmaps
+
+
+def test_the_replica_variable_selects_engine_targets() -> None:
+    """Every replica is one exporter target: the `target` variable (queries, saved links' var-target) is
+    shown as "Replica", several or all at once."""
+    board = json.loads((REPO / dashboards.DASHBOARD_DIR / "ornith-overview.json").read_text())
+    variable = {v["name"]: v for v in board["templating"]["list"]}["target"]
+    assert variable["label"] == "Replica"
+    assert variable["multi"] and variable["includeAll"] and variable["allValue"] == ".*"
+    assert variable["query"] == f'label_values({C.ENGINE_UP.series}{{profile=~"$profile"}}, target)'
+
+
+# Three replicas of profile a100x2, one broken (replica-1), sampled every 15 s for 20 minutes: per
+# minute 600 verification steps each, 3000, 1200 and 3000 accepted tokens (acceptance 6, 3, 6), 600,
+# 300 and 600 decode tokens; 2, 10 and 0 requests waiting; 4, 4 and 2 running.
+REPLICAS = ("http://replica-0:30000", "http://replica-1:30000", "http://replica-2:30000")
+REPLICA_INPUT = {
+    "ornith_spec_verify_steps_total": ("0+150x80",) * 3,
+    "ornith_spec_accepted_tokens_total": ("0+750x80", "0+300x80", "0+750x80"),
+    "ornith_decode_tokens_total": ("0+150x80", "0+75x80", "0+150x80"),
+    "ornith_requests_waiting": ("2x80", "10x80", "0x80"),
+    "ornith_requests_running": ("4x80", "4x80", "2x80"),
+}
+# What each query of the "Per replica" row reads from them, by (panel, legend): per replica, then the
+# pool (acceptance 1 + 5400 / 1800 accepted per step, not the mean of 6, 3 and 6).
+REPLICA_EXPECTED = {
+    ("Acceptance length by replica", "{{target}}"): (6, 3, 6),
+    ("Decode throughput by replica", "{{target}}"): (10, 5, 10),
+    ("Requests queued and running by replica", "{{target}} waiting"): (2, 10, 0),
+    ("Requests queued and running by replica", "{{target}} running"): (4, 4, 2),
+    ("Acceptance length, all replicas", "{{profile}} all replicas"): (5,),
+    ("Decode throughput, all replicas", "{{profile}} all replicas"): (25,),
+    ("Requests queued and running, all replicas", "{{profile}} waiting"): (12,),
+    ("Requests queued and running, all replicas", "{{profile}} running"): (10,),
+}
+
+
+@needs_promtool
+def test_per_replica_panels_show_each_replica_and_the_pool(tmp_path: Path) -> None:
+    """The row's queries, run by promtool over the recording rules: each replica by its own `target`,
+    the totals by profile, the broken replica visible beside its healthy siblings, and the gateway's
+    requests and health per replica (`worker`)."""
+    board = json.loads((REPO / dashboards.DASHBOARD_DIR / "ornith-overview.json").read_text())
+    row_at = next(i for i, p in enumerate(board["panels"]) if p["type"] == "row" and p["title"] == "Per replica")
+    row = list(itertools.takewhile(lambda p: p["type"] != "row", board["panels"][row_at + 1:]))
+    queries = {(p["title"], t["legendFormat"]): grafana_free(t["expr"]) for p in row for t in p["targets"]}
+    assert set(REPLICA_EXPECTED) <= set(queries), sorted(set(REPLICA_EXPECTED) - set(queries))
+    labels = 'profile="a100x2", engine="sglang", model="m"'
+    series = [{"series": f'{name}{{target="{target}", {labels}}}', "values": values}
+              for name, per_replica in REPLICA_INPUT.items() for target, values in zip(REPLICAS, per_replica, strict=True)]
+    tests = []
+    for (title, legend), values in REPLICA_EXPECTED.items():
+        by = "target" if legend.startswith("{{target}}") else "profile"
+        keys = REPLICAS if by == "target" else ("a100x2",)
+        tests.append({"expr": queries[title, legend], "eval_time": "20m",
+                      "exp_samples": [{"labels": f'{{{by}="{key}"}}', "value": value}
+                                      for key, value in zip(keys, values, strict=True)]})
+    # The gateway (its own target) routed 30 requests a minute to replica-0 and 15 to replica-1; its health
+    # checks took replica-2 out.
+    gateway = 'target="http://gateway:29000", profile="a100x2"'
+    routed, healthy = ("0+7.5x80", "0+3.75x80", "0x80"), ("1x80", "1x80", "0x80")
+    for replica, requests, health in zip(REPLICAS, routed, healthy, strict=True):
+        series += [{"series": f'smg_worker_cb_outcomes_total{{worker="{replica}", outcome="success", {gateway}}}',
+                    "values": requests},
+                   {"series": f'smg_worker_health{{worker="{replica}", {gateway}}}', "values": health}]
+    tests += [
+        {"expr": queries["Gateway: requests per replica", "{{worker}} {{outcome}}"], "eval_time": "20m",
+         "exp_samples": [{"labels": f'{{worker="{replica}", outcome="success"}}', "value": value}
+                         for replica, value in zip(REPLICAS, (0.5, 0.25, 0), strict=True)]},
+        {"expr": queries["Gateway: replica health", "{{worker}}"], "eval_time": "20m",
+         "exp_samples": [{"labels": f'smg_worker_health{{worker="{replica}", {gateway}}}', "value": value}
+                         for replica, value in zip(REPLICAS, (1, 1, 0), strict=True)]},
+    ]
+    path = tmp_path / "per-replica.test.yml"
+    path.write_text(yaml.safe_dump({
+        "rule_files": [str(PROM / "rules" / "ornith-recording.yml")], "evaluation_interval": "15s",
+        "tests": [{"interval": "15s", "input_series": series, "promql_expr_test": tests}]}))
+    result = promtool("test", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+AGGREGATION = re.compile(r"\b(sum|avg|min|max|count|group|stddev|stdvar|topk|bottomk|quantile|count_values)\s*"
+                         r"(?:(by|without)\s*\(([^)]*)\))?\s*\(")
+
+
+def test_alerts_about_an_engine_keep_its_target_through_every_aggregation() -> None:
+    """An alert whose summary names the target fires per target (per replica): no aggregation in its
+    expression, or in the recording rules it reads, drops `target` (an average would hide a replica)."""
+    recorded = {r.name: r.expr for r in C.RECORDED}
+    checked = set()
+    for alert in alerts.ALERTS:
+        if "$labels.target" not in alert.summary:
+            continue
+        exprs = [alert.expr, *(expr for name, expr in recorded.items() if name in alert.expr)]
+        for expr in exprs:
+            for match in AGGREGATION.finditer(expr):
+                op, mode, labels = match.groups()
+                kept = {label.strip() for label in (labels or "").split(",")}
+                assert mode == "by" and "target" in kept or mode == "without" and "target" not in kept, \
+                    f"{alert.name}: {match.group(0)} drops target in {expr}"
+        checked.add(alert.name)
+    assert {"OrnithSpecAcceptanceLow", "OrnithQueueBacklog", "OrnithTimeToFirstTokenHigh", "OrnithEngineDown",
+            "OrnithKVCacheNearlyFull"} <= checked

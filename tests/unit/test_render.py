@@ -62,11 +62,11 @@ def test_a_deleted_generated_file_is_reported_missing(checkout: Path, capsys: py
 def test_a_failing_template_leaves_no_file_half_written(
     checkout: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    before = {p: p.read_text() for p in checkout.rglob("*") if p.is_file()}
+    before = {p: p.read_bytes() for p in checkout.rglob("*") if p.is_file()}
     for p in before:
         if p.suffix in (".yml", ".yaml") and p.parent.name == "compose":
             p.write_text("stale\n")
-    before = {p: p.read_text() for p in checkout.rglob("*") if p.is_file()}
+    before = {p: p.read_bytes() for p in checkout.rglob("*") if p.is_file()}
     broken_dir = checkout / "profiles"
     broken_dir.mkdir()
     for name in profile_names():
@@ -75,12 +75,12 @@ def test_a_failing_template_leaves_no_file_half_written(
     monkeypatch.setattr(profiles, "SHIPPED_DIR", broken_dir)
     assert main(["render", "--root", str(checkout)]) == 2
     assert "zzz.yaml" in capsys.readouterr().err
-    after = {p: p.read_text() for p in checkout.rglob("*") if p.is_file() and not p.is_relative_to(broken_dir)}
+    after = {p: p.read_bytes() for p in checkout.rglob("*") if p.is_file() and not p.is_relative_to(broken_dir)}
     assert after == {p: t for p, t in before.items() if not p.is_relative_to(broken_dir)}
 
 
-def _snapshot(root: Path) -> dict[Path, tuple[str, int]]:
-    return {p: (p.read_text(), p.stat().st_mode) for p in sorted(root.rglob("*")) if p.is_file()}
+def _snapshot(root: Path) -> dict[Path, tuple[bytes, int]]:
+    return {p: (p.read_bytes(), p.stat().st_mode) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_a_partly_read_only_tree_is_refused_before_any_write(
@@ -165,22 +165,22 @@ def test_a_mistyped_root_is_one_error_line_and_writes_nothing(
 
 
 def test_a_helm_value_declared_once_reaches_the_schema_and_the_readme(checkout: Path) -> None:
-    """A key added to values.yaml with its comment and @schema line: one render puts it in both."""
+    """A key added to values.yaml with its helm-docs comment and helm-schema block: one render puts it in both."""
     values = checkout / "helm" / "ornith" / "values.yaml"
-    values.write_text(values.read_text() + "\n# Seconds the engine may take to drain.\n"
-                      "# @schema {minimum: 0, maximum: 3600}\ndrainSeconds: 30\n")
+    values.write_text(values.read_text() + "\n# @schema\n# minimum: 0\n# maximum: 3600\n# @schema\n"
+                      "# -- Seconds the engine may take to drain.\ndrainSeconds: 30\n")
     assert main(["render", "--root", str(checkout)]) == 0
     schema = json.loads((checkout / "helm" / "ornith" / "values.schema.json").read_text())
     assert schema["properties"]["drainSeconds"] == {
         "type": "integer", "description": "Seconds the engine may take to drain.", "minimum": 0, "maximum": 3600}
     readme = (checkout / "helm" / "ornith" / "README.md").read_text()
-    assert "| `drainSeconds` | `30` | Seconds the engine may take to drain. |" in readme
+    assert "| drainSeconds | int | `30` | Seconds the engine may take to drain. |" in readme
     assert main(["render", "--check", "--root", str(checkout)]) == 0
 
 
 def test_a_malformed_schema_annotation_is_one_error_line(checkout: Path, capsys: pytest.CaptureFixture[str]) -> None:
     values = checkout / "helm" / "ornith" / "values.yaml"
-    values.write_text(values.read_text() + "\n# Broken.\n# @schema [minimum\ndrainSeconds: 30\n")
+    values.write_text(values.read_text() + "\n# @schema\n# minimum: [0\n# @schema\n# -- Broken.\ndrainSeconds: 30\n")
     before = _snapshot(checkout)
     assert main(["render", "--root", str(checkout)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

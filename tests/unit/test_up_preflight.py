@@ -113,12 +113,6 @@ def test_two_folders_on_one_filesystem_add_up(tmp_path: Path) -> None:
         P.check_disk({tmp_path / "a": half, tmp_path / "b": half})
 
 
-def test_gpu_profiles_need_their_checkpoints_on_disk() -> None:
-    # The 35B checkpoint (71.90 GB in BF16 with MTP and vision) and the cpu-demo model inside its image.
-    assert P.weights_bytes(load_profile("gpu96")) > 71e9
-    assert P.weights_bytes(load_profile("cpu-demo")) == 0
-
-
 @pytest.mark.parametrize(("bind", "has_key", "refused"), [
     ("0.0.0.0", False, True), ("192.168.1.5", False, True), ("0.0.0.0", True, False),
     ("127.0.0.1", False, False), ("::1", False, False), ("[::1]", False, False)])

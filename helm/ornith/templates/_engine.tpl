@@ -49,6 +49,55 @@ The engine pod, shared by the Deployment (role "single") and the LeaderWorkerSet
 {{- toYaml $resources }}
 {{- end }}
 
+{{/* The engine image's Python packages against the profile's pins (engine.pythonPins, from images.yaml):
+importlib.metadata reads the installed versions, and a difference stops the pod before the model loads,
+naming the pin, the version found and the fix. The engine's own image, so nothing more is pulled. */}}
+{{- define "ornith.pythonPinsCheck" -}}
+{{- $v := .Values }}
+{{- $image := include "ornith.engineImage" . }}
+{{- $args := list $image }}
+{{- range $name := keys $v.engine.pythonPins | sortAlpha }}
+{{- $args = append $args (printf "%s==%s" $name (get $v.engine.pythonPins $name)) }}
+{{- end }}
+- name: check-python-pins
+  image: {{ $image | quote }}
+  imagePullPolicy: {{ $v.engine.image.pullPolicy }}
+  command:
+    - python3
+    - -c
+    - |
+      import sys
+      from importlib.metadata import PackageNotFoundError, version
+
+      image, pins = sys.argv[1], sys.argv[2:]
+      wrong = 0
+      for pin in pins:
+          name, _, wanted = pin.partition("==")
+          try:
+              found = version(name)
+          except PackageNotFoundError:
+              found = "not installed"
+          if found == wanted:
+              print(f"{name} {found}: as pinned")
+              continue
+          wrong += 1
+          print(f"error: engine.pythonPins pins {pin} (src/ornith_stack/images.yaml), but the engine image {image} "
+                f"has {name} {found}: use an image with {pin} (docker/engine.Dockerfile builds one on the same "
+                f"base with the transformers pin), push it and set engine.image.repository and engine.image.tag",
+                file=sys.stderr)
+      sys.exit(1 if wrong else 0)
+  args: {{ toJson $args }}
+  # kubectl describe pod shows the error line as the container's termination message.
+  terminationMessagePolicy: FallbackToLogsOnError
+  resources:
+    requests:
+      cpu: 10m
+      memory: 32Mi
+    limits:
+      memory: 128Mi
+  securityContext: {{- toYaml $v.engine.securityContext | nindent 4 }}
+{{- end }}
+
 {{- define "ornith.enginePodSpec" -}}
 {{- $root := .root }}
 {{- $v := $root.Values }}
@@ -75,8 +124,13 @@ tolerations: {{- toYaml . | nindent 2 }}
 {{- with $v.engine.affinity }}
 affinity: {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- if include "ornith.downloads" $root }}
+{{- if or $v.engine.pythonPins (include "ornith.downloads" $root) }}
 initContainers:
+{{- with $v.engine.pythonPins }}
+  {{- include "ornith.pythonPinsCheck" $root | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- if include "ornith.downloads" $root }}
   - name: wait-for-model
     image: {{ include "ornith.engineImage" $root | quote }}
     imagePullPolicy: {{ $v.engine.image.pullPolicy }}

@@ -58,10 +58,20 @@ annotations: {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
 
-{{/* An image reference from {repository, tag, digest}: [registry/]name[:tag][@sha256:digest]. A digest
-pins the image by itself; without one the tag is required and never "latest". */}}
+{{/* An image reference from {repository, tag, digest, dockerfile}: [registry/]name[:tag][@sha256:digest]. A
+digest pins the image by itself; without one the tag is required and never "latest". An image with a
+dockerfile is one this project builds and no registry publishes: it is pulled from projectImages.registry,
+and without one the chart stops, naming the commands that build and push it. Called with
+(dict "root" $ "image" IMAGE "key" KEY). */}}
 {{- define "ornith.image" -}}
 {{- $repository := required (printf "%s.repository is required (generated values-<profile>.yaml sets it)" .key) .image.repository }}
+{{- if get .image "dockerfile" }}
+{{- $registry := trimSuffix "/" (.root.Values.projectImages.registry | default "") }}
+{{- if not $registry }}
+{{- fail (include "ornith.projectImagesMissing" .root) }}
+{{- end }}
+{{- $repository = printf "%s/%s" $registry $repository }}
+{{- end }}
 {{- $digest := .image.digest | default "" }}
 {{- $tag := .image.tag | default "" }}
 {{- if not $digest }}
@@ -73,13 +83,33 @@ pins the image by itself; without one the tag is required and never "latest". */
 {{- $repository }}{{ if $tag }}:{{ $tag }}{{ end }}{{ if $digest }}@{{ $digest }}{{ end }}
 {{- end }}
 
+{{/* Why the chart stops when projectImages.registry is empty: every image this project builds that the
+release runs, with the commands that build and push it, and the values that leave it out. */}}
+{{- define "ornith.projectImagesMissing" -}}
+{{- $v := .Values }}
+{{- $steps := list }}
+{{- $without := list }}
+{{- range $use := list (list $v.engine.image true "") (list $v.exporter.image $v.exporter.enabled "exporter.enabled") (list $v.gateway.image $v.gateway.enabled "gateway.enabled") }}
+{{- $image := index $use 0 }}
+{{- if and (index $use 1) (get $image "dockerfile") }}
+{{- $ref := printf "REGISTRY/%s:%s" $image.repository $image.tag }}
+{{- $steps = append $steps (printf "`docker build -f %s -t %s . && docker push %s`" $image.dockerfile $ref $ref) }}
+{{- with index $use 2 }}
+{{- $without = append $without (printf "--set %s=false" .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- printf "projectImages.registry is empty, but this release runs images that this project builds and no registry publishes: from a checkout of ornith-stack, run %s, then install with --set projectImages.registry=REGISTRY" (join " and " $steps) }}
+{{- with $without }}{{ printf " (or leave out those that can be: %s)" (join " " .) }}{{ end }}
+{{- end }}
+
 {{- define "ornith.engineImage" -}}
-{{- include "ornith.image" (dict "image" .Values.engine.image "key" "engine.image") }}
+{{- include "ornith.image" (dict "root" . "image" .Values.engine.image "key" "engine.image") }}
 {{- end }}
 
 {{- define "ornith.downloadImage" -}}
 {{- if .Values.modelCache.download.image.repository }}
-{{- include "ornith.image" (dict "image" .Values.modelCache.download.image "key" "modelCache.download.image") }}
+{{- include "ornith.image" (dict "root" . "image" .Values.modelCache.download.image "key" "modelCache.download.image") }}
 {{- else }}
 {{- include "ornith.engineImage" . }}
 {{- end }}
@@ -145,7 +175,7 @@ pins the image by itself; without one the tag is required and never "latest". */
 
 {{- define "ornith.exporterContainer" -}}
 - name: exporter
-  image: {{ include "ornith.image" (dict "image" .root.Values.exporter.image "key" "exporter.image") | quote }}
+  image: {{ include "ornith.image" (dict "root" .root "image" .root.Values.exporter.image "key" "exporter.image") | quote }}
   imagePullPolicy: {{ .root.Values.exporter.image.pullPolicy }}
   args: {{ include "ornith.exporterArgs" . }}
   {{- $apiKeyEnv := include "ornith.apiKeyEnv" .root | trim }}

@@ -12,13 +12,14 @@ a bonus or an accepted one, so 1 + accepted / steps is completion tokens / steps
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from collections.abc import Sequence
 
 from ornith_stack.bench import stats
+from ornith_stack.bench.result import Acceptance, Sample, SpecWindow
 from ornith_stack.engines import SpecCounters
 
 
-def per_request(before: SpecCounters | None, after: SpecCounters) -> dict[str, Any] | None:
+def per_request(before: SpecCounters | None, after: SpecCounters) -> SpecWindow | None:
     """The counters' movement over one request's window; None after a reset or when no step ran."""
     if before is None or after.steps < before.steps or after.accepted < before.accepted:
         return None
@@ -27,37 +28,40 @@ def per_request(before: SpecCounters | None, after: SpecCounters) -> dict[str, A
         return None
     drafted = after.drafted - before.drafted if after.drafted is not None and before.drafted is not None else None
     positions = {str(k): v - before.accepted_per_position.get(k, 0.0) for k, v in after.accepted_per_position.items()}
-    return {"steps": steps, "accepted": after.accepted - before.accepted, "drafted": drafted,
-            "accepted_per_position": positions}
+    return SpecWindow(steps=steps, accepted=after.accepted - before.accepted, drafted=drafted,
+                      accepted_per_position=positions)
 
 
-def from_sample(sample: dict[str, Any]) -> dict[str, Any] | None:
+def from_sample(sample: Sample) -> SpecWindow | None:
     """One request's steps: SGLang's own count for the request (`spec_verify_ct`) when the stream
     carried it, else the counters' window around it."""
-    extra = sample.get("extra") or {}
-    steps, tokens = extra.get("spec_verify_ct"), sample.get("completion_tokens")
-    if isinstance(steps, int) and steps > 0 and isinstance(tokens, int):
-        return {"steps": steps, "accepted": max(tokens - steps, 0), "drafted": None, "accepted_per_position": {}}
-    spec = extra.get("spec")
-    return spec if isinstance(spec, dict) else None
+    steps, tokens = sample.extra.spec_verify_ct, sample.completion_tokens
+    if steps is not None and steps > 0 and tokens is not None:
+        return SpecWindow(steps=steps, accepted=max(tokens - steps, 0))
+    return sample.extra.spec
 
 
-def summarize_acceptance(samples: list[dict[str, Any]]) -> dict[str, Any] | None:
+def summarize_acceptance(samples: Sequence[Sample]) -> Acceptance | None:
     """The task's acceptance in both definitions, the draft-acceptance rate and per-position rates."""
-    spec = [x for x in (from_sample(s) for s in samples if not s["error"]) if x]
+    spec = [x for x in (from_sample(s) for s in samples if not s.error) if x and x.steps > 0]
     if not spec:
         return None
-    steps = sum(x["steps"] for x in spec)
-    accepted = sum(x["accepted"] for x in spec)
-    drafted = [x["drafted"] for x in spec if x["drafted"] is not None]
+    steps = sum(x.steps for x in spec)
+    accepted = sum(x.accepted for x in spec)
+    drafted = [x.drafted for x in spec if x.drafted is not None]
     positions: dict[str, float] = {}
     for x in spec:
-        for k, v in x["accepted_per_position"].items():
+        for k, v in x.accepted_per_position.items():
             positions[k] = positions.get(k, 0.0) + v
-    return {
-        "requests": len(spec),
-        "per_request_mean": statistics.fmean(1.0 + x["accepted"] / x["steps"] for x in spec),
-        "token_weighted": 1.0 + accepted / steps,
-        "draft_acceptance_rate": stats.ratio(accepted, sum(drafted)) if len(drafted) == len(spec) else None,
-        "per_position": {k: v / steps for k, v in sorted(positions.items(), key=lambda kv: int(kv[0]))},
-    }
+    return Acceptance(
+        requests=len(spec),
+        per_request_mean=statistics.fmean(1.0 + x.accepted / x.steps for x in spec),
+        token_weighted=1.0 + accepted / steps,
+        draft_acceptance_rate=stats.ratio(accepted, sum(drafted)) if len(drafted) == len(spec) else None,
+        per_position={k: v / steps for k, v in sorted(positions.items(), key=lambda kv: _position(kv[0]))},
+    )
+
+
+def _position(key: str) -> int:
+    """Draft positions are counted from 0; a key that is not a number (a hostile saved result) sorts last."""
+    return int(key) if key.isdigit() else 1 << 30

@@ -17,11 +17,14 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 
+from ornith_stack.bench.deadline import deadline
+from ornith_stack.bench.deadline import transport as deadline_transport
+from ornith_stack.bench.result import Extra, Sample, TaskSample
 from ornith_stack.deployment import METRICS_PATH
 from ornith_stack.engines.exposition import Samples, parse
 from ornith_stack.errors import UserError
@@ -33,6 +36,7 @@ _MAX_LINE = 1 << 22  # one SSE line of 4 MiB is not a chunk of generated text
 # with every histogram: about 60 KiB): anything past these is not such an answer.
 _MAX_JSON = 1 << 22
 _MAX_METRICS = 1 << 25
+_ERROR_BYTES = 1 << 12  # of an error page, only the start is shown
 
 
 @dataclass
@@ -51,11 +55,11 @@ class RequestSample:
     reasoning: str = ""
     started_at: float = 0.0  # wall clock (epoch seconds) when the request was sent
     error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: Extra = field(default_factory=Extra)
 
     @property
     def decode_tok_s(self) -> float | None:
-        return decode_rate(self.completion_tokens, self.decode_s)
+        return decode_rate(_count(self.completion_tokens), self.decode_s)
 
     @property
     def tpot_s(self) -> float | None:
@@ -65,8 +69,26 @@ class RequestSample:
             return None
         return (self.e2e_s - self.ttft_s) / (n - 1)
 
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "decode_tok_s": self.decode_tok_s, "tpot_s": self.tpot_s}
+    def record(self, repeat: int | None = None) -> Sample:
+        """The sample as the result keeps it (`repeat`: which recorded run of a load level)."""
+        return Sample(**self._kept(), repeat=repeat)
+
+    def task_record(self, problem_id: str, passed: bool | None, extracted: str | None, check: str) -> TaskSample:
+        """The sample of a task problem with the checker's verdict."""
+        return TaskSample(**self._kept(), id=problem_id, passed=passed, extracted=extracted, check=check)
+
+    def _kept(self) -> dict[str, Any]:
+        """The fields both records keep; counts the server sent that are not whole numbers are None
+        (usage_problem has made them the request's error)."""
+        return {"prompt_tokens": _count(self.prompt_tokens), "completion_tokens": _count(self.completion_tokens),
+                "ttft_s": self.ttft_s, "decode_s": self.decode_s, "e2e_s": self.e2e_s, "chunks": self.chunks,
+                "itl_s": tuple(self.itl_s), "finish_reason": None if self.finish_reason is None else str(self.finish_reason),
+                "text": self.text, "reasoning": self.reasoning, "started_at": self.started_at, "error": self.error,
+                "extra": self.extra, "decode_tok_s": self.decode_tok_s, "tpot_s": self.tpot_s}
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def decode_rate(completion_tokens: int | None, decode_s: float | None) -> float | None:
@@ -74,6 +96,11 @@ def decode_rate(completion_tokens: int | None, decode_s: float | None) -> float 
     if not completion_tokens or completion_tokens < 2 or not decode_s or decode_s <= 0:
         return None
     return (completion_tokens - 1) / decode_s
+
+
+# What SGLang's Model Gateway lists at /v1/models when its workers did not tell it their model name: it asks
+# SGLang's /server_info, which vLLM does not serve (sglang-router 0.3.2 in front of vLLM 0.32 on CPU, measured).
+GATEWAY_UNKNOWN_MODEL = "unknown"
 
 
 @dataclass(frozen=True)
@@ -110,7 +137,9 @@ class EngineClient:
         self.deadline_s = timeout_s  # total time one request may take, first byte to last
         self.count_tokens = count_tokens
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits, transport=transport,
+        # The transport cuts every socket read at the request's total deadline, headers included.
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits,
+                                  transport=transport or deadline_transport(limits),
                                   headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
 
     def close(self) -> None:
@@ -122,10 +151,17 @@ class EngineClient:
         cards = data.get("data") if isinstance(data, dict) else None
         if not isinstance(cards, list) or not cards or not isinstance(cards[0], dict) or "id" not in cards[0]:
             raise UserError(f"{self.url}/v1/models did not list a model: is this an OpenAI-compatible server?")
+        names = [str(c.get("id")) for c in cards]
+        if names == [GATEWAY_UNKNOWN_MODEL]:
+            # The gateway forwards the request's own model name to the workers, which check it.
+            if not model:
+                raise UserError(f"{self.url}/v1/models lists only the model {GATEWAY_UNKNOWN_MODEL!r}: SGLang's Model "
+                                "Gateway in front of workers it could not ask for their model name (vLLM's); pass "
+                                "--model with the workers' served name")
+            return ServerInfo(model=model, max_model_len=None)
         card = next((c for c in cards if c.get("id") == model), None) if model else cards[0]
         if card is None:
-            names = ", ".join(str(c.get("id")) for c in cards)
-            raise UserError(f"{self.url} does not serve model {model!r}; it serves: {names}")
+            raise UserError(f"{self.url} does not serve model {model!r}; it serves: {', '.join(names)}")
         length = card.get("max_model_len")
         if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length <= 0):
             raise UserError(f"{self.url}/v1/models gives max_model_len {_short(repr(length), 40)}: expected a "
@@ -151,8 +187,9 @@ class EngineClient:
         /flush_cache and vLLM's /reset_prefix_cache (served in its dev mode) that answers 200, or None."""
         for path in FLUSH_PATHS:
             try:
-                if self._http.post(self.url + path).status_code == 200:
-                    return path
+                with deadline(self.deadline_s):
+                    if self._http.post(self.url + path).status_code == 200:
+                        return path
             except httpx.HTTPError:
                 continue
         return None
@@ -187,10 +224,11 @@ class EngineClient:
         parts: list[str] = []
         thoughts: list[str] = []
         try:
-            with self._http.stream("POST", self.url + "/v1/chat/completions", json=body) as response:
+            with deadline(self.deadline_s), self._http.stream("POST", self.url + "/v1/chat/completions",
+                                                               json=body) as response:
                 if response.status_code != 200:
-                    response.read()
-                    sample.error = f"HTTP {response.status_code}: {_short(response.text)}"
+                    text = _read(response, _ERROR_BYTES, self._expired(t0), cut=True)
+                    sample.error = f"HTTP {response.status_code}: {_short(text)}"
                     return sample
                 for chunk in self._events(response, t0):
                     now = self.clock()
@@ -208,7 +246,7 @@ class EngineClient:
         except Stopped:
             sample.error = "interrupted"
         except httpx.HTTPError as exc:
-            sample.error = f"{type(exc).__name__}: {exc or 'no detail'}"
+            sample.error = self._failure(exc)
         except BadStream as exc:
             sample.error = f"not an OpenAI chat completion stream: {exc}"
         except Exception as exc:  # any malformed chunk fails this request only
@@ -222,7 +260,7 @@ class EngineClient:
         if sample.completion_tokens is None and sample.error is None and self.count_tokens is not None:
             # No usage in the stream: count the generated text with the model's tokenizer, as vLLM does.
             sample.completion_tokens = self.count_tokens(sample.reasoning + sample.text)
-            sample.extra["completion_tokens_from"] = "tokenizer"
+            sample.extra = replace(sample.extra, completion_tokens_from="tokenizer")
         if sample.error is None:
             sample.error = usage_problem(sample, body.get("max_tokens"))
         return sample
@@ -238,19 +276,27 @@ class EngineClient:
             return sample
         t0 = self.clock()
         try:
-            response = self._http.post(self.url + "/v1/chat/completions", json=body)
+            status, text = self._send("POST", "/v1/chat/completions", _MAX_JSON, t0, json=body)
             sample.e2e_s = self.clock() - t0
-            if response.status_code != 200:
-                sample.error = f"HTTP {response.status_code}: {_short(response.text)}"
+            if status != 200:
+                sample.error = f"HTTP {status}: {_short(text)}"
                 return sample
-            _read_completion(response.json(), sample)
+            _read_completion(json.loads(text), sample)
+        except Stopped:
+            sample.error = "interrupted"
         except httpx.HTTPError as exc:
-            sample.error = f"{type(exc).__name__}: {exc or 'no detail'}"
+            sample.error = self._failure(exc)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
             sample.error = f"not an OpenAI chat completion: {type(exc).__name__}: {exc}"
         if sample.error is None:
             sample.error = usage_problem(sample, body.get("max_tokens"))
         return sample
+
+    def _failure(self, exc: httpx.HTTPError) -> str:
+        """A request's failure in one line; reads and writes cut at the total deadline say so."""
+        if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
+            return f"no whole answer within the {self.deadline_s:g} s deadline (--timeout)"
+        return f"{type(exc).__name__}: {exc or 'no detail'}"
 
     def _events(self, response: httpx.Response, t0: float) -> Iterator[dict[str, Any]]:
         """The stream's JSON events, stopping at the total deadline or on Ctrl-C even while the server
@@ -268,20 +314,20 @@ class EngineClient:
     def _get(self, path: str, limit: int) -> tuple[int, str]:
         """GET `path`: (status, body), within the total deadline (--timeout) however slowly the body comes,
         and refused past `limit` bytes. Raises httpx.HTTPError or BadStream."""
-        t0 = self.clock()
-        check = self._expired(t0)
-        body = bytearray()
-        with self._http.stream("GET", self.url + path) as response:
-            for chunk in response.iter_bytes():
-                check()
-                body += chunk
-                if len(body) > limit:
-                    raise BadStream(f"an answer of more than {limit >> 20} MiB")
-            return response.status_code, body.decode("utf-8", errors="replace")
+        return self._send("GET", path, limit, self.clock())
+
+    def _send(self, method: str, path: str, limit: int, t0: float, **request: Any) -> tuple[int, str]:
+        """(status, body) of one request, within the total deadline however slowly the answer comes, and
+        refused past `limit` bytes. Raises httpx.HTTPError, BadStream or Stopped."""
+        with deadline(self.deadline_s), self._http.stream(method, self.url + path, **request) as response:
+            return response.status_code, _read(response, limit, self._expired(t0))
 
     def _get_json(self, path: str) -> Any:
         try:
             status, text = self._get(path, _MAX_JSON)
+        except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.RemoteProtocolError) as exc:
+            # Past the deadline, or not HTTP (h11 refuses a status line and headers past 100 KiB).
+            raise UserError(f"{self.url}{path}: {self._failure(exc)}; is this an OpenAI-compatible engine?") from None
         except httpx.HTTPError as exc:
             raise UserError(f"cannot reach {self.url}{path}: {exc or type(exc).__name__}; is the engine up?") from None
         except BadStream as exc:
@@ -293,6 +339,20 @@ class EngineClient:
             return json.loads(text)
         except ValueError:
             raise UserError(f"{self.url}{path} did not answer JSON: {_short(text)}") from None
+
+
+def _read(response: httpx.Response, limit: int, check: Callable[[], None], cut: bool = False) -> str:
+    """The body as text, `check` run on every read; past `limit` bytes it is cut there (`cut`, an error
+    page) or refused (BadStream)."""
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        check()
+        body += chunk
+        if len(body) > limit and cut:
+            break
+        if len(body) > limit:
+            raise BadStream(f"an answer of more than {limit >> 20} MiB")
+    return body[:limit].decode("utf-8", errors="replace")
 
 
 def _lines(raw: Iterable[bytes], check: Callable[[], None]) -> Iterator[str]:
@@ -344,8 +404,8 @@ def _read_completion(payload: Any, sample: RequestSample) -> None:
     sample.reasoning = str(message.get("reasoning_content") or message.get("reasoning") or "")
     sample.finish_reason = choice.get("finish_reason")
     meta = choice.get("meta_info")
-    if isinstance(meta, dict) and isinstance(meta.get("spec_verify_ct"), int):
-        sample.extra["spec_verify_ct"] = meta["spec_verify_ct"]
+    if isinstance(meta, dict) and _count(meta.get("spec_verify_ct")) is not None:
+        sample.extra = replace(sample.extra, spec_verify_ct=_count(meta["spec_verify_ct"]))
     _read_usage(payload, sample)
 
 

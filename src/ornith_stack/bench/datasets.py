@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import gzip
 import json
 import random
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ornith_stack.errors import UserError
+from ornith_stack.reading import read_lines
 
 TASKS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")
 SEED000_TASKS = ("gsm8k", "humaneval")  # seed 000's task runs
@@ -43,6 +43,10 @@ _BUILTIN = Path(str(resources.files("ornith_stack.bench") / "data"))
 _BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 Row = dict[str, Any]
+# A problem or a serving prompt is kilobytes (a 128K-token prompt about half a megabyte); a whole dataset
+# (GSM8K's test set: 0.7 MB, a large serving workload) tens of megabytes.
+MAX_LINE_BYTES = 16 << 20
+MAX_DATASET_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -268,22 +272,21 @@ def load_serving_prompts(path: Path) -> list[ServingPrompt]:
 
 
 def _read_jsonl(path: Path) -> list[Row]:
-    opener = gzip.open if path.suffix == ".gz" else open
+    """The JSON objects of a JSONL file (gzip-compressed: .gz), one per line; a FIFO, a device, an over-long
+    line or an over-large file is one error line (reading.read_lines)."""
     rows = []
-    try:
-        with opener(path, "rt", encoding="utf-8") as handle:  # type: ignore[operator]
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as exc:
-                    raise UserError(f"{path}:{number}: not JSON ({exc})") from None
-                if not isinstance(row, dict):
-                    raise UserError(f"{path}:{number}: expected a JSON object per line")
-                rows.append(row)
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
+    for number, line in read_lines(path, MAX_LINE_BYTES, MAX_DATASET_BYTES):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise UserError(f"{path}:{number}: not JSON ({exc})") from None
+        except RecursionError:
+            raise UserError(f"{path}:{number}: JSON nested too deep") from None
+        if not isinstance(row, dict):
+            raise UserError(f"{path}:{number}: expected a JSON object per line")
+        rows.append(row)
     if not rows:
         raise UserError(f"{path}: the file holds no JSON lines")
     return rows

@@ -17,18 +17,16 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ornith_stack.bench import stats
 from ornith_stack.bench.client import RequestSample
+from ornith_stack.bench.result import RunMetrics, RunSpread, Sample
 from ornith_stack.errors import UserError
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
-# The figures of a run compared across repeats (median and spread).
-RUN_FIGURES = ("output_tok_s", "request_throughput", "ttft_ms_median", "tpot_ms_median", "itl_ms_median",
-               "e2el_ms_median")
 
 
 @dataclass(frozen=True)
@@ -143,56 +141,47 @@ def _sleep_until(moment: float, stop: threading.Event) -> None:
             raise KeyboardInterrupt
 
 
-def serving_metrics(samples: list[dict[str, Any]], duration_s: float,
-                    slos: dict[str, float] | None = None) -> dict[str, Any]:
-    """The peers' table over one run's samples (JSON form, as `RequestSample.to_json` writes them)."""
-    ok = [s for s in samples if not s["error"]]
-    output = sum(s["completion_tokens"] or 0 for s in ok)
-    prompt = sum(s["prompt_tokens"] or 0 for s in ok)
+def serving_metrics(samples: Sequence[Sample], duration_s: float, slos: dict[str, float] | None = None) -> RunMetrics:
+    """The peers' table over one run's samples."""
+    ok = [s for s in samples if not s.error]
+    output = sum(s.completion_tokens or 0 for s in ok)
+    prompt = sum(s.prompt_tokens or 0 for s in ok)
     good = sum(1 for s in ok if _meets(s, slos)) if slos else None
     ms = 1000.0
-    return {
-        "completed": len(ok),
-        "failed": len(samples) - len(ok),
-        "duration_s": duration_s,
-        "total_input_tokens": prompt,
-        "total_output_tokens": output,
-        "request_throughput": stats.ratio(len(ok), duration_s),
-        "output_tok_s": stats.ratio(output, duration_s),
-        "total_tok_s": stats.ratio(output + prompt, duration_s),
-        "goodput": stats.ratio(good, duration_s) if good is not None else None,
-        "slos_ms": slos or {},
-        "ttft_ms": stats.distribution(_scaled(ok, "ttft_s", ms)),
-        "tpot_ms": stats.distribution(_scaled(ok, "tpot_s", ms)),
-        "itl_ms": stats.distribution(float(g) * ms for s in ok for g in s.get("itl_s") or []),
-        "e2el_ms": stats.distribution(_scaled(ok, "e2e_s", ms)),
-        "errors": _error_counts(samples),
-    }
+    return RunMetrics(
+        completed=len(ok), failed=len(samples) - len(ok), duration_s=duration_s, total_input_tokens=prompt,
+        total_output_tokens=output, request_throughput=stats.ratio(len(ok), duration_s),
+        output_tok_s=stats.ratio(output, duration_s), total_tok_s=stats.ratio(output + prompt, duration_s),
+        goodput=stats.ratio(good, duration_s) if good is not None else None, slos_ms=slos or {},
+        ttft_ms=stats.distribution(s.ttft_s * ms for s in ok if s.ttft_s is not None),
+        tpot_ms=stats.distribution(s.tpot_s * ms for s in ok if s.tpot_s is not None),
+        itl_ms=stats.distribution(g * ms for s in ok for g in s.itl_s),
+        e2el_ms=stats.distribution(s.e2e_s * ms for s in ok if s.e2e_s is not None),
+        errors=_error_counts(samples),
+    )
 
 
-def spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def spread(runs: Sequence[RunMetrics]) -> RunSpread:
     """Each headline figure across repeated runs of one level: median, min, max, stdev."""
-    flat = [run | {f"{key}_median": (run.get(key) or {}).get("median") for key in ("ttft_ms", "tpot_ms", "itl_ms",
-                                                                                    "e2el_ms")} for run in runs]
-    return {name: stats.summary(run.get(name) for run in flat) for name in RUN_FIGURES}
+    return RunSpread(output_tok_s=stats.summary(r.output_tok_s for r in runs),
+                     request_throughput=stats.summary(r.request_throughput for r in runs),
+                     ttft_ms_median=stats.summary(r.ttft_ms.median for r in runs),
+                     tpot_ms_median=stats.summary(r.tpot_ms.median for r in runs),
+                     itl_ms_median=stats.summary(r.itl_ms.median for r in runs),
+                     e2el_ms_median=stats.summary(r.e2el_ms.median for r in runs))
 
 
-def _scaled(samples: list[dict[str, Any]], key: str, factor: float) -> list[float]:
-    return [s[key] * factor for s in samples if s.get(key) is not None]
-
-
-def _meets(sample: dict[str, Any], slos: dict[str, float]) -> bool:
+def _meets(sample: Sample, slos: dict[str, float]) -> bool:
     """vLLM's rule: a request is good when each of its latencies is within its SLO (TPOT 0 for a
     one-token answer)."""
-    values: dict[str, float | None] = {"ttft": sample.get("ttft_s"), "tpot": sample.get("tpot_s") or 0.0,
-                                       "e2el": sample.get("e2e_s")}
+    values = {"ttft": sample.ttft_s, "tpot": sample.tpot_s or 0.0, "e2el": sample.e2e_s}
     return all((v := values[key]) is not None and v * 1000.0 <= limit for key, limit in slos.items())
 
 
-def _error_counts(samples: list[dict[str, Any]]) -> dict[str, int]:
+def _error_counts(samples: Sequence[Sample]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for sample in samples:
-        if sample["error"]:
-            key = str(sample["error"])[:120]
+        if sample.error:
+            key = sample.error[:120]
             counts[key] = counts.get(key, 0) + 1
     return counts

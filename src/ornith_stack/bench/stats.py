@@ -4,25 +4,21 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from typing import Any
+
+from ornith_stack.bench.result import Distribution, Summary
 
 
 def clean(values: Iterable[float | None]) -> list[float]:
     return [float(v) for v in values if v is not None]
 
 
-def summary(values: Iterable[float | None]) -> dict[str, Any]:
+def summary(values: Iterable[float | None]) -> Summary:
     """Median and spread of the values that exist; n counts them."""
     found = clean(values)
     if not found:
-        return {"n": 0, "median": None, "min": None, "max": None, "stdev": None}
-    return {
-        "n": len(found),
-        "median": statistics.median(found),
-        "min": min(found),
-        "max": max(found),
-        "stdev": statistics.stdev(found) if len(found) > 1 else 0.0,
-    }
+        return Summary()
+    return Summary(n=len(found), median=statistics.median(found), min=min(found), max=max(found),
+                   stdev=statistics.stdev(found) if len(found) > 1 else 0.0)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -47,20 +43,12 @@ def percentile(found: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def distribution(values: Iterable[float | None]) -> dict[str, Any]:
+def distribution(values: Iterable[float | None]) -> Distribution:
     """Mean, median, p90 and p99 (with stdev, min and max) of the values that exist, as the peers'
     serving benchmarks report latencies."""
     found = clean(values)
     if not found:
-        return {"n": 0, "mean": None, "median": None, "p90": None, "p99": None, "stdev": None,
-                "min": None, "max": None}
-    return {
-        "n": len(found),
-        "mean": statistics.fmean(found),
-        "median": percentile(found, 50),
-        "p90": percentile(found, 90),
-        "p99": percentile(found, 99),
-        "stdev": statistics.pstdev(found),
-        "min": min(found),
-        "max": max(found),
-    }
+        return Distribution()
+    return Distribution(n=len(found), mean=statistics.fmean(found), median=percentile(found, 50),
+                        p90=percentile(found, 90), p99=percentile(found, 99), stdev=statistics.pstdev(found),
+                        min=min(found), max=max(found))

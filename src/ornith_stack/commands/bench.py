@@ -13,10 +13,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from ornith_stack.bench import SUITES, BenchConfig, run_bench
-from ornith_stack.bench.compare import load_result
 from ornith_stack.bench.datasets import PROMPT_FORMATS, SEED000_TASKS, TASK_ORDERS, TASKS
 from ornith_stack.bench.methods import METHODS, apply_method
 from ornith_stack.bench.report import write_outputs
+from ornith_stack.bench.result import load_result
 from ornith_stack.bench.sandbox import UNSAFE_FLAG, Limits, require_sandbox
 from ornith_stack.bench.serving import parse_goodput
 from ornith_stack.bench.suites import DEFAULT_CONCURRENCY, DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_LENGTHS
@@ -196,11 +196,11 @@ def register(app: typer.Typer) -> None:
         out.print(paths["markdown"].read_text(), markup=False, highlight=False, soft_wrap=True)
         for kind, path in paths.items():
             out.print(f"{kind:>11}: {path}", highlight=False)
-        if result.get("interrupted"):
+        if result.interrupted:
             err.print("[yellow]interrupted:[/] wrote the samples gathered so far")
             raise typer.Exit(130)
-        if result.get("aborted") or result["failures"]["count"]:
-            failed = result["failures"]["count"]
-            err.print(f"[red]failed:[/] {result.get('aborted') or f'{failed} request(s) failed'} (see the report)")
+        if result.aborted or result.failures.count:
+            failed = result.failures.count
+            err.print(f"[red]failed:[/] {result.aborted or f'{failed} request(s) failed'} (see the report)")
             raise typer.Exit(1)
 

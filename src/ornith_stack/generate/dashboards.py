@@ -14,18 +14,27 @@ from typing import Any
 
 from ornith_stack.deployment import GRAFANA_DATASOURCE_UID as DATASOURCE_UID  # noqa: F401 (the provisioned default)
 from ornith_stack.exporter import catalogue as C
-from ornith_stack.generate.alerts import MIN_VERIFY_STEPS_PER_S
+from ornith_stack.generate.alerts import ACCEPTANCE_FRACTION, MIN_VERIFY_STEPS_PER_S
 from ornith_stack.generate.core import GeneratedFile, with_header
 
 DASHBOARD_DIR = "monitoring/grafana/dashboards"
 SOURCE = "src/ornith_stack/generate/dashboards.py"
-SELECT = '{profile=~"$profile", target=~"$target"}'
+# Each data-parallel replica is one exporter target (in Helm's sidecars the pod's name): the variable
+# `target`, shown as "Replica", selects replicas, and per-replica panels group by this label.
+REPLICA = "target"
+SELECT = f'{{profile=~"$profile", {REPLICA}=~"${REPLICA}"}}'
 SCHEMA_VERSION = 39  # Grafana 11.x
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}  # the dashboard's datasource variable
 ENGINES = ("vllm", "sglang")
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 TOKENS_PER_S = "suffix: tok/s"  # Grafana's custom-suffix unit; "tokens/s" is no unit id
 VLLM, SGLANG = ("vllm",), ("sglang",)
+# The Model Gateway's own series (sglang-router 0.3.2, tests/fixtures/gateway/metrics.txt), by `worker`: the
+# replica's URL as the gateway routes to it. Prometheus' gateway job labels them with the gateway's own
+# target, so they are selected by profile only.
+GATEWAY_OUTCOMES = "smg_worker_cb_outcomes_total"  # requests per worker, by outcome (circuit breaker's count)
+GATEWAY_HEALTH = "smg_worker_health"  # 1 while the gateway's health checks pass the worker
+GATEWAY_SELECT = '{profile=~"$profile"}'
 
 
 @dataclass(frozen=True)
@@ -46,12 +55,14 @@ class Panel:
     height: int = 8
     min: float | None = None
     max: float | None = None
-    engines: tuple[str, ...] = ENGINES  # the engines whose metrics can fill it; the others are named
+    # The engines whose metrics can fill it; the others are named. Empty: another component's metrics
+    # (the Model Gateway's), which the description names.
+    engines: tuple[str, ...] = ENGINES
 
     @property
     def full_description(self) -> str:
         missing = [name for name in ENGINES if name not in self.engines]
-        if not missing:
+        if not missing or not self.engines:
             return self.description
         names = " and ".join(ENGINE_NAMES[name] for name in missing)
         return f"{self.description} {names} does not export this: the panel stays empty for its engines.".strip()
@@ -121,9 +132,63 @@ def rate_by(series: str, by: str, extra: str = "") -> str:
     return f"sum by ({by}) (rate({sel(series, extra)}[$__rate_interval]))"
 
 
+def expected_acceptance(fraction: float = 1.0) -> str:
+    """The selected profiles' published acceptance length (its lowest task), times `fraction`."""
+    scale = "" if fraction == 1.0 else f"{fraction:g} * "
+    return (f'{scale}max by (profile, task) ({C.EXPECTED_ACCEPTANCE}) and on (profile) '
+            f'count by (profile) ({C.ENGINE_UP.series}{{profile=~"$profile"}})')
+
+
+def per_replica_row() -> Row:
+    """Each profile's pool of replicas in total, and each replica on its own below: one replica that
+    accepts less, decodes slower or queues more shows as its own line instead of moving an average."""
+    acceptance, steps = sel(C.SPEC_ACCEPTANCE_LENGTH.name), sel(C.SPEC_VERIFY_STEPS_PER_SECOND.name)
+    decode = sel(C.GENERATION_TOKENS_PER_SECOND)
+    queue = ((sel(C.REQUESTS_WAITING), "waiting"), (sel(C.REQUESTS_RUNNING), "running"))
+    # 1 + accepted / steps of the pool: each replica's acceptance length weighted by its verification steps.
+    pooled = f"sum by (profile) ({acceptance} * {steps}) / (sum by (profile) ({steps}) > 0)"
+    totals = (
+        Panel("Acceptance length, all replicas", (
+            Query(pooled, "{{profile}} all replicas"),
+            Query(expected_acceptance(), "expected {{profile}} ({{task}})"),
+        ), unit="none", min=1, width=8, description="Tokens per verification step of all selected replicas of "
+          "a profile together (accepted / steps over 5 minutes, each replica weighted by its steps)."),
+        Panel("Decode throughput, all replicas", (
+            Query(f"sum by (profile) ({decode})", "{{profile}} all replicas"),
+        ), unit=TOKENS_PER_S, min=0, width=8, description=f"Sum over the selected replicas of a profile. "
+          f"{C.GENERATION_TOKENS_PER_SECOND.help}"),
+        Panel("Requests queued and running, all replicas", tuple(
+            Query(f"sum by (profile) ({series})", f"{{{{profile}}}} {what}") for series, what in queue
+        ), unit="short", min=0, width=8, description="Sum over the selected replicas of a profile."),
+    )
+    by_replica = (
+        Panel("Acceptance length by replica", (
+            Query(f"sum by ({REPLICA}) ({acceptance})"),
+            Query(expected_acceptance(ACCEPTANCE_FRACTION), "acceptance alert's threshold {{profile}}"),
+        ), unit="none", min=1, width=8, description=f"{C.SPEC_ACCEPTANCE_LENGTH.help} The acceptance alert "
+          f"fires per replica below {ACCEPTANCE_FRACTION:.0%} of the profile's published figure."),
+        Panel("Decode throughput by replica", (Query(f"sum by ({REPLICA}) ({decode})"),),
+              unit=TOKENS_PER_S, min=0, width=8, description=C.GENERATION_TOKENS_PER_SECOND.help),
+        Panel("Requests queued and running by replica", tuple(
+            Query(f"sum by ({REPLICA}) ({series})", f"{{{{{REPLICA}}}}} {what}") for series, what in queue
+        ), unit="short", min=0, width=8,
+          description=f"{C.REQUESTS_WAITING.help} The queue alert fires per replica."),
+    )
+    gateway = (
+        Panel("Gateway: requests per replica", (
+            Query(f"sum by (worker, outcome) (rate({GATEWAY_OUTCOMES}{GATEWAY_SELECT}[$__rate_interval]))",
+                  "{{worker}} {{outcome}}"),
+        ), unit="reqps", min=0, engines=(), description="Requests the Model Gateway sent to each replica "
+          "(`worker`: its URL as the gateway routes to it), by outcome. Empty without a gateway (one replica)."),
+        Panel("Gateway: replica health", (Query(f"{GATEWAY_HEALTH}{GATEWAY_SELECT}", "{{worker}}"),),
+              unit="bool", min=0, max=1, engines=(), description="1 while the Model Gateway's health checks "
+              "pass the replica (it routes to it), 0 once they fail. Empty without a gateway (one replica)."),
+    )
+    return Row("Per replica", totals + by_replica + gateway)
+
+
 def overview_rows() -> tuple[Row, ...]:
-    expected = (f'max by (profile, task) ({C.EXPECTED_ACCEPTANCE}) and on (profile) '
-                f'count by (profile) ({C.ENGINE_UP.series}{{profile=~"$profile"}})')
+    expected = expected_acceptance()
     draft, accepted = rate_by(C.SPEC_DRAFT_TOKENS.series, "target"), rate_by(C.SPEC_ACCEPTED_TOKENS.series, "target")
     return (
         Row("Speculative decoding", (
@@ -151,6 +216,7 @@ def overview_rows() -> tuple[Row, ...]:
                 Query(sel(C.SPEC_POSITION_ACCEPTANCE_RATIO), "{{target}} position {{position}}"),
             ), unit="percentunit", min=0, max=1, description=C.SPEC_POSITION_ACCEPTANCE_RATIO.help, engines=VLLM),
         )),
+        per_replica_row(),
         Row("Throughput", (
             Panel("Token throughput", (
                 Query(sel(C.GENERATION_TOKENS_PER_SECOND), "{{target}} decode"),
@@ -270,8 +336,9 @@ def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     return body
 
 
-def _variable(name: str, query: str) -> dict[str, Any]:
-    return {"name": name, "label": name, "type": "query", "query": query, "datasource": DATASOURCE,
+def _variable(name: str, label: str, query: str, description: str) -> dict[str, Any]:
+    return {"name": name, "label": label, "description": description, "type": "query", "query": query,
+            "datasource": DATASOURCE,
             "includeAll": True, "multi": True, "allValue": ".*", "refresh": 2, "sort": 1,
             "current": {"selected": True, "text": ["All"], "value": ["$__all"]}}
 
@@ -299,8 +366,11 @@ def dashboard(uid: str, title: str, rows: Iterable[Row]) -> dict[str, Any]:
         "templating": {"list": [
             {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
              "refresh": 1, "hide": 0, "includeAll": False, "multi": False},
-            _variable("profile", f"label_values({up}, profile)"),
-            _variable("target", f'label_values({up}{{profile=~"$profile"}}, target)'),
+            _variable("profile", "Profile", f"label_values({up}, profile)", "The served profile."),
+            # Named `target` (the label it selects, the URL parameter var-target of saved links), shown as
+            # "Replica": each replica is one engine target.
+            _variable(REPLICA, "Replica", f'label_values({up}{{profile=~"$profile"}}, {REPLICA})',
+                      "Engine targets of the selected profiles: one per data-parallel replica."),
         ]},
         "annotations": {"list": []},
         "panels": panels,

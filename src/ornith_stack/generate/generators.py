@@ -8,6 +8,7 @@ from pathlib import Path
 from ornith_stack.generate import (
     alertmanager,
     alerts,
+    ansible_roles,
     dashboards,
     helm_chart,
     monitoring_readme,
@@ -25,6 +26,7 @@ GENERATORS: tuple[Callable[[Path], Iterable[GeneratedFile]], ...] = (
     dashboards.files,
     monitoring_readme.files,
     helm_chart.files,
+    ansible_roles.files,
 )
 
 

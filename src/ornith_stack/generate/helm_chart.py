@@ -27,12 +27,15 @@ from ornith_stack.generate import alertmanager, alerts, dashboards, helm_values,
 from ornith_stack.generate.core import GeneratedFile, environment, with_header
 from ornith_stack.generate.profile_files import render_profile
 from ornith_stack.merge import deep_merge
-from ornith_stack.profiles import load_profile, shipped_profile_names
+from ornith_stack.profiles import images, load_profile, shipped_profile_names
 
 CHART = "helm/ornith"
 VALUES = f"{CHART}/values.yaml"
-SCHEMA_SOURCE = f"{VALUES} (its comments and @schema annotations)"
+SCHEMA_SOURCE = f"{VALUES} (its helm-docs comments and helm-schema @schema blocks)"
 README_SOURCE = f"src/ornith_stack/templates/helm-readme.md.j2 and {VALUES}"
+# The values-table section (`# @section -- Profile`) of the keys `ornith-stack render` writes into
+# values-<profile>.yaml.
+PROFILE_SECTION = "Profile"
 RULES_SOURCE = "src/ornith_stack/generate/prometheus.py (the rule groups of monitoring/prometheus/rules/)"
 DASHBOARDS_SOURCE = f"{dashboards.SOURCE} (the dashboards of {dashboards.DASHBOARD_DIR}/)"
 ALERTMANAGER_SOURCE = f"src/ornith_stack/generate/alertmanager.py (what {alertmanager.CONFIG} routes and inhibits)"
@@ -50,6 +53,9 @@ class Scenario:
 
 
 _MONITORING_RELEASE = {"labels": {"release": "kube-prometheus-stack"}}  # what kube-prometheus-stack selects by
+# Where every scenario pulls the images this project builds (projectImages.registry): a stand-in name
+# (RFC 2606's example.com) for the registry an operator pushes them to.
+SCENARIO_REGISTRY = "registry.example.com"
 
 # Deployment shapes the tests render and operators can start from: each becomes a complete values
 # file helm/ornith/ci/<name>.yaml (the profile's values with these on top), usable alone with -f.
@@ -173,10 +179,13 @@ def _scenario_source(scenario: Scenario) -> str:
 def _scenario_builder(scenario: Scenario) -> Callable[[], str]:
     def build() -> str:
         profile = load_profile(scenario.profile, scenario.overrides)
-        values = deep_merge(yaml.safe_load(render_profile(profile, "helm-values.yaml.j2", "helm")), scenario.values)
+        values = deep_merge(yaml.safe_load(render_profile(profile, "helm-values.yaml.j2", "helm")),
+                            {"projectImages": {"registry": SCENARIO_REGISTRY}})
+        values = deep_merge(values, scenario.values)
         sets = "".join(f" --set {k}={v}" for k, v in scenario.overrides.items())
         return with_header(_scenario_source(scenario), f"# Scenario: {scenario.description}\n"
                 + f"# engine.args equal `ornith-stack launch-args {profile.name}{sets} --json` after the program.\n"
+                + f"# The images this project builds come from {SCENARIO_REGISTRY}, a stand-in for your registry.\n"
                 + f"# helm install ornith helm/ornith -f helm/ornith/ci/{scenario.name}.yaml\n"
                 + yaml.safe_dump(values, sort_keys=False, width=10_000), "yaml")
 
@@ -187,6 +196,8 @@ def _readme(root: Path) -> str:
     text = (root / VALUES).read_text()
     startup = yaml.safe_load(text)["engine"]["probes"]["startup"]
     body = environment().get_template("helm-readme.md.j2").render(
-        values_table=helm_values.table(helm_values.parse(text, VALUES)), profiles=shipped_profile_names(), scenarios=SCENARIOS,
+        values_table=helm_values.table(helm_values.parse(text, VALUES).rows), profiles=shipped_profile_names(),
+        scenarios=SCENARIOS, profile_section=PROFILE_SECTION, scenario_registry=SCENARIO_REGISTRY,
+        exporter_image=images()["services"]["exporter"],
         startup_minutes=startup["periodSeconds"] * startup["failureThreshold"] // 60)
     return with_header(README_SOURCE, body, "markdown")

@@ -10,6 +10,7 @@ from ornith_stack import deployment
 from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, with_header
+from ornith_stack.planner.disk import disk_need
 from ornith_stack.profiles import images, load_profile, shipped_profile_names
 from ornith_stack.profiles.images import parse_image
 from ornith_stack.profiles.model import Profile
@@ -79,6 +80,8 @@ def template_context(profile: Profile, style: str, profile_file: Path | None = N
     settings = adapter.settings(profile)
     replicas = replica_sets(profile, settings.tp)
     return {
+        # Ansible's preflight checks the free disk against it; computed for that target only.
+        "disk_gb": disk_need(profile).gigabytes() if style == "ansible" else None,
         "replicas": replicas,
         # An operator's profile is not in the images: compose mounts this file into the containers.
         "profile_file": profile_file,

