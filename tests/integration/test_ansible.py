@@ -302,7 +302,9 @@ def _extra_vars(hub: HubServer, tmp: Path, **more: object) -> Path:
         # Engine, exporter, Prometheus and Alertmanager (no Grafana image on this machine).
         "ornith_service_compose_services": ["engine", "exporter", "prometheus", "alertmanager"],
         # This machine's free disk is not what these runs test (test_preflight_refuses_a_small_disk_... is):
-        # 1 GB each for the archives, the images and the headroom (cpu-demo's weights are in its image).
+        # 1 GB each for the weights (the tiny model, also where a test plays gpu96, whose 35B takes 73 GB),
+        # the archives, the images and the headroom.
+        "ornith_disk_weights_gb": 1,
         "ornith_disk_archives_gb": 1,
         "ornith_disk_images_gb": 1,
         "ornith_disk_headroom_gb": 1,
