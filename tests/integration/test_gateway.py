@@ -239,9 +239,9 @@ def test_without_a_model_name_the_bench_asks_for_one_through_the_gateway(gateway
     """The gateway lists "unknown" in front of vLLM workers: sent as the model, every request would get 404."""
     done = subprocess.run([sys.executable, "-m", "ornith_stack", "bench", "--url", gateway.url, "--out",
                            str(tmp_path / "out"), *BENCH_ARGS], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
-    assert "pass --model" in done.stderr and not (tmp_path / "out").exists()
+    err = done.stderr.strip()  # the progress display ends with a blank line
+    assert done.returncode == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, done.stderr
+    assert "pass --model" in err and not (tmp_path / "out").exists()
 
 
 def test_a_killed_replica_is_routed_around_shown_down_and_rejoins(
