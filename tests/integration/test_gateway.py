@@ -7,9 +7,8 @@ replica 1 is killed under light load: once the gateway takes it out (its circuit
 health checks fail) no request fails (measured by hand first: none failed at all, the gateway retried them
 on replica 0), the exporter shows it down, and after its restart at the same address the gateway routes to it again. Slow: replica 1 starts
 twice (1-3 minutes each on two shared cores). Before the kill, `ornith-stack bench --suite serving` runs through a
-gateway of replica 0 alone and then through the gateway of both, and prints the two results side by side (an
-expected failure while the bench refuses `--model` with the served name, which the gateway's /v1/models does
-not list: it lists "unknown")."""
+gateway of replica 0 alone and then through the gateway of both, and prints the two results side by side (with
+`--model`: in front of vLLM workers the gateway's /v1/models lists only "unknown")."""
 
 from __future__ import annotations
 
