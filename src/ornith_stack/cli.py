@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import errno
+import functools
 import importlib
 import pkgutil
 import sys
 
 import typer
+import typer.core
+import typer.main
 from rich.console import Console
 from rich.markup import escape
 
@@ -25,16 +28,19 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 
-def _register_commands() -> None:
+@functools.cache
+def _command() -> typer.core.TyperGroup:
+    """The sub-commands, registered once per process: registering on every call made a process that calls
+    main() repeatedly (the test suite) hold every command once per call, and each call slower than the last."""
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         importlib.import_module(f"{commands.__name__}.{info.name}").register(app)
+    return typer.main.get_group(app)  # the app has no completion options (add_completion=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user mistakes become one 'error:' line and exit status 2, never a traceback."""
-    _register_commands()
     try:
-        rc = app(args=argv, prog_name="ornith-stack", standalone_mode=False)
+        rc = _command().main(args=argv, prog_name="ornith-stack", standalone_mode=False)
     except UserError as exc:
         return _error(str(exc))
     except OSError as exc:
@@ -51,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         # Typer vendors click, so match the behaviour rather than one module's class.
         message, code = getattr(exc, "format_message", None), getattr(exc, "exit_code", None)
         if callable(message) and isinstance(code, int):
-            return _error(f"{message()} (see '{_command_path(exc)} --help')", code)
+            # No message: a bare group, whose help click has just printed.
+            return _error(f"{text} (see '{_command_path(exc)} --help')", code) if (text := message()) else code
         raise
     return rc if isinstance(rc, int) else 0
 

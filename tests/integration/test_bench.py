@@ -12,8 +12,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -136,81 +134,79 @@ def test_the_hybrid_without_speculation_reports_no_acceptance(request: pytest.Fi
     assert "| this run |" in (tmp_path / "bench.md").read_text()
 
 
-# One fixed workload for both tools: the same prompts in the same order (a JSONL in the format of vLLM's
-# custom dataset, sent as the user message by both), output length, concurrency, greedy, ignore_eos.
-PEER_WORKLOAD = {"num_prompts": 24, "output_len": 128, "concurrency": 1, "words": 20}
-# The two tools run side by side, each at the workload's concurrency, so both measure the same engine at
-# the same moments. Run one after the other instead, they disagreed by up to 25% in either direction: on
-# two shared cores the machine's speed moves within seconds (one tool's median TTFT went 14-39 ms from
-# one run to the next, and under load vLLM-CPU's API server sometimes held whole streams back). Each
-# round gives one ratio per figure; the check takes the median over the rounds.
-PEER_ROUNDS = 7
+# The peer check: `vllm bench serve` and `ornith-stack bench --suite serving` on one engine with one random
+# workload: vLLM's own random prompts (`--dataset-name random`: token ids decoded to text, input_len tokens in
+# the user message, the chat template on top), written once as a JSONL both tools read, so both send the same
+# requests in the same order; the same output length, greedy, ignore_eos.
+PEER_WORKLOAD = {"num_prompts": 32, "input_len": 128, "output_len": 64}
+# Concurrency: prompts of a run (at 4 a run of 16 took 2 s, too short for its p99 to settle).
+PEER_LEVELS = {1: 16, 4: 32}
+# The tools take turns, never at once (both at once would measure the engine at twice the concurrency). Each
+# round runs them A B B A, so a drift of the machine's speed during the round weighs on both alike; a round
+# gives one ratio per figure (ours over theirs, each side's two runs summed), the check takes the median.
+PEER_ROUNDS = 3
 _DONE = "@@ornith-peer-round-done"
 # vLLM's CLI entry point looks for a distribution named "vllm" (vllm-cpu installs another name), so its
-# bench serve is driven through the module the CLI calls: one run per line read (the result file name).
+# bench serve is driven through the module the CLI calls. The process writes the random prompts first, then
+# makes one run per line read: the result file name and the concurrency.
 _VLLM_BENCH = f"""
-import sys
+import json, sys
+from transformers import AutoTokenizer
+from vllm.benchmarks.datasets import RandomDataset
 from vllm.benchmarks.serve import add_cli_args, main
 from vllm.utils.argparse_utils import FlexibleArgumentParser
+prompts, tokenizer, n, input_len, output_len = sys.argv[1:6]
+rows = RandomDataset(random_seed=0).sample(AutoTokenizer.from_pretrained(tokenizer), int(n), input_len=int(input_len),
+                                           output_len=int(output_len))
+with open(prompts, "w") as out:
+    out.writelines(json.dumps({{"prompt": row.prompt}}) + "\\n" for row in rows)
+print("{_DONE}", flush=True)
 parser = FlexibleArgumentParser()
 add_cli_args(parser)
 for line in sys.stdin:
-    main(parser.parse_args([*sys.argv[1:], "--result-filename", line.strip()]))
+    name, concurrency, n = line.split()
+    main(parser.parse_args([*sys.argv[6:], "--result-filename", name, "--max-concurrency", concurrency,
+                            "--num-warmups", concurrency, "--num-prompts", n]))
     print("{_DONE}", flush=True)
 """
 
 
-def _peer_prompts(path: Path) -> Path:
-    from ornith_stack.bench.prompts import sized_prompt
-
-    w = PEER_WORKLOAD
-    path.write_text("".join(json.dumps({"prompt": sized_prompt(w["words"], seed=i)}) + "\n"
-                            for i in range(w["num_prompts"])))
-    return path
-
-
 class PeerBench:
-    """`vllm bench serve` kept running; `run()` makes one run on the shared workload and returns its result."""
+    """`vllm bench serve` kept running (its import takes longer than a run); `run()` makes one run."""
 
-    def __init__(self, url: str, model: str, tokenizer: Path, prompts: Path, out: Path) -> None:
+    def __init__(self, url: str, model: str, tokenizer: Path, out: Path) -> None:
         w = PEER_WORKLOAD
+        self.prompts = out / "prompts.jsonl"
         # --skip-chat-template: the line is the user message; the server applies the template, as for ours.
-        argv = [sys.executable, "-u", "-c", _VLLM_BENCH, "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+        argv = [sys.executable, "-u", "-c", _VLLM_BENCH, str(self.prompts), str(tokenizer), str(w["num_prompts"]),
+                str(w["input_len"]), str(w["output_len"]),
+                "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
                 "--base-url", url, "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "custom",
-                "--dataset-path", str(prompts), "--skip-chat-template", "--disable-shuffle",
-                "--custom-output-len", str(w["output_len"]), "--num-prompts", str(w["num_prompts"]),
-                "--max-concurrency", str(w["concurrency"]), "--request-rate", "inf", "--ignore-eos",
-                "--temperature", "0", "--seed", "0", "--num-warmups", str(w["concurrency"]),
-                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+                "--dataset-path", str(self.prompts), "--skip-chat-template", "--disable-shuffle",
+                "--custom-output-len", str(w["output_len"]), "--request-rate", "inf", "--ignore-eos", "--temperature", "0", "--seed", "0",
+                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
                 "--save-result", "--result-dir", str(out), "--disable-tqdm"]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        self.out, self.runs, self.lines = out, 0, []
-        self.log = (out.parent / "vllm-bench.log").open("w")
+        self.out, self.runs = out, 0
+        self.log = (out / "vllm-bench.log").open("w")
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True)
+        self._until_done()  # the prompts are written
 
-    def start(self) -> None:
-        """Begin one run; return once its warm-up requests are being sent."""
+    def run(self, concurrency: int, prompts: int) -> dict:
         self.runs += 1
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(f"vllm-{self.runs}.json\n")
+        name = f"vllm-{self.runs}.json"
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{name} {concurrency} {prompts}\n")
         self.proc.stdin.flush()
-        self.lines = self._until(lambda line: line.startswith("Warming up"))
+        self._until_done()
+        return json.loads((self.out / name).read_text())
 
-    def finish(self) -> dict:
-        """Wait for the run begun by start() and return its saved result."""
-        self.lines += self._until(lambda line: line.strip() == _DONE)
-        table = "".join(self.lines)
-        print("\nvllm bench serve:\n" + table[table.find("="):])
-        return json.loads((self.out / f"vllm-{self.runs}.json").read_text())
-
-    def _until(self, last: Callable[[str], bool]) -> list[str]:
+    def _until_done(self) -> None:
         assert self.proc.stdout is not None
-        lines = []
         for line in self.proc.stdout:
-            lines.append(line)
-            if last(line):
-                return lines
+            if line.strip() == _DONE:
+                return
         self.log.flush()
         raise AssertionError(f"vllm bench serve exited {self.proc.wait()}: see {self.log.name}")
 
@@ -225,55 +221,71 @@ class PeerBench:
         self.log.close()
 
 
-def _ours(url: str, prompts: Path, out: Path) -> dict:
-    w = PEER_WORKLOAD
+def _ours(url: str, prompts: Path, concurrency: int, n: int, out: Path) -> dict:
     result = _bench(url, out, "--suite", "serving", "--dataset-path", str(prompts), "--random-output-len",
-                    str(w["output_len"]), "--num-prompts", str(w["num_prompts"]), "--max-concurrency",
-                    str(w["concurrency"]), "--repeats", "1", "--warmup", "1", "--seed", "0")
-    print("\nornith-stack bench:\n" + (out / "bench.md").read_text())
+                    str(PEER_WORKLOAD["output_len"]), "--num-prompts", str(n), "--max-concurrency",
+                    str(concurrency), "--repeats", "1", "--warmup", "1", "--seed", "0")
     level = result["suites"]["serving"]["levels"][0]
     assert level["errors"] == 0
-    assert level["runs"][0]["total_output_tokens"] == w["num_prompts"] * w["output_len"]
     return level["runs"][0]
 
 
+# Each figure as ornith-stack's run and vLLM's result file name it.
+PEER_FIGURES = {
+    "output tok/s": (lambda r: r["output_tok_s"], "output_throughput"),
+    "median TTFT ms": (lambda r: r["ttft_ms"]["median"], "median_ttft_ms"),
+    "median TPOT ms": (lambda r: r["tpot_ms"]["median"], "median_tpot_ms"),
+    "median ITL ms": (lambda r: r["itl_ms"]["median"], "median_itl_ms"),
+    "p99 ITL ms": (lambda r: r["itl_ms"]["p99"], "p99_itl_ms"),
+    "median E2E ms": (lambda r: r["e2el_ms"]["median"], "median_e2el_ms"),
+    "p99 E2E ms": (lambda r: r["e2el_ms"]["p99"], "p99_e2el_ms"),
+}
+
+
+# How far the median round's ratio may sit from 1. Decode-bound figures are steady; TTFT at concurrency 4 is a
+# few engine steps, and which step a request's prefill lands in moves from run to run; a p99 is the tail of
+# one short run. Measured on the 2-core machine, quiet, 16 prompts a run (3 rounds): output tok/s 0.98 and
+# 1.00, median TTFT 1.00 and 1.08, p99 ITL 0.98 and 1.10, p99 E2E 1.03 and 0.94 at concurrency 1 and 4; single
+# rounds ran from 0.89 to 1.29. A definition that differs (ITL per token instead of per chunk: a third of the
+# gap under ngram speculation; the usage chunk inside E2E; waiting for a connection inside TTFT) moves a
+# figure by more than these.
+PEER_TOLERANCE = {"output tok/s": 0.1, "median TPOT ms": 0.1, "median ITL ms": 0.1, "median E2E ms": 0.1,
+                  "median TTFT ms": 0.15, "p99 ITL ms": 0.25, "p99 E2E ms": 0.25}
+
+
 def test_serving_metrics_agree_with_vllm_bench_serve(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """`vllm bench serve` and `ornith-stack bench --suite serving` side by side on the same engine with the
-    same prompts: median TTFT, median TPOT and output tok/s within 5% (median ratio over the rounds)."""
+    """`vllm bench serve` and `ornith-stack bench --suite serving` in turn on the same engine with the same
+    random prompts, at concurrency 1 and 4: every figure of the two tables agrees (median ratio over rounds)."""
     engine = request.getfixturevalue("vllm_ngram")
     tokenizer = request.getfixturevalue("tiny_models").qwen3_moe
     url = str(engine.base_url).rstrip("/")
-    prompts = _peer_prompts(tmp_path / "prompts.jsonl")
+    w = PEER_WORKLOAD
     started = time.monotonic()
-    peers, ours = [], []
-    peer = PeerBench(url, engine.model_name, tokenizer, prompts, tmp_path)
+    peer = PeerBench(url, engine.model_name, tokenizer, tmp_path)
+    ratios: dict[tuple[int, str], list[float]] = {}
     try:
-        with ThreadPoolExecutor(1) as waiter:
+        for level, n in PEER_LEVELS.items():
             for round_ in range(PEER_ROUNDS):
-                # Both warm up together, then both send the workload; ours runs in this (the main) thread.
-                peer.start()
-                theirs = waiter.submit(peer.finish)
-                ours.append(_ours(url, prompts, tmp_path / f"ours-{round_}"))
-                peers.append(theirs.result(timeout=600))
+                ours_runs, their_runs = [], []
+                for who in ("theirs", "ours", "ours", "theirs"):
+                    if who == "ours":
+                        ours_runs.append(_ours(url, peer.prompts, level, n, tmp_path / f"ours-{level}-{round_}-{len(ours_runs)}"))
+                    else:
+                        their_runs.append(peer.run(level, n))
+                for p in their_runs:
+                    assert p["failed"] == 0 and p["total_output_tokens"] == n * w["output_len"]
+                for r in ours_runs:
+                    assert r["total_output_tokens"] == n * w["output_len"]
+                # The same prompts: the engine counted the same prompt tokens for both.
+                assert {r["total_input_tokens"] for r in ours_runs} == {p["total_input_tokens"] for p in their_runs}
+                for name, (read, key) in PEER_FIGURES.items():
+                    ratios.setdefault((level, name), []).append(
+                        sum(read(r) for r in ours_runs) / sum(p[key] for p in their_runs))
     finally:
         peer.close()
-    assert all(p["failed"] == 0 and p["total_output_tokens"] == p["completed"] * PEER_WORKLOAD["output_len"]
-               for p in peers)
-    figures = {
-        "median TTFT ms": (lambda r: r["ttft_ms"]["median"], "median_ttft_ms"),
-        "median TPOT ms": (lambda r: r["tpot_ms"]["median"], "median_tpot_ms"),
-        "output tok/s": (lambda r: r["output_tok_s"], "output_throughput"),
-    }
-    medians = {}
-    for name, (read, peer_key) in figures.items():
-        pairs = [(read(r), p[peer_key]) for r, p in zip(ours, peers, strict=True)]
-        medians[name] = (statistics.median(m for m, _ in pairs), statistics.median(t for _, t in pairs))
-        print(f"{name:>15}: ornith-stack/vllm bench serve {statistics.median(m / t for m, t in pairs):.3f} (median "
-              f"of rounds); medians {medians[name][0]:.2f} / {medians[name][1]:.2f}; "
-              "rounds: " + ", ".join(f"{m:.2f}/{t:.2f}" for m, t in pairs))
-    print(f"peer check took {time.monotonic() - started:.0f} s")
-    for name, (mine, theirs) in medians.items():
-        # Each client spends its own fraction of a millisecond before the first byte (httpx here, aiohttp
-        # there): on the tiny engine's 11 ms TTFT that alone was 0.5 ms, 5%. Times agree within 5% or 1 ms.
-        slack = 1.0 if name.endswith(" ms") else 0.0
-        assert mine == pytest.approx(theirs, rel=0.05, abs=slack), name
+    print(f"\npeer check ({time.monotonic() - started:.0f} s): ornith-stack / vllm bench serve, per round")
+    for (level, name), values in ratios.items():
+        print(f"  concurrency {level} {name:>15}: median {statistics.median(values):.3f}; rounds "
+              + ", ".join(f"{v:.3f}" for v in values))
+    for (level, name), values in ratios.items():
+        assert statistics.median(values) == pytest.approx(1.0, abs=PEER_TOLERANCE[name]), (level, name)

@@ -194,3 +194,19 @@ def test_tiny_model_replaces_an_old_model_whole_or_not_at_all(tmp_path: Path) ->
         (staging / "config.json").write_text('{"new": true}')
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
     assert (out / "config.json").read_text() == '{"new": true}'
+
+
+def test_a_process_that_calls_the_command_again_and_again_keeps_one_copy_of_each_sub_command(
+    refused: Callable[..., str],
+) -> None:
+    """Tools and tests call main() many times in one process: each call parses against the same sub-commands
+    (registering them again on every call made the 30th call 1.75 s slower than the first)."""
+    from ornith_stack import cli
+
+    first = refused("bench", "--url", "ftp://127.0.0.1", "--out", "out")
+    count = len(cli.app.registered_commands)
+    for _ in range(20):
+        assert refused("bench", "--url", "ftp://127.0.0.1", "--out", "out") == first
+    assert len(cli.app.registered_commands) == count
+    assert sorted({c.name for c in cli.app.registered_commands if c.name}) == sorted(
+        c.name for c in cli.app.registered_commands if c.name)
