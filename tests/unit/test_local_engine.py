@@ -62,12 +62,58 @@ def test_an_engine_that_never_answers_times_out_with_its_log(tmp_path: Path) -> 
 
 
 def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
-    pidfile = tmp_path / "child.pid"
     # The parent ignores SIGTERM and its child would outlive it: both must still go.
+    proc, child = _group_with_a_child(tmp_path, ignore_sigterm=True)
+    le.stop_process_group(proc, grace_s=1)
+    assert proc.returncode is not None
+    for _ in range(50):  # the child is reaped by init; give it a moment
+        if not _alive(child):
+            break
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin a process to one")
+def test_an_engine_pinned_to_one_busy_core_is_allowed_every_core_while_it_starts(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        os.sched_setaffinity(proc.pid, {min(os.sched_getaffinity(0))})
+        with pytest.raises(le.EngineStartError):
+            le._wait_healthy(proc, VLLM, f"http://127.0.0.1:{le.free_port()}", log, timeout_s=1)
+        assert os.sched_getaffinity(proc.pid) == os.sched_getaffinity(0)
+    finally:
+        le.stop_process_group(proc)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin a process to one")
+def test_stop_allows_every_process_of_the_group_every_core_so_that_it_can_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A killed process that gets no CPU cannot finish exiting: the stop unpins the group first."""
+    proc, child = _group_with_a_child(tmp_path)
+    seen: list[set[int]] = []
+    real_signal = le._signal_group
+
+    def signal_and_look(pgid: int, sig: int) -> None:  # what the group was allowed when the signal went
+        seen.append(os.sched_getaffinity(child))
+        real_signal(pgid, sig)
+
+    os.sched_setaffinity(child, {min(os.sched_getaffinity(0))})
+    monkeypatch.setattr(le, "_signal_group", signal_and_look)
+    le.stop_process_group(proc, grace_s=1)
+    assert seen and seen[0] == os.sched_getaffinity(0)
+
+
+def _group_with_a_child(tmp_path: Path, ignore_sigterm: bool = False) -> tuple[subprocess.Popen[bytes], int]:
+    """A process group: a leader (optionally ignoring SIGTERM) and the child it started; returns both."""
+    pidfile = tmp_path / "child.pid"
     script = (
         "import signal, subprocess, sys, time\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_sigterm else "")
+        + "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
         f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
         "time.sleep(600)\n"
     )
@@ -76,14 +122,7 @@ def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
     while not pidfile.exists() or not pidfile.read_text():
         assert time.monotonic() < deadline, "the test process did not start its child"
         time.sleep(0.1)
-    child = int(pidfile.read_text())
-    le.stop_process_group(proc, grace_s=1)
-    assert proc.returncode is not None
-    for _ in range(50):  # the child is reaped by init; give it a moment
-        if not _alive(child):
-            break
-        time.sleep(0.1)
-    assert not _alive(child)
+    return proc, int(pidfile.read_text())
 
 
 def _alive(pid: int) -> bool:
