@@ -139,7 +139,10 @@ def running_engine(
             start_new_session=True,
         )
         try:
-            _wait_healthy(proc, adapter_for(prof), base_url, log_path, timeout_s)
+            # Bound by vLLM ("auto"): only the first process is unpinned, its children inherit its cores and vLLM
+            # binds the worker. "nobind": nothing is bound on purpose, and every process of the engine is unpinned.
+            bound = env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "nobind"
+            _wait_healthy(proc, adapter_for(prof), base_url, log_path, timeout_s, whole_group=not bound)
             share_core_with_worker(proc.pid)
             yield LocalEngine(
                 base_url=base_url,
@@ -154,14 +157,22 @@ def running_engine(
 
 
 def _wait_healthy(
-    proc: subprocess.Popen[bytes], adapter: EngineAdapter, base_url: str, log_path: Path, timeout_s: float
+    proc: subprocess.Popen[bytes],
+    adapter: EngineAdapter,
+    base_url: str,
+    log_path: Path,
+    timeout_s: float,
+    whole_group: bool = False,
 ) -> None:
     """Return once the health and model-list endpoints answer 200; raise with the log tail if the
     engine exits first or the time runs out."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(base_url=base_url, timeout=5.0) as client:
         while time.monotonic() < deadline:
-            unpin(proc.pid)
+            if whole_group:
+                _unpin_group(proc.pid)
+            else:
+                unpin(proc.pid)
             if proc.poll() is not None:
                 raise EngineStartError(_failure(f"the engine exited with status {proc.returncode}", log_path))
             if _answers(client, adapter.health_path) and _answers(client, adapter.models_path):
@@ -196,9 +207,9 @@ def unpin(pid: int) -> None:
     Seen on the 2-core test machines: an engine started while another engine's worker kept core 0 busy was
     allowed on core 0 only (nothing of ours had asked for it) and got no CPU time: state R, 0.26 s of CPU in 8
     minutes, an empty log until the 420 s start timeout; killed, it stayed just as long in the kernel's exit
-    path, and the test run waited for it. Allowed on both cores, it exited within a second. Only the engine's
-    first process is unpinned while it starts: its EngineCore and worker inherit its cores, and vLLM binds the
-    worker's threads itself."""
+    path, and the test run waited for it. Allowed on both cores, it exited within a second. The same run's next
+    try: the restarted engine's worker (VLLM_CPU_OMP_THREADS_BIND=nobind) sat 4 minutes in its own
+    sched_setaffinity call onto core 0 (kernel stack: affine_move_task) with no CPU time."""
     _allow(pid, os.sched_getaffinity(0))
 
 

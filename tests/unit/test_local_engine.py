@@ -89,6 +89,23 @@ def test_an_engine_pinned_to_one_busy_core_is_allowed_every_core_while_it_starts
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin a process to one")
+def test_an_engine_that_binds_nothing_has_every_process_unpinned_while_it_starts(tmp_path: Path) -> None:
+    """VLLM_CPU_OMP_THREADS_BIND=nobind: the worker too, not only the first process."""
+    proc, child = _group_with_a_child(tmp_path)
+    try:
+        one_core = {min(os.sched_getaffinity(0))}
+        for pid in (proc.pid, child):
+            os.sched_setaffinity(pid, one_core)
+        log = tmp_path / "engine.log"
+        log.write_text("")
+        with pytest.raises(le.EngineStartError):
+            le._wait_healthy(proc, VLLM, f"http://127.0.0.1:{le.free_port()}", log, timeout_s=1, whole_group=True)
+        assert os.sched_getaffinity(child) == os.sched_getaffinity(proc.pid) == os.sched_getaffinity(0)
+    finally:
+        le.stop_process_group(proc)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin a process to one")
 def test_stop_allows_every_process_of_the_group_every_core_so_that_it_can_exit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
