@@ -207,9 +207,9 @@ def unpin(pid: int) -> None:
     Seen on the 2-core test machines: an engine started while another engine's worker kept core 0 busy was
     allowed on core 0 only (nothing of ours had asked for it) and got no CPU time: state R, 0.26 s of CPU in 8
     minutes, an empty log until the 420 s start timeout; killed, it stayed just as long in the kernel's exit
-    path, and the test run waited for it. Allowed on both cores, it exited within a second. The same run's next
-    try: the restarted engine's worker (VLLM_CPU_OMP_THREADS_BIND=nobind) sat 4 minutes in its own
-    sched_setaffinity call onto core 0 (kernel stack: affine_move_task) with no CPU time."""
+    path, and the test run waited for it. Allowed on both cores, it exited within a second. In another run the
+    restarted engine's worker (VLLM_CPU_OMP_THREADS_BIND=nobind) sat 4 minutes inside its own sched_setaffinity
+    call onto core 0 (kernel stack: affine_move_task) with no CPU time."""
     _allow(pid, os.sched_getaffinity(0))
 
 
