@@ -95,10 +95,15 @@ def _matches(labels: dict[str, str], match: dict[str, str]) -> bool:
 # characters back, so a line is accepted or rejected in one left-to-right pass, however long it is.
 _VALUE_TEXT = r'"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"'
 _PAIR_TEXT = r"[ \t]*+[a-zA-Z_][a-zA-Z0-9_]*+[ \t]*+=[ \t]*+" + _VALUE_TEXT + r"[ \t]*+"
+_LABELS_TEXT = r"\{(?:" + _PAIR_TEXT + r"(?:," + _PAIR_TEXT + r")*+,?+)?+[ \t]*+\}"
+# A timestamp: milliseconds in the Prometheus text format, seconds with a fraction in OpenMetrics.
+_TIMESTAMP_TEXT = r"(?:[ \t]++-?[0-9]++(?:\.[0-9]++)?+(?:[eE][-+]?[0-9]++)?+)?+"
 _LINE = re.compile(
     r"([a-zA-Z_:][a-zA-Z0-9_:]*+)"  # sample name
-    r"(\{(?:" + _PAIR_TEXT + r"(?:," + _PAIR_TEXT + r")*+,?+)?+[ \t]*+\})?+"  # labels
-    r"[ \t]++(\S++)(?:[ \t]++-?[0-9]++)?+[ \t]*+"  # value and optional timestamp
+    r"(" + _LABELS_TEXT + r")?+"  # labels
+    r"[ \t]++([^ \t#]++)" + _TIMESTAMP_TEXT +  # value and optional timestamp
+    # An OpenMetrics exemplar (`# {trace_id="..."} 0.5 1700000000.1`): checked, not kept.
+    r"(?:[ \t]++#[ \t]++" + _LABELS_TEXT + r"[ \t]++[^ \t#]++" + _TIMESTAMP_TEXT + r")?+[ \t]*+"
 )
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*+)[ \t]*+=[ \t]*+"([^"\\\n]*+(?:\\.[^"\\\n]*+)*+)"')
 _ESCAPE = re.compile(r'\\[\\"n]')
