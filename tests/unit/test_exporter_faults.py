@@ -10,7 +10,7 @@ from __future__ import annotations
 from hostile import fault_load
 from ports import free_port
 
-from ornith_stack.exporter.scrape import PER_TARGET_SCRAPES
+from ornith_stack.exporter.server import Settings
 
 SCRAPE_TIMEOUT_S = 2.0  # Prometheus' scrape timeout, sent in its header
 SECONDS = 15
@@ -31,5 +31,5 @@ def test_hostile_targets_never_take_the_good_ones_down_and_every_scrape_keeps_it
         reasons = {r for (target, r) in report.errors if target == url}
         assert reasons == {reason}, report.targets[url]
     assert not any(target not in report.expected for target, _ in report.errors)
-    # Workers: at most PER_TARGET_SCRAPES per target, plus the server's request threads, the watchdog, main.
-    assert max(report.threads) <= PER_TARGET_SCRAPES * len(report.targets) + 8
+    # Threads: one scrape worker per target, the render pool, the watchdog, the main thread (the event loop).
+    assert max(report.threads) <= len(report.targets) + Settings([]).workers + 2

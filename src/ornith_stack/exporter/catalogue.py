@@ -170,6 +170,20 @@ MAX_SERIES_PER_TARGET = 256
 CATALOGUE: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))
 BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOGUE}
 
+# Targets one exporter serves: the exporter job's sample limit in Prometheus is sized for this many, so
+# the exporter refuses more (a second exporter serves the rest).
+MAX_TARGETS = 64
+# The values of the labels an exporter adds itself, per metric.
+_LABEL_VALUES = {SCRAPE_ERRORS.name: ERROR_REASONS, SKIPPED_SAMPLES.name: SKIP_REASONS,
+                 CANARY_RUNS.name: CANARY_OUTCOMES}
+
+
+def max_samples_per_target() -> int:
+    """The most samples one target can add to an answer: its engine series (capped) and one sample per
+    label value of every other per-target metric."""
+    other = sum(len(_LABEL_VALUES.get(m.name, ("",))) for m in CATALOGUE if m.labels[: len(ENGINE)] != ENGINE)
+    return MAX_SERIES_PER_TARGET + other
+
 
 # -- derived series: recording rules over the counters above ------------------------------------
 @dataclass(frozen=True)
