@@ -1,4 +1,8 @@
-"""The exporter's HTTP side: /metrics for Prometheus and a landing page at /."""
+"""The exporter's HTTP side: /metrics for Prometheus, the targets for its service discovery, a landing page.
+
+Served by httpd.BoundedServer (read timeout, connection cap, a few render threads); a /metrics request
+waits for the engines' scrapes, shared with every other request in the meantime, without holding a thread.
+"""
 
 from __future__ import annotations
 
