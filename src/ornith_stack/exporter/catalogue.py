@@ -131,11 +131,12 @@ CANARY_LAST_RUN = _m("ornith_canary_last_run_timestamp_seconds", "gauge", "unix 
 SCRAPE_DURATION = _m("ornith_exporter_scrape_duration_seconds", "gauge", "seconds", TARGET, "self",
                      "How long the last scrape of the target took (fetch and parse).")
 SCRAPES = _m("ornith_exporter_scrapes", "counter", "scrapes", TARGET, "self",
-             "Scrapes of the target attempted.")
+             "Scrapes of the target attempted (exporter answers made while one is in flight share it).")
 SCRAPE_ERRORS = _m("ornith_exporter_scrape_errors", "counter", "scrapes", (*TARGET, "reason"), "self",
                    "Failed scrapes by reason: timeout (the scrape's deadline), connect, http_status, too_large, "
                    "truncated (the body ended short of its length or mid-line), not_exposition, duplicate (a "
-                   "series exposed twice), unknown_engine, internal (an exporter bug; logged).")
+                   "series exposed twice), unknown_engine, internal (an exporter bug; logged). A shared scrape "
+                   "counts once; an answer that stopped waiting for one still running counts a timeout.")
 ENGINE_RESTARTS = _m("ornith_exporter_engine_restarts", "counter", "restarts", TARGET, "self",
                      "Times the engine's counters went down between two scrapes by this exporter (a restart).")
 SKIPPED_SAMPLES = _m("ornith_exporter_skipped_samples", "counter", "samples", (*TARGET, "reason"), "self",
