@@ -950,6 +950,8 @@ def test_sidecar_replicas_are_told_apart_by_their_names(engine: FakeEngine) -> N
     ["exporter", "--target", "http://127.0.0.1:8000", "--canary-interval", "nan"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--target", "http://127.0.0.1:8001", "--target-name", "pod-a"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--target-name", " "],
+    # More targets than the exporter job's sample limit is sized for.
+    ["exporter", *(arg for port in range(8000, 8000 + C.MAX_TARGETS + 1) for arg in ("--target", f"127.0.0.1:{port}"))],
 ])
 def test_cli_bad_arguments_are_one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
