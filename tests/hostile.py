@@ -11,6 +11,7 @@ tests/unit/test_exporter_faults.py and scripts/bench_exporter.py.
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -140,13 +141,19 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
             if s.name == name]
 
 
-def start_exporter(urls: list[str], port: int, timeout_s: float) -> subprocess.Popen[bytes]:
+def start_exporter(urls: list[str], port: int, timeout_s: float, nofile: int | None = None) -> subprocess.Popen[bytes]:
+    """`ornith-stack exporter` as its own process; with `nofile`, under that open-file limit (a container's)."""
     argv = [sys.executable, "-m", "ornith_stack", "exporter", "--listen", f"127.0.0.1:{port}", "--timeout",
             f"{timeout_s:g}"]
     for url in urls:
         argv += ["--target", url]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def limit_files() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=limit_files)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:

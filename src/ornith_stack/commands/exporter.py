@@ -9,6 +9,7 @@ import typer
 
 from ornith_stack.deployment import EXPORTER_LISTEN_HOST
 from ornith_stack.errors import UserError
+from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.scrape import Target
 from ornith_stack.exporter.server import Settings, check_timeout, normalise_target, parse_listen, serve
 from ornith_stack.profiles import load_profile
@@ -56,6 +57,9 @@ def register(app: typer.Typer) -> None:
         if target_name is not None and (len(unique) != 1 or not target_name.strip()):
             raise UserError("--target-name names one target: pass exactly one --target with it, and a non-empty name")
         targets = [Target(url, profile or "", draft, (target_name or "").strip(), api_key) for url in unique.values()]
+        if len(targets) > C.MAX_TARGETS:
+            raise UserError(f"--target: {len(targets)} targets, at most {C.MAX_TARGETS} per exporter (Prometheus' "
+                            "sample limit for the exporter job is sized for them); run another exporter for the rest")
         host, port = parse_listen(listen)
         typer.echo(f"ornith-stack exporter on {host or '*'}:{port}/metrics, "
                    f"{len(targets)} target(s): {', '.join(t.public for t in targets)}", err=True)

@@ -15,6 +15,8 @@ from typing import Literal
 
 Kind = Literal["gauge", "counter", "histogram"]
 
+# The unit of a share: a figure in it outside [0, 1] is rejected, not passed on.
+RATIO = "ratio 0-1"
 # Labels every per-target engine metric carries.
 TARGET = ("target", "profile")
 ENGINE = ("target", "profile", "engine", "model")
@@ -75,7 +77,7 @@ SPEC_ENGINE_ACCEPTANCE_LENGTH = _m(
     "The engine's own acceptance-length gauge over its last log interval (SGLang spec_accept_length, "
     "40 decode iterations); absent before the first interval, where SGLang shows 0.0.")
 SPEC_ENGINE_DRAFT_ACCEPTANCE_RATIO = _m(
-    "ornith_spec_engine_draft_acceptance_ratio", "gauge", "ratio 0-1", ENGINE, "spec",
+    "ornith_spec_engine_draft_acceptance_ratio", "gauge", RATIO, ENGINE, "spec",
     "The engine's own draft-acceptance gauge over its last log interval (SGLang spec_accept_rate); "
     "absent before the first interval.")
 
@@ -94,10 +96,10 @@ REQUESTS_RUNNING = _m("ornith_requests_running", "gauge", "requests", ENGINE, "r
                       "Requests being decoded now.")
 REQUESTS_WAITING = _m("ornith_requests_waiting", "gauge", "requests", ENGINE, "requests",
                       "Requests queued, waiting to be scheduled.")
-KV_CACHE_USAGE = _m("ornith_kv_cache_usage_ratio", "gauge", "ratio 0-1", ENGINE, "requests",
+KV_CACHE_USAGE = _m("ornith_kv_cache_usage_ratio", "gauge", RATIO, ENGINE, "requests",
                     "Share of the KV cache in use on the fullest data-parallel rank (vLLM kv_cache_usage_perc, "
                     "SGLang full_token_usage).")
-MAMBA_CACHE_USAGE = _m("ornith_mamba_cache_usage_ratio", "gauge", "ratio 0-1", ENGINE, "requests",
+MAMBA_CACHE_USAGE = _m("ornith_mamba_cache_usage_ratio", "gauge", RATIO, ENGINE, "requests",
                        "Share of the mamba state slots in use on the fullest rank (SGLang mamba_usage; "
                        "engines that do not report it have no series).")
 
@@ -129,27 +131,59 @@ CANARY_LAST_RUN = _m("ornith_canary_last_run_timestamp_seconds", "gauge", "unix 
 SCRAPE_DURATION = _m("ornith_exporter_scrape_duration_seconds", "gauge", "seconds", TARGET, "self",
                      "How long the last scrape of the target took (fetch and parse).")
 SCRAPES = _m("ornith_exporter_scrapes", "counter", "scrapes", TARGET, "self",
-             "Scrapes of the target attempted.")
+             "Scrapes of the target attempted (exporter answers made while one is in flight share it).")
 SCRAPE_ERRORS = _m("ornith_exporter_scrape_errors", "counter", "scrapes", (*TARGET, "reason"), "self",
                    "Failed scrapes by reason: timeout (the scrape's deadline), connect, http_status, too_large, "
                    "truncated (the body ended short of its length or mid-line), not_exposition, duplicate (a "
-                   "series exposed twice), unknown_engine, internal (an exporter bug; logged).")
+                   "series exposed twice), unknown_engine, internal (an exporter bug; logged). A shared scrape "
+                   "counts once; an answer that stopped waiting for one still running counts a timeout.")
 ENGINE_RESTARTS = _m("ornith_exporter_engine_restarts", "counter", "restarts", TARGET, "self",
                      "Times the engine's counters went down between two scrapes by this exporter (a restart).")
 SKIPPED_SAMPLES = _m("ornith_exporter_skipped_samples", "counter", "samples", (*TARGET, "reason"), "self",
-                     "Engine samples left out of the unified metrics, by reason: bad_bucket (a histogram bucket "
-                     "whose le is not a number, NaN or -Inf, or whose count is not finite).")
+                     "Engine samples left out of the unified metrics (or a label value cut), by reason: bad_bucket "
+                     "(a histogram bucket whose le is not a number, NaN or -Inf, or whose count is not finite or "
+                     "negative), too_many_buckets (past the cap per histogram, thinned evenly), too_many_series "
+                     "(past the cap per target), not_finite (NaN or Inf), negative (a count below 0), "
+                     "out_of_range (a ratio outside 0-1), long_label (an engine label value such as the model "
+                     "name, cut to the cap).")
+DUPLICATE_TARGET = _m("ornith_exporter_duplicate_target", "gauge", "always 1", (*TARGET, "same_as"), "self",
+                      "Present while the target reaches the same engine as the earlier target `same_as` (same "
+                      "engine kind, address and port, every loopback address as one, and path): its figures are "
+                      "reported once, under `same_as`.")
 
 # Bounded label values: every `reason` the exporter can emit.
 ERROR_REASONS = ("timeout", "connect", "http_status", "too_large", "truncated", "not_exposition", "duplicate",
                  "unknown_engine", "internal")
-SKIP_REASONS = ("bad_bucket",)
+SKIP_REASONS = ("bad_bucket", "too_many_buckets", "too_many_series", "not_finite", "negative", "out_of_range",
+                "long_label")
 CANARY_OUTCOMES = ("correct", "wrong", "failed")
-# Draft positions beyond this are not exported (bounded labels even if an engine misbehaves).
+# Bounds on what one target adds to an answer, whatever the engine sends (a 100,000-bucket histogram made a
+# 15 MB answer, a 1 MiB model name a 100 MB one). Draft positions beyond MAX_POSITIONS are not exported.
 MAX_POSITIONS = 64
+# Buckets per histogram, +Inf included: the recorded engines have at most 23 (tests/fixtures/engines/).
+MAX_BUCKETS = 64
+# Characters of an engine-supplied label value (model, version, draft); a model path is about 120.
+MAX_LABEL_LENGTH = 256
+# Unified engine series per target (a histogram counts its buckets, _sum and _count): the recordings
+# make 90 to 130.
+MAX_SERIES_PER_TARGET = 256
 
 CATALOGUE: tuple[Metric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Metric))
 BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOGUE}
+
+# Targets one exporter serves: the exporter job's sample limit in Prometheus is sized for this many, so
+# the exporter refuses more (a second exporter serves the rest).
+MAX_TARGETS = 64
+# The values of the labels an exporter adds itself, per metric.
+_LABEL_VALUES = {SCRAPE_ERRORS.name: ERROR_REASONS, SKIPPED_SAMPLES.name: SKIP_REASONS,
+                 CANARY_RUNS.name: CANARY_OUTCOMES}
+
+
+def max_samples_per_target() -> int:
+    """The most samples one target can add to an answer: its engine series (capped) and one sample per
+    label value of every other per-target metric."""
+    other = sum(len(_LABEL_VALUES.get(m.name, ("",))) for m in CATALOGUE if m.labels[: len(ENGINE)] != ENGINE)
+    return MAX_SERIES_PER_TARGET + other
 
 
 # -- derived series: recording rules over the counters above ------------------------------------
@@ -190,11 +224,11 @@ SPEC_ACCEPTANCE_LENGTH = Recorded(
     "absent while no step happens. SGLang counts both when requests finish.",
     "1 + " + _per(_rate(SPEC_ACCEPTED_TOKENS, "5m"), _rate(SPEC_STEPS, "5m")))
 SPEC_DRAFT_ACCEPTANCE_RATIO = Recorded(
-    "ornith:spec_draft_acceptance_ratio:rate5m", "ratio 0-1",
+    "ornith:spec_draft_acceptance_ratio:rate5m", RATIO,
     "Share of drafted tokens accepted over 5 minutes (accepted / drafted); absent while nothing is drafted.",
     _per(_rate(SPEC_ACCEPTED_TOKENS, "5m"), _rate(SPEC_DRAFT_TOKENS, "5m")))
 SPEC_POSITION_ACCEPTANCE_RATIO = Recorded(
-    "ornith:spec_position_acceptance_ratio:rate5m", "ratio 0-1",
+    "ornith:spec_position_acceptance_ratio:rate5m", RATIO,
     "Share of verification steps whose draft token at `position` (0 = first) was accepted, over 5 minutes "
     "(vLLM only).",
     f"{_rate(SPEC_ACCEPTED_PER_POSITION, '5m', f'{BY}, position')} / on ({BY}) group_left () "

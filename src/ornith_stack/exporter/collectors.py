@@ -43,6 +43,8 @@ def collect_engine(results: Sequence[Result]) -> Families:
         up.add_metric([r.target.label, r.target.profile], 1.0 if r.up else 0.0)
     for r in _up(results):
         assert r.adapter is not None
+        if r.duplicate_of is not None:  # one engine, one info series: under the target seen first
+            continue
         info.add_metric([r.target.label, r.target.profile, r.adapter.kind, r.info.version or "", r.model,
                          r.info.draft or r.target.draft], 1.0)
     yield from (up, info)
@@ -65,8 +67,11 @@ def collect_figures(results: Sequence[Result]) -> Families:
 def collect_self(states: Sequence[TargetState], results: Sequence[Result]) -> Families:
     duration, scrapes = family(C.SCRAPE_DURATION), family(C.SCRAPES)
     errors, restarts, skipped = family(C.SCRAPE_ERRORS), family(C.ENGINE_RESTARTS), family(C.SKIPPED_SAMPLES)
+    duplicate = family(C.DUPLICATE_TARGET)
     for state, r in zip(states, results, strict=True):
         labels = [state.target.label, state.target.profile]
+        if r.duplicate_of is not None:
+            duplicate.add_metric([*labels, r.duplicate_of], 1.0)
         with state.lock:
             duration.add_metric(labels, r.duration)
             scrapes.add_metric(labels, state.scrapes)
@@ -75,7 +80,7 @@ def collect_self(states: Sequence[TargetState], results: Sequence[Result]) -> Fa
                 errors.add_metric([*labels, reason], state.errors.get(reason, 0))
             for reason in C.SKIP_REASONS:
                 skipped.add_metric([*labels, reason], state.skipped.get(reason, 0))
-    yield from (duration, scrapes, errors, restarts, skipped)
+    yield from (duration, scrapes, errors, restarts, skipped, duplicate)
 
 
 def collect_canary(canary: Canary | None) -> Families:
@@ -108,17 +113,22 @@ class ExporterCollector(Collector):
     """The registry's only collector: one round of target scrapes per Prometheus scrape.
 
     `budget` (seconds) is this scrape's deadline, from Prometheus' X-Prometheus-Scrape-Timeout-Seconds;
-    `with_budget` gives a collector for one request, so concurrent scrapes keep their own deadlines.
+    `with_budget` gives a collector for one request, so concurrent scrapes keep their own deadlines, and
+    `with_results` one for results already in (the server waits for them without holding a thread).
     """
 
-    def __init__(self, scraper: Scraper, canary: Canary | None = None, budget: float | None = None) -> None:
-        self.scraper, self.canary, self.budget = scraper, canary, budget
+    def __init__(self, scraper: Scraper, canary: Canary | None = None, budget: float | None = None,
+                 results: list[Result] | None = None) -> None:
+        self.scraper, self.canary, self.budget, self.results = scraper, canary, budget, results
 
     def with_budget(self, budget: float | None) -> ExporterCollector:
         return ExporterCollector(self.scraper, self.canary, budget)
 
+    def with_results(self, results: list[Result]) -> ExporterCollector:
+        return ExporterCollector(self.scraper, self.canary, results=results)
+
     def collect(self) -> Iterable[Family]:
-        results = self.scraper.scrape_all(self.budget)
+        results = self.results if self.results is not None else self.scraper.scrape_all(self.budget)
         yield from collect_engine(results)
         yield from collect_figures(results)
         yield from collect_canary(self.canary)

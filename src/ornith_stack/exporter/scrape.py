@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import heapq
 import http.client
+import ipaddress
 import json
 import logging
 import math
@@ -24,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit, urlunsplit
 
 from ornith_stack.deployment import METRICS_PATH
@@ -41,11 +42,6 @@ MAX_INFO_BYTES = 1024 * 1024
 KEEP = frozenset(name for adapter in ADAPTERS.values() for name in adapter.sample_names())
 # An engine that did not say its version is asked again after this many scrapes.
 INFO_RETRY_SCRAPES = 20
-# Scrapes of one target running at once (overlapping Prometheus servers); one more is refused as a
-# timeout at once. The worker pool holds this many per target, so a stuck target never takes a worker
-# another target needs.
-PER_TARGET_SCRAPES = 4
-
 Labels = tuple[str, ...]
 Buckets = list[tuple[str, float]]
 
@@ -100,6 +96,10 @@ class Result:
     histograms: dict[str, tuple[Buckets, float]] = field(default_factory=dict)
     error: str | None = None
     reason: str | None = None
+    # The engine behind the target: its kind, the address that answered and the URL's path (Reply.peer).
+    identity: str = ""
+    # The label of an earlier target reaching the same engine: this one's figures are reported there.
+    duplicate_of: str | None = None
 
 
 @dataclass
@@ -115,37 +115,87 @@ class TargetState:
     skipped: dict[str, int] = field(default_factory=dict)
     restarts: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    slots: threading.BoundedSemaphore = field(
-        default_factory=lambda: threading.BoundedSemaphore(PER_TARGET_SCRAPES), repr=False)
+    # The scrape of this target running now: every exporter answer in the meantime waits for it (single
+    # flight), so a healthy target reads up to any number of concurrent scrapers and gets one request.
+    in_flight: Future[Result] | None = field(default=None, repr=False)
+    duplicate_of: str | None = None  # as last reported, to log a change once
 
     def count_error(self, reason: str) -> None:
         with self.lock:
             self.errors[reason] = self.errors.get(reason, 0) + 1
 
 
+@dataclass
+class Round:
+    """One exporter answer's view of every target: the shared scrapes it waits for, until `deadline`."""
+
+    scraper: Scraper
+    start: float
+    deadline: float
+    futures: list[Future[Result]]
+
+    def wait(self) -> None:
+        wait(self.futures, timeout=max(0.0, self.deadline - time.monotonic()))
+
+    def results(self) -> list[Result]:
+        """Each target's result; a scrape still running now is a timeout for this answer only."""
+        results = [self.scraper.outcome(state, future, self.start)
+                   for state, future in zip(self.scraper.states, self.futures, strict=True)]
+        return deduplicate(self.scraper.states, results)
+
+
+def deduplicate(states: list[TargetState], results: list[Result]) -> list[Result]:
+    """The results with every target that reaches the same engine as an earlier one (localhost and
+    127.0.0.1, a service name and its address) emptied of figures, so no total counts an engine twice."""
+    first: dict[str, Target] = {}
+    kept = []
+    for state, result in zip(states, results, strict=True):
+        owner = first.setdefault(result.identity, result.target) if result.up and result.identity else result.target
+        same_as = owner.label if owner is not result.target else None
+        if same_as is not None:
+            result = replace(result, values={}, histograms={}, duplicate_of=same_as)
+        with state.lock:
+            changed, state.duplicate_of = state.duplicate_of != same_as, same_as
+        if changed and same_as is not None:
+            log.warning("%s reaches the same engine as %s (%s): its figures are reported once, under %s",
+                        result.target.label, same_as, result.identity, same_as)
+        kept.append(result)
+    return kept
+
+
 class Scraper:
     """Scrapes all targets concurrently; `scrape_all` is one exporter scrape.
 
-    Concurrent calls (two Prometheus servers) run side by side: nothing is serialised but the few
-    updates of one target's state.
+    Concurrent calls (two Prometheus servers, Grafana, a curl) share the scrape of a target already in
+    flight instead of starting another: one request per target at a time, whatever the number of
+    scrapers, and each scraper waits for it within its own deadline.
     """
 
     def __init__(self, targets: list[Target], timeout: float = 3.0) -> None:
         self.timeout = timeout
         self.states = [TargetState(t) for t in targets]
-        # Threads start on demand; every target's slots fit, so no target waits for another's worker.
-        self._pool = ThreadPoolExecutor(max_workers=max(1, PER_TARGET_SCRAPES * len(targets)),
-                                        thread_name_prefix="scrape")
+        # One scrape per target runs at a time, so one worker per target: no target waits for another's.
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(targets)), thread_name_prefix="scrape")
+
+    def begin(self, budget: float | None = None) -> Round:
+        """Start (or join) a scrape of every target; the round's deadline is `budget` seconds away (at most
+        --timeout). A scrape started here runs to --timeout whoever started it, so a scraper with a short
+        budget never cuts short the answer a later one with a longer budget is waiting for."""
+        budget = self.timeout if budget is None else max(0.05, min(self.timeout, budget))
+        start = time.monotonic()
+        futures = []
+        for state in self.states:
+            with state.lock:
+                if state.in_flight is None or state.in_flight.done():
+                    state.in_flight = self._pool.submit(self._scrape_one, state, start + self.timeout)
+                futures.append(state.in_flight)
+        return Round(self, start, start + budget, futures)
 
     def scrape_all(self, budget: float | None = None) -> list[Result]:
         """One round over every target, each answered within `budget` seconds (at most --timeout)."""
-        budget = self.timeout if budget is None else max(0.05, min(self.timeout, budget))
-        start = time.monotonic()
-        deadline = start + budget
-        futures = [self._pool.submit(self._scrape_slot, state, deadline) if state.slots.acquire(blocking=False)
-                   else None for state in self.states]
-        wait([f for f in futures if f is not None], timeout=budget)
-        return [self._outcome(state, future, start) for state, future in zip(self.states, futures, strict=True)]
+        round_ = self.begin(budget)
+        round_.wait()
+        return round_.results()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -160,7 +210,7 @@ class Scraper:
         state = next(s for s in self.states if s.target == target)
         if state.adapter is None:
             try:
-                _, adapter = self._fetch_metrics(state.target, time.monotonic() + self.timeout)
+                _, adapter, _ = self._fetch_metrics(state.target, time.monotonic() + self.timeout)
             except (ScrapeError, TimeoutError):
                 return None
             with state.lock:
@@ -168,40 +218,33 @@ class Scraper:
         return state.adapter
 
     # -- one target ---------------------------------------------------------------------------
-    def _outcome(self, state: TargetState, future: Future[Result] | None, start: float) -> Result:
-        if future is None:
-            result = _down(state, start, "timeout",
-                           f"{state.target.public}: {PER_TARGET_SCRAPES} earlier scrapes still running")
-        elif future.done():
-            result = future.result()
-        else:  # the worker is stopped by its own deadline; this scrape does not wait for it
-            result = _down(state, start, "timeout", f"{state.target.public}: no answer within the deadline")
-        if result.reason is not None:
-            state.count_error(result.reason)
+    def outcome(self, state: TargetState, future: Future[Result], start: float) -> Result:
+        if future.done():
+            return future.result()  # its error, if any, was counted once by the scrape itself
+        # This answer stops waiting; the scrape runs on, for the scrapers still waiting for it.
+        result = _down(state, start, "timeout", f"{state.target.public}: no answer within the deadline")
+        state.count_error("timeout")
         return result
-
-    def _scrape_slot(self, state: TargetState, deadline: float) -> Result:
-        try:
-            return self._scrape_one(state, deadline)
-        finally:
-            state.slots.release()
 
     def _scrape_one(self, state: TargetState, deadline: float) -> Result:
         start = time.monotonic()
         with state.lock:
             state.scrapes += 1
         try:
-            return self._scrape_checked(state, start, deadline)
+            result = self._scrape_checked(state, start, deadline)
         except ScrapeError as exc:
-            return _down(state, start, exc.reason, str(exc))
+            result = _down(state, start, exc.reason, str(exc))
         except TimeoutError as exc:
-            return _down(state, start, "timeout", f"{state.target.public}: {exc}")
+            result = _down(state, start, "timeout", f"{state.target.public}: {exc}")
         except Exception as exc:  # a bug must cost one target one scrape, never the exporter
             log.exception("scraping %s failed", state.target.public)
-            return _down(state, start, "internal", f"{type(exc).__name__}: {exc}")
+            result = _down(state, start, "internal", f"{type(exc).__name__}: {exc}")
+        if result.reason is not None:
+            state.count_error(result.reason)
+        return result
 
     def _scrape_checked(self, state: TargetState, start: float, deadline: float) -> Result:
-        samples, adapter = self._fetch_metrics(state.target, deadline)
+        samples, adapter, identity = self._fetch_metrics(state.target, deadline)
         with state.lock:
             info = state.info if adapter is state.adapter else None
             ask = info is None or (info.version is None and state.scrapes - state.info_asked_at >= INFO_RETRY_SCRAPES)
@@ -210,9 +253,11 @@ class Scraper:
         if ask:
             info = self._fetch_info(adapter, state.target, deadline)
         assert info is not None
-        result = Result(state.target, up=True, duration=0.0, adapter=adapter, info=info,
-                        model=adapter.served_model(samples) or info.model or "")
-        skipped = read_figures(result, samples)
+        skipped: dict[str, int] = defaultdict(int)
+        shown = replace(info, version=bounded(info.version, skipped), draft=bounded(info.draft, skipped))
+        result = Result(state.target, up=True, duration=0.0, adapter=adapter, info=shown,
+                        model=bounded(adapter.served_model(samples) or info.model, skipped) or "", identity=identity)
+        read_figures(result, samples, skipped)
         self._remember(state, adapter, info, result, skipped, start)
         result.duration = time.monotonic() - start
         return result
@@ -232,8 +277,10 @@ class Scraper:
                 known = None  # a restart may be an upgrade: ask the version again
             state.adapter, state.info, state.last_counters, state.last_read_at = adapter, known, counters, started
 
-    def _fetch_metrics(self, target: Target, deadline: float) -> tuple[Samples, EngineAdapter]:
-        status, body = http_get(target.url + METRICS_PATH, deadline, MAX_BODY_BYTES, target.api_key)
+    def _fetch_metrics(self, target: Target, deadline: float) -> tuple[Samples, EngineAdapter, str]:
+        """The engine's samples, its adapter and the address that answered (see `Reply.peer`)."""
+        with http_open(target.url + METRICS_PATH, deadline, headers=scrape_headers(target.api_key)) as reply:
+            status, body, peer = reply.status, read_body(reply, MAX_BODY_BYTES), reply.peer
         where = target.public
         if status != 200:
             raise ScrapeError("http_status", f"{where}/metrics: HTTP {status}")
@@ -246,16 +293,20 @@ class Scraper:
         adapter = detect_adapter(samples)
         if adapter is None:
             raise ScrapeError("unknown_engine", f"{where}/metrics: no vLLM or SGLang metrics in the answer")
-        return samples, adapter
+        return samples, adapter, f"{adapter.kind} {peer}{urlsplit(target.url).path}"
 
     def _fetch_info(self, adapter: EngineAdapter, target: Target, deadline: float) -> EngineInfo:
-        """Version, model and draft from the engine's info endpoint; empty when none answers in time."""
+        """Version, model and draft from the engine's info endpoint; empty when none answers in time or
+        the answer is not what an engine sends. /metrics alone says whether a target is up."""
         for path in adapter.info_paths:
             try:
                 status, body = http_get(target.url + path, deadline, MAX_INFO_BYTES, target.api_key)
                 if status == 200:
                     return adapter.parse_info(json.loads(body))
-            except (ScrapeError, ValueError, TimeoutError):
+            except (ScrapeError, TimeoutError):
+                continue
+            # Hostile JSON: 200,000 `[` make json.loads raise RecursionError, odd shapes trip the parser.
+            except Exception:  # noqa: BLE001 - whatever an info answer does, it costs the version only
                 continue
         return EngineInfo()
 
@@ -273,13 +324,46 @@ RESTART_COUNTERS = (C.SPEC_STEPS, C.GENERATION_TOKENS, C.PROMPT_TOKENS, C.DECODE
 
 
 # -- from engine samples to unified figures ---------------------------------------------------------
-def read_figures(result: Result, samples: Samples) -> dict[str, int]:
-    """Fill `result` with the unified figures of one scrape; returns the samples skipped, by reason."""
+def bounded(value: str | None, skipped: dict[str, int]) -> str | None:
+    """An engine-supplied label value (model, version, draft) cut to C.MAX_LABEL_LENGTH characters, the
+    cut counted: a 1 MiB model name would otherwise be copied into every series of the target."""
+    if value is None or len(value) <= C.MAX_LABEL_LENGTH:
+        return value
+    skipped["long_label"] += 1
+    return value[: C.MAX_LABEL_LENGTH - 1] + "\u2026"
+
+
+def rejected(metric: C.Metric, value: float) -> str | None:
+    """Why an engine figure cannot be passed on (every catalogue figure is a count, a length or a ratio)."""
+    if not math.isfinite(value):
+        return "not_finite"
+    if metric.unit == C.RATIO and not 0.0 <= value <= 1.0:
+        return "out_of_range"
+    return "negative" if value < 0 else None
+
+
+def read_figures(result: Result, samples: Samples, skipped: dict[str, int]) -> None:
+    """Fill `result` with the unified figures of one scrape, counting in `skipped` (by reason) every
+    sample left out: not a valid figure, or past the caps on buckets and series per target."""
     adapter, values = result.adapter, result.values
     assert adapter is not None
+    room = C.MAX_SERIES_PER_TARGET
+
+    def fits(series: int) -> bool:
+        nonlocal room
+        if series > room:
+            skipped["too_many_series"] += series
+            return False
+        room -= series
+        return True
 
     def put(metric: C.Metric, value: float | None, extra: Labels = ()) -> None:
-        if value is not None and math.isfinite(value):
+        if value is None:
+            return
+        reason = rejected(metric, value)
+        if reason is not None:
+            skipped[reason] += 1
+        elif fits(1):
             values.setdefault(metric.name, []).append((extra, value))
 
     spec = adapter.spec_counters(samples, result.info)
@@ -287,8 +371,6 @@ def read_figures(result: Result, samples: Samples) -> dict[str, int]:
         put(C.SPEC_STEPS, spec.steps)
         put(C.SPEC_ACCEPTED_TOKENS, spec.accepted)
         put(C.SPEC_DRAFT_TOKENS, spec.drafted)
-        for position, count in sorted(spec.accepted_per_position.items())[: C.MAX_POSITIONS]:
-            put(C.SPEC_ACCEPTED_PER_POSITION, count, (str(position),))
     reported = adapter.reported_acceptance(samples)
     if reported is not None:
         put(C.SPEC_ENGINE_ACCEPTANCE_LENGTH, reported.length)
@@ -301,36 +383,42 @@ def read_figures(result: Result, samples: Samples) -> dict[str, int]:
     put(C.REQUESTS_WAITING, adapter.read(samples, names.requests_waiting))
     put(C.KV_CACHE_USAGE, adapter.kv_usage(samples))
     put(C.MAMBA_CACHE_USAGE, adapter.mamba_usage(samples))
-    skipped: dict[str, int] = defaultdict(int)
     for metric, field_name in ((C.TTFT, "ttft"), (C.ITL, "itl"), (C.E2E, "e2e")):  # base.HISTOGRAMS
-        histogram, bad = passthrough_histogram(samples, getattr(names, field_name))
-        skipped["bad_bucket"] += bad
-        if histogram is not None:
+        histogram = passthrough_histogram(samples, getattr(names, field_name), skipped)
+        if histogram is not None and fits(len(histogram[0]) + 2):  # buckets, _sum and _count
             result.histograms[metric.name] = histogram
-    return {reason: count for reason, count in skipped.items() if count}
+    if spec is not None:  # last: past the series cap, draft positions go first
+        for position, count in sorted(spec.accepted_per_position.items())[: C.MAX_POSITIONS]:
+            put(C.SPEC_ACCEPTED_PER_POSITION, count, (str(position),))
 
 
-def passthrough_histogram(samples: Samples, name: str) -> tuple[tuple[Buckets, float] | None, int]:
+def passthrough_histogram(samples: Samples, name: str, skipped: dict[str, int]) -> tuple[Buckets, float] | None:
     """An engine histogram summed over its own label sets (engine cores), buckets as the engine has them.
 
-    Returns the histogram (None without a +Inf bucket) and the number of buckets skipped: an `le` that is
-    not a number, NaN or -Inf, or a count that is not finite, cannot be placed, and is left out."""
+    None without a +Inf bucket. Counted in `skipped`: bad_bucket, an `le` that is not a number, NaN or
+    -Inf, or a count that is not finite and not negative, cannot be placed and is left out; too_many_buckets,
+    past C.MAX_BUCKETS the finite buckets are thinned evenly (a coarser histogram, still cumulative)."""
     per_le: dict[float, float] = defaultdict(float)
-    bad = 0
     for sample in samples.get(f"{name}_bucket", []):
         try:
             le = float(sample.labels.get("le", "nan"))
         except ValueError:
             le = math.nan
-        if math.isnan(le) or le == -math.inf or not math.isfinite(sample.value):
-            bad += 1
+        if math.isnan(le) or le == -math.inf or not math.isfinite(sample.value) or sample.value < 0:
+            skipped["bad_bucket"] += 1
             continue
         per_le[le] += sample.value
     if math.inf not in per_le:
-        return None, bad
-    buckets = [("+Inf" if le == math.inf else _le(le), value) for le, value in sorted(per_le.items())]
+        return None
+    finite = sorted(le for le in per_le if le != math.inf)
+    if len(finite) >= C.MAX_BUCKETS:
+        keep = C.MAX_BUCKETS - 1
+        chosen = [finite[round(i * (len(finite) - 1) / (keep - 1))] for i in range(keep)]
+        skipped["too_many_buckets"] += len(finite) - keep
+        finite = chosen
+    buckets = [(_le(le), per_le[le]) for le in finite] + [("+Inf", per_le[math.inf])]
     total = samples.total(f"{name}_sum")
-    return (buckets, total if total is not None and math.isfinite(total) else 0.0), bad
+    return buckets, total if total is not None and math.isfinite(total) else 0.0
 
 
 def _le(value: float) -> str:
@@ -405,6 +493,19 @@ class Reply:
 
     def header(self, name: str) -> str:
         return (self.response.getheader(name) or "").strip().lower()
+
+    @property
+    def peer(self) -> str:
+        """The address and port that answered, every loopback address as one (an engine listening on
+        all of them is one engine however it is named: localhost, 127.0.0.1, ::1)."""
+        try:
+            host, port = self.sock.getpeername()[:2]
+            address = ipaddress.ip_address(host.partition("%")[0])
+        except (OSError, ValueError):
+            return self.where
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return f"{'loopback' if address.is_loopback else address}:{port}"
 
     def chunks(self) -> Iterator[bytes]:
         """The body as it arrives; ScrapeError timeout past the deadline, truncated when the answer ends
@@ -483,9 +584,13 @@ def bearer(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def scrape_headers(api_key: str = "") -> dict[str, str]:
+    return {"Accept": "text/plain;version=0.0.4", **bearer(api_key)}
+
+
 def http_get(url: str, deadline: float, limit: int, api_key: str = "") -> tuple[int, bytes]:
     """GET `url` within `deadline`: its status and body, at most `limit` bytes after decoding."""
-    with http_open(url, deadline, headers={"Accept": "text/plain;version=0.0.4", **bearer(api_key)}) as reply:
+    with http_open(url, deadline, headers=scrape_headers(api_key)) as reply:
         return reply.status, read_body(reply, limit)
 
 

@@ -1,18 +1,23 @@
-"""The exporter's HTTP side: /metrics for Prometheus and a landing page at /."""
+"""The exporter's HTTP side: /metrics for Prometheus, the targets for its service discovery, a landing page.
+
+Served by httpd.BoundedServer (read timeout, connection cap, a few render threads); a /metrics request
+waits for the engines' scrapes, shared with every other request in the meantime, without holding a thread.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import html
 import json
 import math
 import socket
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from socketserver import ThreadingMixIn
 from urllib.parse import urlsplit
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CONTENT_TYPE_LATEST, ProcessCollector
 
@@ -20,14 +25,17 @@ from ornith_stack.deployment import EXPORTER_PORT, GATEWAY_SD_PATH, METRICS_PATH
 from ornith_stack.errors import UserError
 from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.collectors import ExporterCollector, render
-from ornith_stack.exporter.scrape import Scraper, Target, redact
+from ornith_stack.exporter.httpd import BoundedServer, Limits, Request, Response
+from ornith_stack.exporter.scrape import Result, Scraper, Target, redact
 
 # Kept back from Prometheus' scrape timeout for collecting and writing the answer: this share of it,
 # at least ANSWER_MARGIN_S seconds. Answering takes about 0.05 s after the targets' deadline
 # (tests/unit/test_exporter_faults.py); the rest is headroom for a loaded machine.
 ANSWER_MARGIN_S = 0.25
 ANSWER_MARGIN_SHARE = 0.2
-TIMEOUT_HEADER = "HTTP_X_PROMETHEUS_SCRAPE_TIMEOUT_SECONDS"
+TIMEOUT_HEADER = "x-prometheus-scrape-timeout-seconds"
+# Connections the kernel holds before the server accepts them (a burst of scrapers at once).
+LISTEN_BACKLOG = 512
 # --timeout above this is a mistake (Prometheus' own scrape timeout is seconds, not minutes).
 MAX_TIMEOUT_S = 300.0
 
@@ -42,6 +50,8 @@ class Settings:
     canary_interval: float = 30.0
     # Model Gateways in front of the targets (their metrics URL): offered to Prometheus, not scraped here.
     gateways: list[Target] = field(default_factory=list)
+    limits: Limits = Limits()
+    workers: int = 4  # threads rendering answers
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -72,10 +82,10 @@ def check_timeout(timeout: float) -> float:
     return timeout
 
 
-def scrape_budget(environ: dict) -> float | None:
+def scrape_budget(headers: dict[str, str]) -> float | None:
     """This scrape's deadline in seconds from Prometheus' header, less a margin for the answer."""
     try:
-        seconds = float(environ.get(TIMEOUT_HEADER, ""))
+        seconds = float(headers.get(TIMEOUT_HEADER, ""))
     except ValueError:
         return None
     if not math.isfinite(seconds) or seconds <= 0:
@@ -96,45 +106,95 @@ def normalise_target(url: str) -> str:
     return url.removesuffix(METRICS_PATH)
 
 
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+# Methods every route answers; anything else is 405 without touching the engines.
+METHODS = ("GET", "HEAD")
+TEXT = [("Content-Type", "text/plain; charset=utf-8")]
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
+class App:
+    """The exporter's routes. `handle` is what the server awaits; `respond` the same answer computed
+    synchronously (tests, and every route but /metrics, which is cheap)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.scraper = Scraper(settings.targets, timeout=settings.timeout)
+        self.canary = (Canary(settings.targets, interval=settings.canary_interval, adapter_of=self.scraper.adapter_of)
+                       if settings.canary else None)
+        self.collector = ExporterCollector(self.scraper, self.canary)
+        self.process = ProcessCollector(registry=None)
+        # Rendering is CPU work: a few threads, however many scrapers wait.
+        self.pool = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="render")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.scraper.close()
+        if self.canary is not None:
+            self.canary.stop()
+
+    def check(self, request: Request) -> Response | None:
+        """The answer that needs no scrape (an error, HEAD, a page), or None for a /metrics scrape."""
+        if request.method not in METHODS:
+            return Response(405, [*TEXT, ("Allow", ", ".join(METHODS))], b"method not allowed: GET or HEAD\n")
+        if request.path == METRICS_PATH:
+            # HEAD says the route is there without scraping every engine for a body nobody reads.
+            return Response(200, [("Content-Type", CONTENT_TYPE_LATEST)], length=False) \
+                if request.method == "HEAD" else None
+        if request.path in ("/", "/index.html"):
+            return Response(200, [("Content-Type", "text/html; charset=utf-8")], landing_page(self.settings).encode())
+        if request.path in (SD_PATH, GATEWAY_SD_PATH):
+            listed = self.settings.targets if request.path == SD_PATH else self.settings.gateways
+            return Response(200, [("Content-Type", "application/json")], json.dumps(service_discovery(listed)).encode())
+        # Any other path (`//metrics` included) is not a route: no scrape, so no way to multiply scrapes.
+        return Response(404, TEXT, f"not found: the metrics are at {METRICS_PATH}\n".encode())
+
+    def metrics(self, request: Request, results: list[Result]) -> Response:
+        body = render([*self.collector.with_results(results).collect(), *self.process.collect()])
+        headers = [("Content-Type", CONTENT_TYPE_LATEST)]
+        if "gzip" in request.header("Accept-Encoding"):  # Prometheus asks for it on every scrape
+            body, headers = gzip.compress(body), [*headers, ("Content-Encoding", "gzip")]
+        return Response(200, headers, body)
+
+    def respond(self, request: Request) -> Response:
+        answer = self.check(request)
+        if answer is not None:
+            return answer
+        return self.metrics(request, self.scraper.scrape_all(scrape_budget(request.headers)))
+
+    async def handle(self, request: Request) -> Response:
+        answer = self.check(request)
+        if answer is not None:
+            return answer
+        round_ = self.scraper.begin(scrape_budget(request.headers))
+        await until_done(round_.futures, round_.deadline)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, self.metrics, request, round_.results())
+
+
+async def until_done(futures: list[Future[Result]], deadline: float) -> None:
+    """Wait, without a thread, until every future is done or `deadline` (time.monotonic()) passes. The
+    scrapes are shared with other answers, so waiting here never cancels them."""
+    loop = asyncio.get_running_loop()
+    pending = {f for f in futures if not f.done()}
+    if not pending:
+        return
+    all_done = loop.create_future()
+
+    def landed() -> None:
+        if not all_done.done() and all(f.done() for f in pending):
+            all_done.set_result(None)
+
+    def from_worker(_: Future[Result]) -> None:
+        try:
+            loop.call_soon_threadsafe(landed)
+        except RuntimeError:  # the loop has closed: nobody waits any more
+            pass
+
+    for future in pending:
+        future.add_done_callback(from_worker)
+    try:
+        await asyncio.wait_for(all_done, max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
         pass
-
-
-def build_app(settings: Settings) -> tuple[Callable, Scraper, Canary | None]:
-    scraper = Scraper(settings.targets, timeout=settings.timeout)
-    canary = (Canary(settings.targets, interval=settings.canary_interval, adapter_of=scraper.adapter_of)
-              if settings.canary else None)
-    collector = ExporterCollector(scraper, canary)
-    process = ProcessCollector(registry=None)
-
-    def metrics(environ: dict) -> bytes:
-        # Each request scrapes with its own deadline and none waits for another.
-        return render([*collector.with_budget(scrape_budget(environ)).collect(), *process.collect()])
-
-    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        if path in ("/", "/index.html"):
-            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-            return [landing_page(settings).encode()]
-        if path == METRICS_PATH:
-            body, headers = metrics(environ), [("Content-Type", CONTENT_TYPE_LATEST)]
-            if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):  # Prometheus asks for it on every scrape
-                body, headers = gzip.compress(body), [*headers, ("Content-Encoding", "gzip")]
-            start_response("200 OK", [*headers, ("Content-Length", str(len(body)))])
-            return [body]
-        if path in (SD_PATH, GATEWAY_SD_PATH):
-            start_response("200 OK", [("Content-Type", "application/json")])
-            listed = settings.targets if path == SD_PATH else settings.gateways
-            return [json.dumps(service_discovery(listed)).encode()]
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found: the metrics are at /metrics\n"]
-
-    return app, scraper, canary
 
 
 def service_discovery(targets: Iterable[Target]) -> list[dict]:
@@ -167,24 +227,18 @@ def landing_page(settings: Settings) -> str:
 
 def serve(settings: Settings, ready: threading.Event | None = None) -> None:
     """Serve until interrupted."""
-    app, scraper, canary = build_app(settings)
-    family = address_family(settings.host)
-
-    class server_class(_Server):  # noqa: N801 - a class made for this one server
-        address_family = family
-
+    app = App(settings)
     try:
-        httpd = make_server(settings.host, settings.port, app, server_class=server_class, handler_class=_QuietHandler)
+        sock = socket.create_server((settings.host, settings.port), family=address_family(settings.host),
+                                    backlog=LISTEN_BACKLOG)
     except OSError as exc:
+        app.close()
         raise UserError(f"cannot listen on {settings.host or '*'}:{settings.port}: {exc.strerror}") from None
-    if canary is not None:
-        canary.start()
-    if ready is not None:
-        ready.set()
+    if app.canary is not None:
+        app.canary.start()
+    server = BoundedServer(app.handle, settings.limits)
     try:
-        httpd.serve_forever()
+        asyncio.run(server.serve(sock, ready.set if ready is not None else None))
     finally:
-        httpd.server_close()
-        scraper.close()
-        if canary is not None:
-            canary.stop()
+        sock.close()
+        app.close()

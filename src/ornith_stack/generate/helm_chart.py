@@ -37,6 +37,7 @@ README_SOURCE = f"src/ornith_stack/templates/helm-readme.md.j2 and {VALUES}"
 # values-<profile>.yaml.
 PROFILE_SECTION = "Profile"
 RULES_SOURCE = "src/ornith_stack/generate/prometheus.py (the rule groups of monitoring/prometheus/rules/)"
+LIMITS_SOURCE = "src/ornith_stack/generate/prometheus.py (the scrape limits of monitoring/prometheus/prometheus.yml)"
 DASHBOARDS_SOURCE = f"{dashboards.SOURCE} (the dashboards of {dashboards.DASHBOARD_DIR}/)"
 ALERTMANAGER_SOURCE = f"src/ornith_stack/generate/alertmanager.py (what {alertmanager.CONFIG} routes and inhibits)"
 
@@ -139,6 +140,8 @@ def files(root: Path) -> Iterator[GeneratedFile]:
     yield GeneratedFile(f"{CHART}/values.schema.json", SCHEMA_SOURCE, lambda: _schema(root))
     yield GeneratedFile(f"{CHART}/README.md", README_SOURCE, lambda: _readme(root))
     yield GeneratedFile(f"{CHART}/files/prometheus-rules.yaml", RULES_SOURCE, _rules)
+    yield GeneratedFile(f"{CHART}/files/scrape-limits.yaml", LIMITS_SOURCE,
+                        lambda: with_header(LIMITS_SOURCE, prometheus.dump(prometheus.service_monitor_limits()), "yaml"))
     yield GeneratedFile(f"{CHART}/files/grafana-dashboards.yaml", DASHBOARDS_SOURCE, _dashboards)
     yield GeneratedFile(f"{CHART}/files/alertmanager-config.yaml", ALERTMANAGER_SOURCE, _alertmanager_config)
     for scenario in SCENARIOS:

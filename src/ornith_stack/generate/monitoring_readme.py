@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ornith_stack.exporter import catalogue as C
+from ornith_stack.exporter.httpd import Limits
 from ornith_stack.generate import alerts
 from ornith_stack.generate.core import GeneratedFile, environment, with_header
 
@@ -21,6 +22,12 @@ def readme() -> str:
         error_reasons=C.ERROR_REASONS,
         canary_outcomes=C.CANARY_OUTCOMES,
         max_positions=C.MAX_POSITIONS,
+        skip_reasons=C.SKIP_REASONS,
+        max_buckets=C.MAX_BUCKETS,
+        max_series=C.MAX_SERIES_PER_TARGET,
+        max_label_length=C.MAX_LABEL_LENGTH,
+        max_targets=C.MAX_TARGETS,
+        limits=Limits(),
         alerts=alerts.alert_rules()["groups"][0]["rules"],
         acceptance_5m=C.SPEC_ACCEPTANCE_LENGTH.name,
         expected_acceptance=C.EXPECTED_ACCEPTANCE,
