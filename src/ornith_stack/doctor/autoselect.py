@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ornith_stack.doctor.gpu import GpuInfo
 from ornith_stack.errors import UserError
-from ornith_stack.gpus import identify
+from ornith_stack.gpus import entry_matches, identify
 from ornith_stack.planner import plan_request, request_for_profile
 from ornith_stack.planner.layout import DEFAULT_RECIPE, compute_layout
 from ornith_stack.profiles import load_profile, profile_names
@@ -22,8 +22,8 @@ def least_memory(gpus: list[GpuInfo]) -> float | None:
 
 def matched_name(profile: Profile, gpu_name: str) -> str | None:
     """The GPU-table key of `gpu_name` when the profile runs on that GPU, else None."""
-    gpu, found = profile.hardware.gpu, identify(gpu_name)
-    return found.key if gpu and found and found.key in gpu.models else None
+    gpu = profile.hardware.gpu
+    return next((m for m in gpu.models if entry_matches(m, gpu_name)), None) if gpu else None
 
 
 def choose_profile(name: str, gpus: list[GpuInfo]) -> tuple[Profile | None, str | None]:
