@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ornith_stack.errors import UserError
+from ornith_stack.planner.capabilities import attention_backend_line, unrunnable
 from ornith_stack.planner.common import attention_bytes_per_token, mamba_state_bytes, tp_divisibility
 from ornith_stack.planner.model import GIB, Caps, Plan, PlanRequest, Problem, cdiv, gib
 from ornith_stack.planner.shapes import ModelShape, VisionShape
@@ -432,6 +433,9 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
         notes.append(f"the KV pool ({sp.kv_tokens:,} tokens) is shorter than the context length "
                      f"({req.max_model_len:,}): the longest request is limited by the pool")
     notes += _release_notes(req, sp)
+    backend = attention_backend_line(s.extra, req.compute_capability, bool(s.speculative_method))
+    if backend:
+        notes.append(f"{backend} on sm{req.compute_capability}")
     problems = _check(req, sp, headroom)
     result = Plan(
         engine="sglang", engine_version=req.engine_version, profile=req.profile, model=shape.name,
@@ -514,17 +518,19 @@ def refuse_tp(shape: ModelShape, tp: int) -> None:
 
 def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
     s = req.settings
+    problems = [Problem("flags", f"--{flag} is not a flag of SGLang {sp.release.name}: it refuses to start", what)
+                for flag, what in sp.release.removed_flags.items() if flag in s.extra]
+    problems += [Problem("flags", bad.line(), f"drop --{bad.flag} (`profiles new` drops it for this GPU)")
+                 for bad in unrunnable(s.extra, req.compute_capability)]
     if sp.rest <= 0:
         # _profile_available_bytes raises this ValueError before any pool exists.
         weights = req.weights_per_gpu() + req.draft_weights_per_gpu()
         minimum = math.ceil(weights / (req.memory_before_load_gib * GIB) * 1000) / 1000  # SGLang's suggestion
         fix = (f"--mem-fraction-static above {minimum:.3f}" if minimum < 1
                else f"--tp {s.tp * 2} (more GPUs) or a smaller checkpoint")
-        return [Problem("weights", f"SGLang: loaded weights ({gib(weights)} per GPU, target + draft) leave no "
+        return [*problems, Problem("weights", f"SGLang: loaded weights ({gib(weights)} per GPU, target + draft) leave no "
                         f"GPU memory for the KV cache under --mem-fraction-static={sp.mem_fraction_static:g}",
                         fix)]
-    problems = [Problem("flags", f"--{flag} is not a flag of SGLang {sp.release.name}: it refuses to start", what)
-                for flag, what in sp.release.removed_flags.items() if flag in s.extra]
     if req.shape.is_hybrid and sp.mamba.slots <= 0:
         problems.append(Problem(
             "mamba state cache", f"SGLang: not enough GPU memory for the hybrid state cache "
