@@ -9,8 +9,9 @@ from typing import Any
 from ornith_stack import deployment
 from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
-from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, with_header
+from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, render, with_header
 from ornith_stack.planner.disk import disk_need
+from ornith_stack.planner.layout import Layout, profile_document
 from ornith_stack.profiles import images, load_profile, shipped_profile_names
 from ornith_stack.profiles.images import parse_image
 from ornith_stack.profiles.model import Profile
@@ -134,3 +135,13 @@ def files(root: Path) -> Iterator[GeneratedFile]:
         for pattern, template, style in TARGETS:
             if (TEMPLATES / template).is_file():
                 yield GeneratedFile(pattern.format(name=name), source(name, template), _builder(name, template, style))
+
+
+def save_computed(layout: Layout, folder: Path, out: Path, command: str) -> list[Path]:
+    """Write a computed profile (`profiles new`, or `up` following `--profile auto`) into the operator's
+    profile folder and its compose file, Helm values and Ansible variables under `out`; the paths written."""
+    profile_file = folder / f"{layout.profile.name}.yaml"
+    document = profile_document(layout, command)
+    written = render(out, operator_files(layout.profile, profile_file, command))
+    render(folder, [GeneratedFile(profile_file.name, command, lambda: document)])
+    return [profile_file, *(out / outcome.path for outcome in written)]

@@ -146,7 +146,7 @@ def _candidate(chosen: Recipe, bases: list[tuple[Profile, str]], gpu: GpuModel, 
     draft = from_data(_profile_data(base, chosen, gpu, tp, replicas, name, args), Path(f"{name}.yaml"))
     request = _request(draft, gpu, tp)
     caps = card_caps(request)
-    sized = {**{k: v for k, v in args.items() if caps.flags.get(k, 0) is not None}, 
+    sized = {**{k: v for k, v in args.items() if caps.flags.get(k, 0) is not None},
              **{k: v for k, v in caps.flags.items() if v is not None}}
     profile = from_data(_profile_data(base, chosen, gpu, tp, replicas, name, sized), Path(f"{name}.yaml"))
     changes += [_cap_line(flag, base.serve.args.get(flag), value) for flag, value in caps.flags.items()
