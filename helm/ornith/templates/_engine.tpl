@@ -13,6 +13,9 @@ The engine pod, shared by the Deployment (role "single") and the LeaderWorkerSet
 {{- if gt (int $v.engine.nodes) 1 }}
 {{- $_ := set $env "ORNITH_DIST_PORT" (toString $v.engine.multiNode.port) }}
 {{- end }}
+{{- if $v.compileCache.enabled }}
+{{- $env = merge (deepCopy ($v.compileCache.env | default dict)) $env }}
+{{- end }}
 {{- $env = merge (deepCopy ($v.engine.env | default dict)) $env }}
 {{- range $name := keys $env | sortAlpha }}
 - name: {{ $name }}
@@ -210,6 +213,11 @@ containers:
         mountPath: /home/ornith
       - name: tmp
         mountPath: /tmp
+{{- if $v.compileCache.enabled }}
+      - name: compile-cache
+        mountPath: {{ $v.compileCache.mountPath }}
+        subPath: {{ required "compileCache.key is required (generated values-<profile>.yaml sets it)" $v.compileCache.key }}
+{{- end }}
 {{- with $v.engine.extraVolumeMounts }}
 {{ toYaml . | indent 6 }}
 {{- end }}
@@ -217,6 +225,15 @@ containers:
 {{ include "ornith.exporterContainer" (dict "root" $root "targets" (list (printf "http://127.0.0.1:%d" (int $v.engine.port))) "podName" true) | indent 2 }}
 {{- end }}
 volumes:
+{{- if $v.compileCache.enabled }}
+  - name: compile-cache
+{{- if $v.compileCache.existingClaim }}
+    persistentVolumeClaim:
+      claimName: {{ $v.compileCache.existingClaim }}
+{{- else }}
+    emptyDir: {}
+{{- end }}
+{{- end }}
   - name: shm
     emptyDir:
       medium: Memory

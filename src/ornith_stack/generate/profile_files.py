@@ -87,6 +87,9 @@ def template_context(profile: Profile, style: str, profile_file: Path | None = N
         # An operator's profile is not in the images: compose mounts this file into the containers.
         "profile_file": profile_file,
         "gateway": gateway(profile, replicas, settings.max_running_requests),
+        # Named after the engine build: a new version or image starts with an empty cache.
+        "compile_cache": deployment.compile_cache_key(profile.engine.kind, profile.engine.version,
+                                                      profile.engine.image),
         "profile": profile,
         "adapter": adapter,
         "settings": settings,
