@@ -139,20 +139,6 @@ def register(app: typer.Typer) -> None:
     app.add_typer(profiles, name="profiles")
 
 
-def _card(gpu: str, count: int, memory_gib: float | None, compute_capability: str | None,
-          bandwidth_gbps: float | None) -> GpuModel:
-    """The table's GPU, or a card the operator describes (both --memory-gib and --compute-capability)."""
-    if memory_gib is None and compute_capability is None:
-        if bandwidth_gbps is not None:
-            raise UserError("--bandwidth-gbps describes a card the table lacks: give --memory-gib and "
-                            "--compute-capability with it")
-        return lookup(gpu)
-    if memory_gib is None or compute_capability is None:
-        raise UserError("a card the GPU table lacks needs both --memory-gib and --compute-capability")
-    if identify(gpu) is not None or gpu.lower() in gpu_table():
-        raise UserError(f"{gpu!r} is in the GPU table; drop --memory-gib and --compute-capability")
-    return describe(gpu, memory_gib, compute_capability, bandwidth_gbps, count)
-
     @app.command("launch-args")
     def launch_args_cmd(
         name: Annotated[str, typer.Argument(help="Profile name.")] = DEFAULT_PROFILE,
@@ -166,3 +152,18 @@ def _card(gpu: str, count: int, memory_gib: float | None, compute_capability: st
             raise UserError(f"--port must be a TCP port from 1 to 65535, got {port}")
         argv = launch_args(load_profile(name, parse_sets(sets)), host=host, port=port)
         typer.echo(json.dumps(argv) if as_json else shell_join(argv))
+
+
+def _card(gpu: str, count: int, memory_gib: float | None, compute_capability: str | None,
+          bandwidth_gbps: float | None) -> GpuModel:
+    """The table's GPU, or a card the operator describes (both --memory-gib and --compute-capability)."""
+    if memory_gib is None and compute_capability is None:
+        if bandwidth_gbps is not None:
+            raise UserError("--bandwidth-gbps describes a card the table lacks: give --memory-gib and "
+                            "--compute-capability with it")
+        return lookup(gpu)
+    if memory_gib is None or compute_capability is None:
+        raise UserError("a card the GPU table lacks needs both --memory-gib and --compute-capability")
+    if identify(gpu) is not None or gpu.lower() in gpu_table():
+        raise UserError(f"{gpu!r} is in the GPU table; drop --memory-gib and --compute-capability")
+    return describe(gpu, memory_gib, compute_capability, bandwidth_gbps, count)
