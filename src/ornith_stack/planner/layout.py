@@ -150,7 +150,7 @@ def _candidate(chosen: Recipe, bases: list[tuple[Profile, str]], gpu: GpuModel, 
              **{k: v for k, v in caps.flags.items() if v is not None}}
     profile = from_data(_profile_data(base, chosen, gpu, tp, replicas, name, sized), Path(f"{name}.yaml"))
     changes += [_cap_line(flag, base.serve.args.get(flag), value) for flag, value in caps.flags.items()
-                if base.serve.args.get(flag) != value and (value is not None or flag in base.serve.args)]
+                if str(base.serve.args.get(flag)) != str(value) and (value is not None or flag in base.serve.args)]
     return Layout(chosen, gpu, count, profile, plan_request(_request(profile, gpu, tp)), base_name, caps,
                   tuple(changes), objective)
 
@@ -164,6 +164,8 @@ def _cap_line(flag: str, before: object, value: object) -> str:
     if value is None:
         return f"dropped --{flag} {before}: the engine sizes it on this card"
     was = f" (the seed's {before})" if before is not None else ""
+    if flag == "mem-fraction-static":
+        return f"--{flag} {value}{was}: the headroom holds SGLang's own CUDA-graph and activation reserve on this card"
     return f"--{flag} {value}{was}: sized to this card"
 
 

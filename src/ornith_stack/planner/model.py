@@ -170,7 +170,7 @@ class Caps:
     """Engine flags sized to one card for a computed profile: a value sets the flag, None removes it.
     `running` is 0 when the card has no room for one request (`why` says why)."""
 
-    flags: dict[str, int | None]
+    flags: dict[str, int | float | None]
     running: int
     kv_tokens: int
     why: str

@@ -593,11 +593,19 @@ def card_caps(req: PlanRequest) -> Caps:
     the KV pool and SGLang's own running-request limit written out. The CUDA-graph batch sizes follow:
     SGLang captures up to the running-request limit."""
     base = req.with_settings(max_total_tokens=None, max_running_requests=None, max_mamba_cache_size=None)
+    fraction = resolve_mem_fraction_static(base)
+    # The headroom outside the static pool must hold SGLang's own CUDA-graph and activation reserve for
+    # this card (what its default fraction leaves); a seed's fraction from a larger card is lowered to it.
+    fits = math.floor((1 - reserve_bytes(base) / (base.memory_before_load_gib * GIB)) * 1000) / 1000
+    lowered: dict[str, int | float | None] = {}
+    if fits < fraction:
+        base = base.with_settings(mem_fraction_static=fits)
+        lowered = {"mem-fraction-static": fits}
     sp = split(base)
     limit = sp.requested_running or DFLASH_DEFAULT_MAX_RUNNING_REQUESTS
     if not sp.per_request_state:
         running = running_requests(sp.kv_tokens, base.max_model_len, sp.requested_running, None, sp.ratio)
-        return Caps({"max-running-requests": running, "max-mamba-cache-size": None,
+        return Caps({**lowered, "max-running-requests": running, "max-mamba-cache-size": None,
                      "max-total-tokens": sp.kv_tokens}, running, sp.kv_tokens,
                     f"{running} running requests and the {sp.kv_tokens:,}-token KV pool SGLang sizes on this card")
 
@@ -621,5 +629,5 @@ def card_caps(req: PlanRequest) -> Caps:
         return Caps({}, 0, tokens, f"no room for one request: {tokens:,} KV tokens after one request's state "
                     f"({sp.per_request_state * (sp.ratio + 1 + sp.draft_tokens) / MIB:,.0f} MiB with its verify "
                     "buffers)")
-    return Caps({"max-running-requests": running, "max-mamba-cache-size": sp.ratio * running,
+    return Caps({**lowered, "max-running-requests": running, "max-mamba-cache-size": sp.ratio * running,
                  "max-total-tokens": tokens}, running, tokens, why)
