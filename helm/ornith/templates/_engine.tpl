@@ -3,9 +3,10 @@ The engine pod, shared by the Deployment (role "single") and the LeaderWorkerSet
 "worker"). Called with (dict "root" $ "role" ROLE).
 */}}
 
+{{- /* ORNITH_REPLICA: a pod is one replica on its own GPUs; the doctor checks those, not the node's. */}}
 {{- define "ornith.engineEnv" -}}
 {{- $v := .root.Values }}
-{{- $env := dict "HF_HOME" $v.modelCache.mountPath "HOME" "/home/ornith" "USER" "ornith" "XDG_CACHE_HOME" "/home/ornith/.cache" "ORNITH_PROFILE" $v.profile }}
+{{- $env := dict "HF_HOME" $v.modelCache.mountPath "HOME" "/home/ornith" "USER" "ornith" "XDG_CACHE_HOME" "/home/ornith/.cache" "ORNITH_PROFILE" $v.profile "ORNITH_REPLICA" "pod" }}
 {{- if include "ornith.downloads" .root }}
 {{- /* Everything was fetched by the download Job: never reach the Hub from the engine. */}}
 {{- $_ := set $env "HF_HUB_OFFLINE" "1" }}
