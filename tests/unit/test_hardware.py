@@ -232,11 +232,11 @@ def test_the_compile_cache_is_named_after_the_engine_build() -> None:
     key = deployment.compile_cache_key("sglang", "0.5.17", gpu96.engine.image)
     assert key.startswith("sglang-0-5-17-") and key != deployment.compile_cache_key("sglang", "0.5.21", gpu96.engine.image)
     assert key != deployment.compile_cache_key("sglang", "0.5.17", gpu96.engine.image + "-other")
-    compose = yaml.safe_load(ROOT / "compose" / "gpu96.yml".read_text())
+    compose = yaml.safe_load((ROOT / "compose" / "gpu96.yml").read_text())
     assert f"compile-{key}" in compose["volumes"]
     engine = compose["services"]["engine"]
     assert f"compile-{key}:{deployment.COMPILE_CACHE_PATH}" in engine["volumes"]
     assert all(engine["environment"][k] == v for k, v in deployment.COMPILE_CACHE_ENV.items())
-    values = yaml.safe_load(ROOT / "helm" / "ornith" / "values-gpu96.yaml".read_text())
+    values = yaml.safe_load((ROOT / "helm" / "ornith" / "values-gpu96.yaml").read_text())
     assert values["compileCache"] == {"key": key, "env": deployment.COMPILE_CACHE_ENV}
     assert template_context(gpu96, "compose")["compile_cache"] == key
