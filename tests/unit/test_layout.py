@@ -22,7 +22,6 @@ from ornith_stack.doctor.autoselect import choose_profile
 from ornith_stack.errors import UserError
 from ornith_stack.generate.profile_files import operator_files
 from ornith_stack.gpus import gpu_table, identify, lookup
-from ornith_stack.planner import plan_profile
 from ornith_stack.planner.layout import DEFAULT_RECIPE, compute_layout
 from ornith_stack.profiles import load_all, load_profile
 

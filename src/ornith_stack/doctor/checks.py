@@ -110,9 +110,10 @@ def _check_gpus(report: Report, profile: Profile | None, gpus: list[GpuInfo], er
     elif not replica_only and len(gpus) < profile.gpu_count:
         layout = (f"{profile.serve.replicas} replicas x tp {per_engine} = {profile.gpu_count}"
                   if profile.serve.replicas > 1 else f"tp {per_engine}")
+        offer = computed_offer(gpus[0].name, len(gpus)).removesuffix("; or ") or \
+            "a profile for this host (`ornith-stack profiles new`)"
         report.add("problem", "gpu count", f"{len(gpus)} GPU(s) on this host, profile {report.profile!r} runs "
-                                           f"{layout}; fix: {computed_offer(gpus[0].name, len(gpus)) or 'a profile for this host '}"
-                                           .rstrip("; or "))
+                                           f"{layout}; fix: {offer}")
     for g in gpus[:per_engine]:
         if g.memory_gib is None:
             report.add("problem", "gpu memory", f"#{g.index}: NVML could not read its memory; profile "
@@ -306,10 +307,10 @@ def _check_plan(report: Report, profile: Profile | None, settings: ServeSettings
         # Too few GPUs is reported above; plan with the profile's count so the memory verdict still shows.
         count = len(gpus) if len(gpus) >= profile.gpus_per_engine else None
         # The real GPU's compute capability: the plan refuses flags it cannot run (capabilities.py).
-        capability = {"compute_capability": gpus[0].compute_capability} if gpus and gpus[0].compute_capability \
-            != "unknown" else {}
+        capability = gpus[0].compute_capability if gpus and gpus[0].compute_capability != "unknown" else None
         plan = plan_request(request_for_profile(profile, gpu_memory_gib=memory, gpu_count=count,
-                                                weights_bytes=weights, free_memory_gib=free, **capability))
+                                                weights_bytes=weights, free_memory_gib=free,
+                                                compute_capability=capability))
     except UserError as exc:
         report.add("problem", "plan", str(exc))
         return

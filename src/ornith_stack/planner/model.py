@@ -133,7 +133,9 @@ class PlanRequest:
         """What the engine finds free on each GPU before it loads: its own figure when given, else the
         total (or NVML's free) less the CUDA context, the collective library and the margin."""
         found = self.engine_memory
-        return self.engine_memory_gib if found is None else max(found.free_gib, MIN_GPU_MEMORY_GIB)
+        if found is None and self.engine_memory_gib is not None:
+            return self.engine_memory_gib
+        return max(found.free_gib if found else self.gpu_memory_gib, MIN_GPU_MEMORY_GIB)
 
     @property
     def max_model_len(self) -> int:

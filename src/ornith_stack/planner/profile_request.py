@@ -45,7 +45,8 @@ def request_for_profile(
     draft = _draft_shape(draft_name)
     notes = extra.pop("notes", ())
     if gpu is not None:
-        extra.setdefault("compute_capability", gpu.compute_capability)
+        if extra.get("compute_capability") is None:  # the doctor passes the real GPU's when NVML gave it
+            extra["compute_capability"] = gpu.compute_capability
         table = gpu_table()
         extra.setdefault("unified_memory", any(table[m].unified_memory for m in gpu.models if m in table))
     if draft_name and draft is None:

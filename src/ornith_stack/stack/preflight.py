@@ -19,9 +19,9 @@ from typing import Any
 
 from ornith_stack.doctor import Options, diagnose
 from ornith_stack.errors import UserError
-from ornith_stack.planner.disk import DISK_MARGIN, GIB, disk_need
 from ornith_stack.generate.core import find_root
 from ornith_stack.generate.profile_files import save_computed
+from ornith_stack.planner.disk import DISK_MARGIN, GIB, disk_need
 from ornith_stack.profiles import load_profile, user_profile_dir
 from ornith_stack.profiles.model import Profile
 from ornith_stack.stack.shell import Runner, first_line
