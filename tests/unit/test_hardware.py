@@ -240,3 +240,17 @@ def test_the_compile_cache_is_named_after_the_engine_build() -> None:
     values = yaml.safe_load((ROOT / "helm" / "ornith" / "values-gpu96.yaml").read_text())
     assert values["compileCache"] == {"key": key, "env": deployment.COMPILE_CACHE_ENV}
     assert template_context(gpu96, "compose")["compile_cache"] == key
+
+
+def test_the_h200one_fixture_is_what_profiles_new_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """tests/fixtures/computed/h200one.yaml is the profile the GPU run serves (ORNITH_PROFILE_DIR pointed
+    there); regenerate with ORNITH_UPDATE_GOLDEN=1 after a deliberate change."""
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", str(tmp_path / "profiles"))
+    assert main(["profiles", "new", "h200one", "--gpu", "h200", "--count", "1", "--out", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    golden = ROOT / "tests" / "fixtures" / "computed" / "h200one.yaml"
+    text = (tmp_path / "profiles" / "h200one.yaml").read_text()
+    if os.environ.get("ORNITH_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text()
