@@ -18,6 +18,10 @@ import yaml
 from ornith_stack.errors import UserError
 
 TABLE = Path(str(resources.files(__package__))) / "gpus.yaml"
+# A profile's hardware.gpu.models entry for a card the table lacks: `nvml:` and the name NVML reports.
+NVML_PREFIX = "nvml:"
+# Bandwidth assumed for a described card when none is given (GB/s): only the roofline reads it.
+DEFAULT_BANDWIDTH_GBPS = 1000.0
 Interconnect = Literal["nvswitch", "nvlink", "pcie"]
 _INTERCONNECTS = ("nvswitch", "nvlink", "pcie")
 
@@ -30,10 +34,22 @@ class GpuModel:
     memory_gib: float  # as the card reports it (NVML total); unified parts: the host's MemTotal
     compute_capability: str
     memory_bandwidth_gbps: float
-    datacenter: bool
     interconnect: Interconnect
     host_arch: str = "x86_64"
     per_host: int = 8
+    unified_memory: bool = False
+
+    @property
+    def sm(self) -> tuple[int, int]:
+        """The compute capability as (major, minor)."""
+        major, _, minor = self.compute_capability.partition(".")
+        return int(major), int(minor or 0)
+
+    @property
+    def profile_models(self) -> list[str]:
+        """What a profile's hardware.gpu.models names this GPU by: its table key, or `nvml:NAME` for a
+        card described on the command line (the doctor then matches NVML's name exactly)."""
+        return [self.key] if self.key in gpu_table() else [f"{NVML_PREFIX}{self.nvml[0]}"]
 
     def matches(self, nvml_name: str) -> bool:
         bare = re.sub(r"^nvidia\s+", "", nvml_name.strip(), flags=re.IGNORECASE)
@@ -58,10 +74,10 @@ def _model(key: str, entry: dict[str, object]) -> GpuModel:
         memory_gib=float(entry["memory_gib"]),  # type: ignore[arg-type]
         compute_capability=str(entry["compute_capability"]),
         memory_bandwidth_gbps=float(entry["memory_bandwidth_gbps"]),  # type: ignore[arg-type]
-        datacenter=bool(entry["datacenter"]),
         interconnect=interconnect,  # type: ignore[arg-type]
         host_arch=str(entry.get("host_arch", "x86_64")),
         per_host=int(entry.get("per_host", 8)),  # type: ignore[call-overload]
+        unified_memory=bool(entry.get("unified_memory", False)),
     )
 
 
@@ -78,3 +94,33 @@ def lookup(key_or_name: str) -> GpuModel:
         raise UserError(f"unknown GPU {key_or_name!r}; known: {', '.join(table)} (or an NVML name such as "
                         "'NVIDIA H100 80GB HBM3')")
     return found
+
+
+def describe(name: str, memory_gib: float, compute_capability: str, bandwidth_gbps: float | None = None,
+             count: int = 8) -> GpuModel:
+    """A card the table lacks, as the operator describes it (`profiles new --memory-gib ...
+    --compute-capability ...`): PCIe, x86_64, up to `count` per host, matched by its exact NVML name."""
+    if not re.fullmatch(r"\d+\.\d+", compute_capability):
+        raise UserError(f"--compute-capability must be MAJOR.MINOR such as 8.9, got {compute_capability!r}")
+    if not 1 <= memory_gib <= 1024:
+        raise UserError(f"--memory-gib must be from 1 to 1024 (GiB per GPU, as NVML reports it), got {memory_gib:g}")
+    bare = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.IGNORECASE)
+    key = re.sub(r"[^a-z0-9]+", "-", bare.lower()).strip("-") or "gpu"
+    return GpuModel(key=key, name=name.strip(), nvml=(re.escape(bare),), memory_gib=memory_gib,
+                    compute_capability=compute_capability,
+                    memory_bandwidth_gbps=bandwidth_gbps or DEFAULT_BANDWIDTH_GBPS, interconnect="pcie",
+                    per_host=max(count, 1))
+
+
+def known_model(entry: str) -> bool:
+    """A valid hardware.gpu.models entry: a table key, or `nvml:NAME` for a described card."""
+    return entry in gpu_table() or (entry.startswith(NVML_PREFIX) and len(entry) > len(NVML_PREFIX))
+
+
+def entry_matches(entry: str, nvml_name: str) -> bool:
+    """Whether a hardware.gpu.models entry names the GPU NVML calls `nvml_name`."""
+    if entry.startswith(NVML_PREFIX):
+        bare = re.sub(r"^nvidia\s+", "", nvml_name.strip(), flags=re.IGNORECASE)
+        return re.fullmatch(entry[len(NVML_PREFIX):], bare, flags=re.IGNORECASE) is not None
+    found = identify(nvml_name)
+    return found is not None and found.key == entry

@@ -63,7 +63,7 @@ def test_the_generated_ansible_profile_carries_the_estimate(name: str) -> None:
 def test_up_checks_the_same_estimate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     profile = load_profile("gb300x2")
     checked: list[dict[Path, int]] = []
-    monkeypatch.setattr(P, "choose_profile", lambda name: (profile, None))
+    monkeypatch.setattr(P, "choose_profile", lambda name, root=None: (profile, None))
     monkeypatch.setattr(P, "docker_info", lambda run: {"DockerRootDir": str(tmp_path / "docker")})
     monkeypatch.setattr(P, "compose_version", lambda run: "2.26.1")
     monkeypatch.setattr(P, "check_nvidia_runtime", lambda profile, info: None)

@@ -138,7 +138,7 @@ def test_gpu_mismatches_are_problems() -> None:
     old = GpuInfo(0, "NVIDIA A100-SXM4-80GB", 80.0, "8.0", "545.23.08")
     report = diagnose(Options(profile="a100x2"), gpus=[old])
     lines = [f.line() for f in report.problems]
-    assert any("gpu count: 1 GPU(s) visible" in line for line in lines)
+    assert any("gpu count: 1 GPU(s) on this host, profile 'a100x2' runs tp 2" in line for line in lines)
     assert any("driver: 545.23.08 is below the floor 575.51.03" in line for line in lines)
 
 

@@ -22,7 +22,6 @@ from ornith_stack.doctor.autoselect import choose_profile
 from ornith_stack.errors import UserError
 from ornith_stack.generate.profile_files import operator_files
 from ornith_stack.gpus import gpu_table, identify, lookup
-from ornith_stack.planner import plan_profile
 from ornith_stack.planner.layout import DEFAULT_RECIPE, compute_layout
 from ornith_stack.profiles import load_all, load_profile
 
@@ -33,14 +32,27 @@ OPERATOR_DIR = Path("/home/operator/.config/ornith-stack/profiles")
 # Names as NVML (nvidia-smi) reports them, one or more per table entry.
 NVML_NAMES = {
     "NVIDIA A100-SXM4-40GB": "a100-40gb",
-    "NVIDIA A100-PCIE-40GB": "a100-40gb",
+    "NVIDIA A100-PCIE-40GB": "a100-40gb-pcie",
     "NVIDIA A100-SXM4-80GB": "a100-80gb",
-    "NVIDIA A100 80GB PCIe": "a100-80gb",
+    "NVIDIA A100 80GB PCIe": "a100-80gb-pcie",
     "NVIDIA H100 80GB HBM3": "h100-sxm",
     "NVIDIA H100 PCIe": "h100-pcie",
     "NVIDIA H100 NVL": "h100-nvl",
     "NVIDIA H200": "h200",
-    "NVIDIA H200 NVL": "h200",
+    "NVIDIA H200 NVL": "h200-nvl",
+    "NVIDIA GH200 480GB": "gh200",
+    "NVIDIA GH200 144G HBM3e": "gh200-144g",
+    "NVIDIA H800": "h800",
+    "NVIDIA A800-SXM4-80GB": "a800",
+    "NVIDIA A800 80GB PCIe": "a800-pcie",
+    "NVIDIA A40": "a40",
+    "NVIDIA RTX A6000": "rtx-a6000",
+    "NVIDIA A30": "a30",
+    "NVIDIA L20": "l20",
+    "NVIDIA GeForce RTX 4090 D": "rtx-4090-d",
+    "NVIDIA RTX PRO 5000 Blackwell": "rtx-pro-5000",
+    "NVIDIA H20-3e": "h20-3e",
+    "NVIDIA B300 SXM6 AC": "b300",
     "NVIDIA H20": "h20",
     "NVIDIA B200": "b200",
     "NVIDIA GB200": "gb200",
@@ -75,7 +87,18 @@ def test_every_table_entry_is_complete_and_plausible() -> None:
     for gpu in gpu_table().values():
         assert 16 <= gpu.memory_gib <= 300 and gpu.memory_bandwidth_gbps > 0, gpu.key
         assert gpu.compute_capability in {"8.0", "8.6", "8.9", "9.0", "10.0", "10.3", "12.0", "12.1"}, gpu.key
-    assert not lookup("rtx-4090").datacenter and lookup("h100-sxm").interconnect == "nvswitch"
+    assert lookup("h100-sxm").interconnect == "nvswitch"
+
+
+def test_the_table_corrections_of_issue_30() -> None:
+    # Grace Hopper is one GPU per host, the 144 GB part has its own entry; NVL and PCIe boards are not
+    # NVSwitch; the GB300's GPU and the B300 are the same 288 GB part.
+    assert lookup("gh200").per_host == lookup("gh200-144g").per_host == 1
+    assert identify("NVIDIA GH200 144G HBM3e").memory_gib > 140 > identify("NVIDIA GH200 480GB").memory_gib
+    assert {identify(n).interconnect for n in ("NVIDIA H200 NVL", "NVIDIA A100 80GB PCIe",  # type: ignore[union-attr]
+                                               "NVIDIA A100-PCIE-40GB")} <= {"nvlink", "pcie"}
+    assert lookup("b300").memory_gib == lookup("gb300").memory_gib
+    assert lookup("gb10").unified_memory and not lookup("h200").unified_memory
 
 
 def test_an_unknown_gpu_is_one_error_naming_the_known_ones(capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,29 +122,31 @@ def test_auto_selection_matches_gpus_through_the_table() -> None:
 
 def test_a_profile_naming_a_gpu_the_table_lacks_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text = (Path(load_profile.__code__.co_filename).parent / "a100x2.yaml").read_text()
-    (tmp_path / "typo.yaml").write_text(text.replace("models: [a100-80gb]", "models: [a100-80]"))
+    (tmp_path / "typo.yaml").write_text(text.replace("models: [a100-80gb,", "models: [a100-80,"))
     monkeypatch.setenv("ORNITH_PROFILE_DIR", str(tmp_path))
     with pytest.raises(UserError, match="unknown GPU a100-80; the GPU table knows"):
         load_profile("typo")
 
 
 # -- the planner's layouts ---------------------------------------------------------------------------
-# Per GPU and count 1, 2, 4, 8: "R x tp T" (R replicas of tp T), or "needs N" (refused; N GPUs would fit).
+# Per GPU and count 1, 2, 4, 8: "R x tp T (N)" (R replicas of tp T, N running requests each), or "needs N"
+# (refused; N GPUs would start), planned on the memory the engine finds (engine_memory.py) with the caps
+# sized to the card. L4 x4 and A10 x4 start no request (issue 30); 8x L40S is 2 x tp 4, not 4 x tp 2.
 SEED_000_LAYOUTS = {
-    "h100-sxm": ["needs 2", "1 x tp 2", "2 x tp 2", "4 x tp 2"],
-    "h100-nvl": ["1 x tp 1", "2 x tp 1", "4 x tp 1", "8 x tp 1"],
-    "h200": ["1 x tp 1", "2 x tp 1", "4 x tp 1", "8 x tp 1"],
-    "h20": ["1 x tp 1", "2 x tp 1", "4 x tp 1", "8 x tp 1"],
-    "a100-40gb": ["needs 4", "needs 4", "1 x tp 4", "2 x tp 4"],
-    "a100-80gb": ["needs 2", "1 x tp 2", "2 x tp 2", "4 x tp 2"],
-    "b200": ["1 x tp 1", "2 x tp 1", "4 x tp 1", "8 x tp 1"],
-    "l40s": ["needs 2", "1 x tp 2", "2 x tp 2", "4 x tp 2"],
-    "l4": ["needs 4", "needs 4", "1 x tp 4", "2 x tp 4"],
-    "a10": ["needs 4", "needs 4", "1 x tp 4", "2 x tp 4"],
-    "rtx-pro-6000": ["1 x tp 1", "2 x tp 1", "4 x tp 1", "8 x tp 1"],
-    "rtx-6000-ada": ["needs 2", "1 x tp 2", "2 x tp 2", "4 x tp 2"],
-    "rtx-4090": ["needs 4", "needs 4", "1 x tp 4", "2 x tp 4"],
-    "rtx-5090": ["needs 4", "needs 4", "1 x tp 4", "2 x tp 4"],
+    "h100-sxm": ["needs 2", "1 x tp 2 (37)", "2 x tp 2 (37)", "4 x tp 2 (37)"],
+    "h100-nvl": ["1 x tp 1 (1)", "1 x tp 2 (48)", "2 x tp 2 (48)", "4 x tp 2 (48)"],
+    "h200": ["1 x tp 1 (32)", "2 x tp 1 (32)", "4 x tp 1 (32)", "8 x tp 1 (32)"],
+    "h20": ["1 x tp 1 (2)", "1 x tp 2 (48)", "2 x tp 2 (48)", "4 x tp 2 (48)"],
+    "a100-40gb": ["needs 4", "needs 4", "1 x tp 4 (24)", "2 x tp 4 (24)"],
+    "a100-80gb": ["needs 2", "1 x tp 2 (37)", "2 x tp 2 (37)", "4 x tp 2 (37)"],
+    "b200": ["1 x tp 1 (48)", "2 x tp 1 (48)", "4 x tp 1 (48)", "8 x tp 1 (48)"],
+    "l40s": ["needs 4", "needs 4", "1 x tp 4 (38)", "2 x tp 4 (38)"],
+    "l4": ["needs 8", "needs 8", "needs 8", "1 x tp 8 (5)"],
+    "a10": ["needs 8", "needs 8", "needs 8", "1 x tp 8 (5)"],
+    "rtx-pro-6000": ["1 x tp 1 (2)", "1 x tp 2 (48)", "2 x tp 2 (48)", "4 x tp 2 (48)"],
+    "rtx-6000-ada": ["needs 2", "1 x tp 2 (1)", "1 x tp 4 (46)", "2 x tp 4 (46)"],
+    "rtx-4090": ["needs 8", "needs 8", "needs 8", "1 x tp 8 (15)"],
+    "rtx-5090": ["needs 4", "needs 4", "1 x tp 4 (5)", "1 x tp 8 (48)"],
 }
 
 
@@ -131,7 +156,7 @@ def _verdict(recipe: str, gpu: str, count: int) -> str:
     except UserError as exc:
         fix = str(exc).rpartition("--count ")[2].rstrip(")")
         return f"needs {fix}" if fix.isdigit() else "refused"
-    return f"{layout.replicas} x tp {layout.tp}"
+    return f"{layout.replicas} x tp {layout.tp} ({layout.caps.running})"
 
 
 @pytest.mark.parametrize("gpu", SEED_000_LAYOUTS)
@@ -140,35 +165,35 @@ def test_seed_000_layouts_on_common_gpus(gpu: str) -> None:
 
 
 @pytest.mark.parametrize(("recipe", "gpu", "expected"), [
-    ("ornith-1.5-122b-dflash2", "gb300", ["needs 2", "1 x tp 2", "2 x tp 2"]),  # seed 004's own tp 2
-    ("ornith-1.5-122b-dflash2", "h200", ["needs 4", "needs 4", "1 x tp 4", "2 x tp 4"]),
-    ("ornith-1.5-122b-dflash2", "b200", ["needs 2", "1 x tp 2", "2 x tp 2", "4 x tp 2"]),
-    ("ornith-1.0-35b-bf16", "gb10", ["1 x tp 1"]),  # seed 003's own machine
-    ("ornith-1.0-35b-bf16", "h100-sxm", ["needs 2", "1 x tp 2", "2 x tp 2", "4 x tp 2"]),
-    ("ornith-1.0-35b-bf16", "rtx-4090", ["refused"] * 4),
+    ("ornith-1.5-122b-dflash2", "gb300", ["needs 2", "1 x tp 2 (48)", "2 x tp 2 (48)"]),  # seed 004's own tp 2
+    ("ornith-1.5-122b-dflash2", "h200", ["needs 4", "needs 4", "1 x tp 4 (48)", "2 x tp 4 (48)"]),
+    ("ornith-1.5-122b-dflash2", "b200", ["needs 2", "1 x tp 2 (12)", "1 x tp 4 (48)", "2 x tp 4 (48)"]),
+    ("ornith-1.0-35b-bf16", "gb10", ["1 x tp 1 (1)"]),  # seed 003's own machine
+    ("ornith-1.0-35b-bf16", "h100-sxm", ["needs 2", "1 x tp 2 (14)", "2 x tp 2 (14)", "4 x tp 2 (14)"]),
+    ("ornith-1.0-35b-bf16", "rtx-4090", ["needs 8", "needs 8", "needs 8", "1 x tp 8 (1)"]),
 ])
 def test_other_recipes(recipe: str, gpu: str, expected: list[str]) -> None:
     assert [_verdict(recipe, gpu, n) for n in (1, 2, 4, 8)[: len(expected)]] == expected
 
 
 @pytest.mark.parametrize("gpu", ["h100-sxm", "a100-40gb", "l40s", "h200"])
-def test_the_chosen_tp_is_the_smallest_that_fits_and_the_seed_headroom_is_kept(gpu: str) -> None:
+def test_the_chosen_layout_serves_the_most_requests_and_starts(gpu: str) -> None:
     layout = compute_layout(DEFAULT_RECIPE, lookup(gpu), 8, "computed")
-    assert layout.plan.fits and layout.tp * layout.replicas <= 8
-    fraction = layout.profile.serve.args["mem-fraction-static"]
-    assert float(fraction) == (0.85 if layout.tp == 1 else 0.80)  # seed 000: 0.85 at tp 1, 0.80 at tp 2
-    if layout.tp > 1:  # half the tp on the same GPUs does not fit
-        smaller = compute_layout(DEFAULT_RECIPE, lookup(gpu), layout.tp, "computed").profile
-        args = {**smaller.serve.args, "tp-size": layout.tp // 2}
-        half = smaller.model_copy(update={"serve": smaller.serve.model_copy(update={"args": args})})
-        assert not plan_profile(half, gpu_memory_gib=lookup(gpu).memory_gib).fits
+    assert not layout.plan.problems and layout.tp * layout.replicas <= 8
+    tried = [compute_layout(DEFAULT_RECIPE, lookup(gpu), 8, "computed", "latency")]
+    assert layout.running >= max(t.running for t in tried)
+    # Every other tp that starts serves no more requests over the host.
+    for line in layout.considered:
+        if "running =" in line:
+            assert int(line.rpartition("= ")[2]) <= layout.running, line
 
 
 def test_one_h100_is_refused_with_the_fix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["profiles", "new", "h100", "--gpu", "NVIDIA H100 80GB HBM3", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "Traceback" not in err
-    assert "one NVIDIA H100 80GB (SXM)" in err and "two of them, tp 2, would (--count 2)" in err
+    assert "one NVIDIA H100 80GB (SXM)" in err and "two of them, tp 2, would (37 running requests per replica; " \
+        "--count 2)" in err
     assert list(tmp_path.iterdir()) == [] and not (Path(os.environ["ORNITH_PROFILE_DIR"]) / "h100.yaml").exists()
 
 
@@ -191,7 +216,10 @@ def test_profiles_new_writes_a_profile_that_loads_and_files_that_name_it(
     profile = load_profile("h100x4")  # found in the operator's folder
     assert (profile.serve.replicas, profile.serve.args["tp-size"], profile.gpu_count) == (2, 2, 4)
     assert profile.engine.image == load_profile("a100x2").engine.image  # the pin comes from images.yaml
-    assert "image:" not in profile_file.read_text() and "Planner (sglang 0.5.17): fits at tp 2" in profile_file.read_text()
+    text = profile_file.read_text()
+    # The draft's shape is inferred: the verdict is unknown, and the file says so.
+    assert "image:" not in text and "Planner (sglang 0.5.17): unknown; per replica" in text
+    assert "SGLang will log max_total_num_tokens=" in text and "# Unknown: the draft shape" in text
     for rel in ("compose/h100x4.yml", "helm/ornith/values-h100x4.yaml", "ansible/profiles/h100x4.yml"):
         text = (out / rel).read_text()
         assert f"from {profile_file} and" in text.splitlines()[0] and "ornith-stack profiles new h100x4" in text
@@ -202,21 +230,29 @@ def test_profiles_new_writes_a_profile_that_loads_and_files_that_name_it(
     assert "'gpu96' is a shipped profile" in capsys.readouterr().err
 
 
-def test_doctor_auto_offers_the_computed_profile() -> None:
+def test_doctor_auto_computes_the_layout_for_the_host() -> None:
+    """2x H100: no saved profile matches; auto computes 1 x tp 2 and says how `profiles new` writes it."""
     h100s = [GpuInfo(i, "NVIDIA H100 80GB HBM3", 79.65, "9.0", "580.65.06") for i in range(2)]
-    with pytest.raises(UserError) as err:
-        choose_profile("auto", h100s)
-    assert "no profile matches 2x NVIDIA H100 80GB HBM3" in str(err.value)
-    assert "a computed profile fits (1 replica(s) x tp 2): run `ornith-stack profiles new h100-sxmx2 --gpu " \
-           "h100-sxm --count 2`" in str(err.value)
+    chosen, why = choose_profile("auto", h100s)
+    assert chosen is not None and chosen.name == "h100-sxmx2" and chosen.gpu_count == 2
+    assert "auto computed 'h100-sxmx2' for 2x NVIDIA H100 80GB HBM3: 1 replica(s) x tp 2" in str(why)
+    assert "`ornith-stack profiles new h100-sxmx2 --gpu h100-sxm --count 2` writes it" in str(why)
+
+
+def test_doctor_auto_offers_nothing_for_a_gpu_the_table_lacks() -> None:
+    with pytest.raises(UserError, match="no profile matches 2x Tesla T4"):
+        choose_profile("auto", [GpuInfo(i, "Tesla T4", 15.0, "7.5", "580.65.06") for i in range(2)])
 
 
 def test_each_replica_container_checks_its_own_gpus(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["profiles", "new", "h200x8", "--gpu", "h200", "--count", "8", "--out", str(tmp_path)]) == 0
     one = [GpuInfo(0, "NVIDIA H200", 140.4, "9.0", "580.159.04")]  # what engine-3's container sees
-    report = diagnose(Options(profile="h200x8"), gpus=one)
+    report = diagnose(Options(profile="h200x8", replica_only=True), gpus=one)
     assert not [f for f in report.findings if f.topic == "gpu count"], report.findings
-    assert report.plan is not None and report.plan.fits
+    assert report.plan is not None and not report.plan.problems
+    # The same GPU seen from the host (no ORNITH_REPLICA): eight replicas do not fit on one GPU.
+    host = diagnose(Options(profile="h200x8"), gpus=one)
+    assert not host.ready and [f.topic for f in host.problems] == ["gpu count"]
 
 
 # -- replicas in compose -----------------------------------------------------------------------------
@@ -253,8 +289,8 @@ def test_replicas_are_pinned_to_their_own_gpus_behind_the_gateway() -> None:
     workers = command[command.index("--worker-urls") + 1: command.index("--policy")]
     assert workers == [f"http://engine-{i}:30000" for i in range(4)]
     assert command[command.index("--policy") + 1] == "cache_aware"
-    # Balanced once a replica has its running-request limit (seed 000: 4) more in flight than another.
-    assert command[command.index("--balance-abs-threshold") + 1] == "4"
+    # Balanced once a replica has its running-request limit (sized to the A100 80GB: 37) more in flight.
+    assert command[command.index("--balance-abs-threshold") + 1] == "37"
     assert gateway["ports"] == ["${ORNITH_BIND:-127.0.0.1}:${ORNITH_ENGINE_PORT:-30000}:30000"]
     assert "/readiness" in " ".join(gateway["healthcheck"]["test"])
     exporter = services["exporter"]["command"]

@@ -142,7 +142,9 @@ def test_a_dflash_draft_in_vllm_adds_its_own_layer_group() -> None:
 @pytest.mark.parametrize("profile", ["a100x2", "gpu96"])
 def test_seed_000_setups_fit(profile: str) -> None:
     plan = plan_profile(load_profile(profile))
-    assert plan.fits, [p.line() for p in plan.problems]
+    # No problem; the verdict is unknown because the draft's shape is inferred, not read (its config).
+    assert not plan.problems and plan.verdict == "unknown", [p.line() for p in plan.problems]
+    assert "qwen3.5-35b-a3b-dflash" in plan.unknowns[0] and "guessed" in plan.unknowns[0]
     # --max-total-tokens 40960 caps the pool; --max-running-requests 4 is not clamped further.
     assert plan.kv_cache_tokens == 40_960
     assert plan.engine_details["max_running_requests"] == 4
@@ -174,7 +176,8 @@ def test_one_80_gib_card_does_not_fit_and_says_why(capsys: pytest.CaptureFixture
     data = json.loads(capsys.readouterr().out)
     assert data["fits"] is False
     components = {p["component"] for p in data["problems"]}
-    assert components == {"mamba state cache", "CUDA graphs + activations"}
+    # Planned on the 78.19 GiB the engine finds (CUDA context, collective start and margin taken off).
+    assert components == {"mamba state cache", "KV pool", "CUDA graphs + activations"}
     assert all(p["fix"] for p in data["problems"])
     assert data["suggestion"].startswith("--tp 2")
 

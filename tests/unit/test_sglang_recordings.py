@@ -59,7 +59,7 @@ def tiny_plan(run: str):  # type: ignore[no-untyped-def]
     req = request_for_profile(
         load_profile(RUNS.get(run, "gpu96")),
         gpu_memory_gib=H200_MIB / 1024,
-        free_memory_gib=logged(run)["avail_before_load_gib"],  # SGLang sizes from what is free then
+        engine_memory_gib=logged(run)["avail_before_load_gib"],  # SGLang sizes from what is free then
         model_config=str(RECORDINGS / "target-config.json"),
         draft_config=str(RECORDINGS / "draft-config.json"),
     )

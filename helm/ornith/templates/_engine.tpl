@@ -3,15 +3,19 @@ The engine pod, shared by the Deployment (role "single") and the LeaderWorkerSet
 "worker"). Called with (dict "root" $ "role" ROLE).
 */}}
 
+{{- /* ORNITH_REPLICA: a pod is one replica on its own GPUs; the doctor checks those, not the node's. */}}
 {{- define "ornith.engineEnv" -}}
 {{- $v := .root.Values }}
-{{- $env := dict "HF_HOME" $v.modelCache.mountPath "HOME" "/home/ornith" "USER" "ornith" "XDG_CACHE_HOME" "/home/ornith/.cache" "ORNITH_PROFILE" $v.profile }}
+{{- $env := dict "HF_HOME" $v.modelCache.mountPath "HOME" "/home/ornith" "USER" "ornith" "XDG_CACHE_HOME" "/home/ornith/.cache" "ORNITH_PROFILE" $v.profile "ORNITH_REPLICA" "pod" }}
 {{- if include "ornith.downloads" .root }}
 {{- /* Everything was fetched by the download Job: never reach the Hub from the engine. */}}
 {{- $_ := set $env "HF_HUB_OFFLINE" "1" }}
 {{- end }}
 {{- if gt (int $v.engine.nodes) 1 }}
 {{- $_ := set $env "ORNITH_DIST_PORT" (toString $v.engine.multiNode.port) }}
+{{- end }}
+{{- if $v.compileCache.enabled }}
+{{- $env = merge (deepCopy ($v.compileCache.env | default dict)) $env }}
 {{- end }}
 {{- $env = merge (deepCopy ($v.engine.env | default dict)) $env }}
 {{- range $name := keys $env | sortAlpha }}
@@ -210,6 +214,11 @@ containers:
         mountPath: /home/ornith
       - name: tmp
         mountPath: /tmp
+{{- if $v.compileCache.enabled }}
+      - name: compile-cache
+        mountPath: {{ $v.compileCache.mountPath }}
+        subPath: {{ required "compileCache.key is required (generated values-<profile>.yaml sets it)" $v.compileCache.key }}
+{{- end }}
 {{- with $v.engine.extraVolumeMounts }}
 {{ toYaml . | indent 6 }}
 {{- end }}
@@ -217,6 +226,15 @@ containers:
 {{ include "ornith.exporterContainer" (dict "root" $root "targets" (list (printf "http://127.0.0.1:%d" (int $v.engine.port))) "podName" true) | indent 2 }}
 {{- end }}
 volumes:
+{{- if $v.compileCache.enabled }}
+  - name: compile-cache
+{{- if $v.compileCache.existingClaim }}
+    persistentVolumeClaim:
+      claimName: {{ $v.compileCache.existingClaim }}
+{{- else }}
+    emptyDir: {}
+{{- end }}
+{{- end }}
   - name: shm
     emptyDir:
       medium: Memory

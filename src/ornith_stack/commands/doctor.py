@@ -56,7 +56,8 @@ def register(app: typer.Typer) -> None:
         is expected (image builds, CI smoke tests).
         """
         report = diagnose(Options(profile=profile, weights=weights, draft_weights=draft_weights,
-                                  mask_token_id=mask_token_id, allow_no_gpu=allow_no_gpu))
+                                  mask_token_id=mask_token_id, allow_no_gpu=allow_no_gpu,
+                                  replica_only=os.environ.get("ORNITH_REPLICA") is not None))
         if as_json:
             typer.echo(json.dumps(report.to_json(), indent=2))
         else:

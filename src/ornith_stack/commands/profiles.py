@@ -14,10 +14,10 @@ from rich.table import Table
 
 from ornith_stack.engines import launch_args, shell_join
 from ornith_stack.errors import UserError
-from ornith_stack.generate.core import GeneratedFile, find_root, render
-from ornith_stack.generate.profile_files import operator_files
-from ornith_stack.gpus import lookup
-from ornith_stack.planner.layout import DEFAULT_RECIPE, RECIPES, compute_layout, profile_document
+from ornith_stack.generate.core import find_root
+from ornith_stack.generate.profile_files import save_computed
+from ornith_stack.gpus import GpuModel, describe, gpu_table, identify, lookup
+from ornith_stack.planner.layout import DEFAULT_RECIPE, RECIPES, compute_layout, layout_lines
 from ornith_stack.profiles import DEFAULT_PROFILE, load_all, load_profile, shipped_profile_names, user_profile_dir
 
 out = Console()
@@ -88,33 +88,56 @@ def register(app: typer.Typer) -> None:
                                                       "compose finds its build contexts; else the profile "
                                                       "folder's NAME/).")] = None,
         force: Annotated[bool, typer.Option(help="Replace an operator profile of that name.")] = False,
+        layout_for: Annotated[str, typer.Option("--layout", help="throughput: the tp whose replicas x running "
+                                                "requests is largest; latency: the largest tp that starts.")]
+        = "throughput",
+        memory_gib: Annotated[float | None, typer.Option(help="A card the GPU table lacks: its memory per GPU in "
+                                                         "GiB as NVML reports it (with --compute-capability).")]
+        = None,
+        compute_capability: Annotated[str | None, typer.Option(help="A card the GPU table lacks: its compute "
+                                                                "capability, e.g. 8.9.")] = None,
+        bandwidth_gbps: Annotated[float | None, typer.Option(help="A described card's memory bandwidth, GB/s "
+                                                             "(the roofline; default 1000).")] = None,
     ) -> None:
         """Compute a profile for COUNT x GPU from a seed's recipe and the planner; write it to the operator's
         profile folder (ORNITH_PROFILE_DIR, default ~/.config/ornith-stack/profiles) with its compose file,
         Helm values and Ansible variables."""
-        folder = user_profile_dir()
+        folder = user_profile_dir(to_write=True)
         profile_file = folder / f"{name}.yaml"
         if name in shipped_profile_names():
             raise UserError(f"{name!r} is a shipped profile; choose another name")
         if profile_file.exists() and not force:
             raise UserError(f"{profile_file} exists; pass --force to replace it")
-        layout = compute_layout(model, lookup(gpu), count, name)
-        command = shlex.join(["ornith-stack", "profiles", "new", name, "--gpu", gpu, "--count", str(count),
-                              "--model", model])
-        document = profile_document(layout, command)
+        card = _card(gpu, count, memory_gib, compute_capability, bandwidth_gbps)
+        made = not folder.exists()
+        folder.mkdir(parents=True, exist_ok=True)  # ORNITH_PROFILE_DIR may name a folder not made yet
+        try:
+            layout = compute_layout(model, card, count, name, layout_for)
+        except UserError:
+            if made:
+                folder.rmdir()  # a refused layout leaves nothing behind
+            raise
+        words = ["ornith-stack", "profiles", "new", name, "--gpu", gpu, "--count", str(count), "--model", model]
+        if layout_for != "throughput":
+            words += ["--layout", layout_for]
+        for option, value in (("--memory-gib", memory_gib), ("--compute-capability", compute_capability),
+                              ("--bandwidth-gbps", bandwidth_gbps)):
+            if value is not None:
+                words += [option, f"{value:g}" if isinstance(value, float) else value]
+        command = shlex.join(words)
         out = out or _checkout_or(folder / name)
-        written = render(out, operator_files(layout.profile, profile_file, command))
-        render(folder, [GeneratedFile(profile_file.name, command, lambda: document)])
+        written = save_computed(layout, folder, out, command)
         plan = layout.plan
         typer.echo(f"{name}: {layout.replicas} replica(s) x tp {layout.tp} on {layout.count}x {layout.gpu.name}; "
-                   f"planner: {plan.verdict}, {plan.kv_cache_tokens:,} KV tokens per replica (profile {layout.base}'s flags)")
-        if layout.idle:
-            typer.echo(f"note: {layout.idle} GPU(s) stay idle ({layout.count} is not a multiple of tp {layout.tp})")
-        typer.echo(f"wrote {profile_file}")
-        for outcome in written:
-            typer.echo(f"wrote {out / outcome.path}")
+                   f"planner: {plan.verdict}, {plan.kv_cache_tokens:,} KV tokens and {layout.caps.running} running "
+                   f"requests per replica (profile {layout.base}'s flags, sized to the card)")
+        for line in layout_lines(layout)[2:]:
+            typer.echo(f"note: {line}")
+        for path in written:
+            typer.echo(f"wrote {path}")
 
     app.add_typer(profiles, name="profiles")
+
 
     @app.command("launch-args")
     def launch_args_cmd(
@@ -129,3 +152,18 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--port must be a TCP port from 1 to 65535, got {port}")
         argv = launch_args(load_profile(name, parse_sets(sets)), host=host, port=port)
         typer.echo(json.dumps(argv) if as_json else shell_join(argv))
+
+
+def _card(gpu: str, count: int, memory_gib: float | None, compute_capability: str | None,
+          bandwidth_gbps: float | None) -> GpuModel:
+    """The table's GPU, or a card the operator describes (both --memory-gib and --compute-capability)."""
+    if memory_gib is None and compute_capability is None:
+        if bandwidth_gbps is not None:
+            raise UserError("--bandwidth-gbps describes a card the table lacks: give --memory-gib and "
+                            "--compute-capability with it")
+        return lookup(gpu)
+    if memory_gib is None or compute_capability is None:
+        raise UserError("a card the GPU table lacks needs both --memory-gib and --compute-capability")
+    if identify(gpu) is not None or gpu.lower() in gpu_table():
+        raise UserError(f"{gpu!r} is in the GPU table; drop --memory-gib and --compute-capability")
+    return describe(gpu, memory_gib, compute_capability, bandwidth_gbps, count)

@@ -10,7 +10,13 @@ from typing import Any
 
 from ornith_stack.cuda_requirement import version_tuple
 from ornith_stack.doctor import gpu as gpu_probe
-from ornith_stack.doctor.autoselect import MEMORY_TOLERANCE, choose_profile, least_memory, matched_name
+from ornith_stack.doctor.autoselect import (
+    MEMORY_TOLERANCE,
+    choose,
+    computed_offer,
+    least_memory,
+    matched_name,
+)
 from ornith_stack.doctor.checkpoint import (
     CONFIG,
     Checkpoint,
@@ -44,6 +50,9 @@ class Options:
     draft_weights: Path | None = None
     mask_token_id: int | None = None
     allow_no_gpu: bool = False
+    # Run inside one replica's container or pod (compose and Helm set ORNITH_REPLICA there): it sees its
+    # replica's tp GPUs. Otherwise the doctor looks at the host, which must hold every replica's GPUs.
+    replica_only: bool = False
 
 
 def diagnose(opts: Options, gpus: list[GpuInfo] | None = None, gpu_error: str | None = None) -> Report:
@@ -56,12 +65,13 @@ def diagnose(opts: Options, gpus: list[GpuInfo] | None = None, gpu_error: str | 
         except NoGpu as exc:
             gpu_error = str(exc)
     gpus = gpus or []
-    profile, reason = choose_profile(opts.profile, gpus)
-    report = Report(profile.name if profile else None, reason, gpus)
+    choice = choose(opts.profile, gpus)
+    profile, reason = choice.profile, choice.reason
+    report = Report(profile.name if profile else None, reason, gpus, computed=choice.layout)
     if reason:
         report.add("ok", "profile", reason)
     settings = adapter_for(profile).settings(profile) if profile else ServeSettings()
-    _check_gpus(report, profile, gpus, gpu_error, opts.allow_no_gpu)
+    _check_gpus(report, profile, gpus, gpu_error, opts.allow_no_gpu, opts.replica_only)
     if gpus and profile:
         _check_driver(report, profile, gpus[0].driver_version, gpus[0].brand)
     _check_fabric(report, gpus)
@@ -72,7 +82,7 @@ def diagnose(opts: Options, gpus: list[GpuInfo] | None = None, gpu_error: str | 
 
 
 def _check_gpus(report: Report, profile: Profile | None, gpus: list[GpuInfo], error: str | None,
-                allow_no_gpu: bool) -> None:
+                allow_no_gpu: bool, replica_only: bool = False) -> None:
     needed = profile.hardware.gpu if profile else None
     if not gpus:
         if needed is None:
@@ -94,10 +104,16 @@ def _check_gpus(report: Report, profile: Profile | None, gpus: list[GpuInfo], er
     if needed is None or profile is None:
         return
     per_engine = profile.gpus_per_engine
-    if len(gpus) < per_engine:
-        each = f" per replica ({profile.serve.replicas} replicas)" if profile.serve.replicas > 1 else ""
-        report.add("problem", "gpu count", f"{len(gpus)} GPU(s) visible, profile {report.profile!r} needs "
-                                           f"{per_engine}{each}")
+    if replica_only and len(gpus) < per_engine:
+        report.add("problem", "gpu count", f"{len(gpus)} GPU(s) visible to this replica, profile "
+                                           f"{report.profile!r} runs each replica on {per_engine}")
+    elif not replica_only and len(gpus) < profile.gpu_count:
+        layout = (f"{profile.serve.replicas} replicas x tp {per_engine} = {profile.gpu_count}"
+                  if profile.serve.replicas > 1 else f"tp {per_engine}")
+        offer = computed_offer(gpus[0].name, len(gpus)).removesuffix("; or ") or \
+            "a profile for this host (`ornith-stack profiles new`)"
+        report.add("problem", "gpu count", f"{len(gpus)} GPU(s) on this host, profile {report.profile!r} runs "
+                                           f"{layout}; fix: {offer}")
     for g in gpus[:per_engine]:
         if g.memory_gib is None:
             report.add("problem", "gpu memory", f"#{g.index}: NVML could not read its memory; profile "
@@ -290,8 +306,11 @@ def _check_plan(report: Report, profile: Profile | None, settings: ServeSettings
     try:
         # Too few GPUs is reported above; plan with the profile's count so the memory verdict still shows.
         count = len(gpus) if len(gpus) >= profile.gpus_per_engine else None
+        # The real GPU's compute capability: the plan refuses flags it cannot run (capabilities.py).
+        capability = gpus[0].compute_capability if gpus and gpus[0].compute_capability != "unknown" else None
         plan = plan_request(request_for_profile(profile, gpu_memory_gib=memory, gpu_count=count,
-                                                weights_bytes=weights, free_memory_gib=free))
+                                                weights_bytes=weights, free_memory_gib=free,
+                                                compute_capability=capability))
     except UserError as exc:
         report.add("problem", "plan", str(exc))
         return

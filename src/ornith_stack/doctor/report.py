@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from ornith_stack.doctor.gpu import GpuInfo
 from ornith_stack.planner import Plan
+from ornith_stack.planner.layout import Layout
 
 Level = Literal["ok", "warn", "problem"]
 
@@ -29,6 +30,8 @@ class Report:
     gpus: list[GpuInfo] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     plan: Plan | None = None
+    # `--profile auto` computed the profile for this host (not a saved one): `up` saves it before it starts.
+    computed: Layout | None = None
 
     @property
     def problems(self) -> list[Finding]:
@@ -50,4 +53,5 @@ class Report:
             "findings": [asdict(f) for f in self.findings],
             "problems": [f"{f.topic}: {f.message}" for f in self.problems],
             "plan": self.plan.to_json() if self.plan else None,
+            "computed": self.computed is not None,
         }

@@ -9,8 +9,9 @@ from typing import Any
 from ornith_stack import deployment
 from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
-from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, with_header
+from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, render, with_header
 from ornith_stack.planner.disk import disk_need
+from ornith_stack.planner.layout import Layout, profile_document
 from ornith_stack.profiles import images, load_profile, shipped_profile_names
 from ornith_stack.profiles.images import parse_image
 from ornith_stack.profiles.model import Profile
@@ -86,6 +87,9 @@ def template_context(profile: Profile, style: str, profile_file: Path | None = N
         # An operator's profile is not in the images: compose mounts this file into the containers.
         "profile_file": profile_file,
         "gateway": gateway(profile, replicas, settings.max_running_requests),
+        # Named after the engine build: a new version or image starts with an empty cache.
+        "compile_cache": deployment.compile_cache_key(profile.engine.kind, profile.engine.version,
+                                                      profile.engine.image),
         "profile": profile,
         "adapter": adapter,
         "settings": settings,
@@ -134,3 +138,13 @@ def files(root: Path) -> Iterator[GeneratedFile]:
         for pattern, template, style in TARGETS:
             if (TEMPLATES / template).is_file():
                 yield GeneratedFile(pattern.format(name=name), source(name, template), _builder(name, template, style))
+
+
+def save_computed(layout: Layout, folder: Path, out: Path, command: str) -> list[Path]:
+    """Write a computed profile (`profiles new`, or `up` following `--profile auto`) into the operator's
+    profile folder and its compose file, Helm values and Ansible variables under `out`; the paths written."""
+    profile_file = folder / f"{layout.profile.name}.yaml"
+    document = profile_document(layout, command)
+    written = render(out, operator_files(layout.profile, profile_file, command))
+    render(folder, [GeneratedFile(profile_file.name, command, lambda: document)])
+    return [profile_file, *(out / outcome.path for outcome in written)]

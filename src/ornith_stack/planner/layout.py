@@ -1,15 +1,18 @@
-"""A profile computed for any GPU of the table: the seed's recipe at the smallest tp that fits, replicated.
+"""A profile computed for any GPU of the table: the seed's recipe sized to the card, laid out over the host.
 
 A recipe is a seed's model, draft, engine and flags, as its shipped profiles hold them; each of those
 profiles fixes the seed's headroom at its own tp (seed 000: --mem-fraction-static 0.85 at tp 1,
 0.80 at tp 2). For a GPU and a count the layout tries tp 1, 2, 4, 8 with the flags of the shipped
-profile nearest below that tp, asks the engine's accounting whether it fits on that GPU's memory,
-and runs count // tp data-parallel replicas of the smallest tp that fits.
+profile nearest below that tp, less the flags the GPU cannot run (capabilities.py), with the caps sized
+to the card by the engine's own accounting (`card_caps`: SGLang's running requests, state slots and KV
+pool; vLLM's per-GPU KV pin), and asks that accounting whether it starts on the memory the engine finds
+(engine_memory.py). It then runs count // tp data-parallel replicas of the tp that serves the most
+requests at once (replicas x running requests), or with `latency` of the largest tp that starts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +21,20 @@ import yaml
 from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.gpus import GpuModel
-from ornith_stack.planner import plan_profile
-from ornith_stack.planner.model import Plan
+from ornith_stack.planner import ACCOUNTING, plan_request, request_for_profile, sglang, vllm
+from ornith_stack.planner.capabilities import attention_backend_line, runnable_args
+from ornith_stack.planner.common import tp_divisibility
+from ornith_stack.planner.model import Caps, Plan, PlanRequest
+from ornith_stack.planner.shapes import load_shape
 from ornith_stack.profiles import from_data, load_profile
 from ornith_stack.profiles.model import Profile
 
 TP_SIZES = (1, 2, 4, 8)
 _WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+# What a layout is chosen for: the most requests served at once over the host (replicas x running
+# requests per replica), or the lowest per-token latency (the largest tp that fits, its weights and
+# decode spread over the most GPUs).
+OBJECTIVES = ("throughput", "latency")
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,10 @@ class Layout:
     profile: Profile  # tp x replicas of them
     plan: Plan  # one replica's plan, per GPU
     base: str  # the shipped profile whose flags it uses
+    caps: Caps  # the caps sized to this card (running requests per replica, KV tokens)
+    changes: tuple[str, ...] = ()  # flags dropped or sized for the card, one line each
+    objective: str = "throughput"
+    considered: tuple[str, ...] = ()  # every tp tried: "tp 2: 4 x 38 running" or why not
 
     @property
     def tp(self) -> int:
@@ -63,8 +77,18 @@ class Layout:
         return self.profile.serve.replicas
 
     @property
+    def running(self) -> int:
+        """Requests served at once over the host: replicas x each replica's running-request limit."""
+        return self.replicas * self.caps.running
+
+    @property
     def idle(self) -> int:
         return self.count - self.tp * self.replicas
+
+    @property
+    def placed(self) -> bool:
+        # "unknown" (no problem found, a figure is a guess: an inferred draft shape) is placed and said so.
+        return self.caps.running > 0 and not self.plan.problems
 
 
 def recipe(key: str) -> Recipe:
@@ -73,24 +97,40 @@ def recipe(key: str) -> Recipe:
     return RECIPES[key]
 
 
-def compute_layout(recipe_key: str, gpu: GpuModel, count: int, name: str) -> Layout:
-    """The layout of `recipe_key` on `count` x `gpu`; UserError naming what would fit when none does."""
+def compute_layout(recipe_key: str, gpu: GpuModel, count: int, name: str,
+                   objective: str = "throughput") -> Layout:
+    """The layout of `recipe_key` on `count` x `gpu`: for throughput the tp whose replicas x running
+    requests is largest (ties: the smaller tp, more replicas), for latency the largest tp that fits;
+    UserError naming what would start when none does."""
+    if objective not in OBJECTIVES:
+        raise UserError(f"--layout must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if not 1 <= count <= gpu.per_host:
         raise UserError(f"--count must be from 1 to {gpu.per_host}: one host holds at most {gpu.per_host}x "
                         f"{gpu.name}, got {count}")
     chosen = recipe(recipe_key)
     bases = sorted(((load_profile(n), n) for n in chosen.profiles), key=lambda b: _tp(b[0]))
-    tried: list[Layout] = []
-    for tp in (t for t in TP_SIZES if t <= max(count, gpu.per_host)):
-        layout = _candidate(chosen, bases, gpu, max(count, tp), tp, name)
-        # "unknown" (no problem found, a figure is a guess: the 122B's draft shape) is chosen and said so.
-        placed = not layout.plan.problems
-        if placed and tp <= count:
-            return layout
-        if placed and tp <= gpu.per_host:
-            raise UserError(_refusal(chosen, gpu, count, layout.plan, tried, fix=tp))
-        tried.append(layout)
-    raise UserError(_refusal(chosen, gpu, count, tried[0].plan, tried, fix=None))
+    shape = load_shape(bases[0][0].model.shape or "")
+    candidates = [_candidate(chosen, bases, gpu, max(count, tp), tp, name, objective)
+                  for tp in TP_SIZES if tp <= gpu.per_host and not tp_divisibility(shape, tp)]
+    considered = tuple(_considered(c, count) for c in candidates)
+    fitting = [c for c in candidates if c.placed and c.tp <= count]
+    if fitting:
+        if objective == "latency":
+            best = max(fitting, key=lambda c: c.tp)
+        else:
+            best = max(fitting, key=lambda c: (c.running, -c.tp))
+        return replace(best, count=count, considered=considered)
+    larger = next((c for c in candidates if c.placed), None)
+    raise UserError(_refusal(chosen, gpu, count, candidates, larger.tp if larger else None))
+
+
+def _considered(c: Layout, count: int) -> str:
+    if not c.placed:
+        why = c.caps.why if c.caps.running <= 0 else "; ".join(p.line() for p in c.plan.problems[:1])
+        return f"tp {c.tp}: does not start ({why})"
+    if c.tp > count:
+        return f"tp {c.tp}: needs {c.tp} GPUs"
+    return f"tp {c.tp}: {count // c.tp} replica(s) x {c.caps.running} running = {count // c.tp * c.caps.running}"
 
 
 def _tp(profile: Profile) -> int:
@@ -98,15 +138,39 @@ def _tp(profile: Profile) -> int:
 
 
 def _candidate(chosen: Recipe, bases: list[tuple[Profile, str]], gpu: GpuModel, count: int, tp: int,
-               name: str) -> Layout:
+               name: str, objective: str) -> Layout:
     base, base_name = next(((p, n) for p, n in reversed(bases) if _tp(p) <= tp), bases[0])
     replicas = count // tp
-    profile = from_data(_profile_data(base, chosen, gpu, tp, replicas, name), Path(f"{name}.yaml"))
-    return Layout(chosen, gpu, count, profile, plan_profile(profile, gpu_memory_gib=gpu.memory_gib, gpu_count=tp),
-                  base_name)
+    args, changes = runnable_args(dict(base.serve.args), gpu.compute_capability)
+    args[adapter_for(base).tp_flag] = tp
+    draft = from_data(_profile_data(base, chosen, gpu, tp, replicas, name, args), Path(f"{name}.yaml"))
+    request = _request(draft, gpu, tp)
+    caps = card_caps(request)
+    sized = {**{k: v for k, v in args.items() if caps.flags.get(k, 0) is not None},
+             **{k: v for k, v in caps.flags.items() if v is not None}}
+    profile = from_data(_profile_data(base, chosen, gpu, tp, replicas, name, sized), Path(f"{name}.yaml"))
+    changes += [_cap_line(flag, base.serve.args.get(flag), value) for flag, value in caps.flags.items()
+                if str(base.serve.args.get(flag)) != str(value) and (value is not None or flag in base.serve.args)]
+    return Layout(chosen, gpu, count, profile, plan_request(_request(profile, gpu, tp)), base_name, caps,
+                  tuple(changes), objective)
 
 
-def _profile_data(base: Profile, chosen: Recipe, gpu: GpuModel, tp: int, replicas: int, name: str) -> dict[str, Any]:
+def _request(profile: Profile, gpu: GpuModel, tp: int) -> PlanRequest:
+    return request_for_profile(profile, gpu_memory_gib=gpu.memory_gib, gpu_count=tp,
+                               compute_capability=gpu.compute_capability, unified_memory=gpu.unified_memory)
+
+
+def _cap_line(flag: str, before: object, value: object) -> str:
+    if value is None:
+        return f"dropped --{flag} {before}: the engine sizes it on this card"
+    was = f" (the seed's {before})" if before is not None else ""
+    if flag == "mem-fraction-static":
+        return f"--{flag} {value}{was}: the headroom holds SGLang's own CUDA-graph and activation reserve on this card"
+    return f"--{flag} {value}{was}: sized to this card"
+
+
+def _profile_data(base: Profile, chosen: Recipe, gpu: GpuModel, tp: int, replicas: int, name: str,
+                  args: dict[str, Any]) -> dict[str, Any]:
     data = base.model_dump(mode="json", exclude_none=True)
     data["name"] = name
     shape = f"{replicas} x tp {tp}" if replicas > 1 else f"tp {tp}"
@@ -116,11 +180,9 @@ def _profile_data(base: Profile, chosen: Recipe, gpu: GpuModel, tp: int, replica
         "description": f"{replicas * tp}x {gpu.name}",
         "gpu": {"model": gpu.name, "count": replicas * tp, "memory_gib": gpu.memory_gib,
                 "compute_capability": gpu.compute_capability, "memory_bandwidth_gbps": gpu.memory_bandwidth_gbps,
-                "models": [gpu.key]},
+                "models": gpu.profile_models},
         "cpu_arch": [gpu.host_arch],
     }
-    args = dict(base.serve.args)
-    args[adapter_for(base).tp_flag] = tp
     data["serve"] = {**data["serve"], "args": args, "replicas": replicas}
     expected = data.pop("expected", None)
     if expected and expected.get("acceptance_length"):  # the draft's acceptance does not depend on the GPU
@@ -128,29 +190,62 @@ def _profile_data(base: Profile, chosen: Recipe, gpu: GpuModel, tp: int, replica
     return data
 
 
-def _refusal(chosen: Recipe, gpu: GpuModel, count: int, plan: Plan, tried: list[Layout], fix: int | None) -> str:
+def _refusal(chosen: Recipe, gpu: GpuModel, count: int, tried: list[Layout], fix: int | None) -> str:
     have = f"{_WORDS.get(count, count)} {gpu.name}" if count > 1 else f"one {gpu.name}"
-    why = "; ".join(p.line() for p in (tried[0].plan.problems if tried else plan.problems)[:2])
-    head = f"{have} ({gpu.memory_gib:g} GiB each) cannot hold {chosen.summary}: {why}"
+    first = next((c for c in tried if c.tp <= count), tried[0])
+    why = first.caps.why if first.caps.running <= 0 else "; ".join(p.line() for p in first.plan.problems[:2])
+    head = f"{have} ({gpu.memory_gib:g} GiB each) cannot start {chosen.summary}: at tp {first.tp}, {why}"
     if fix is None:
         most = _WORDS.get(gpu.per_host, gpu.per_host)
         return f"{head}; not even {most} of them in one host would: choose a GPU with more memory (--gpu)"
-    return f"{head}; {_WORDS.get(fix, fix)} of them, tp {fix}, would (--count {fix})"
+    serve = next(c for c in tried if c.tp == fix).caps.running
+    return (f"{head}; {_WORDS.get(fix, fix)} of them, tp {fix}, would ({serve} running requests per replica; "
+            f"--count {fix})")
 
 
 def profile_document(layout: Layout, command: str) -> str:
     """The computed profile as a profile file: how it was made and the planner's verdict, then the YAML."""
     data = layout.profile.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
     data["engine"] = {"kind": layout.profile.engine.kind, "version": layout.profile.engine.version}
-    plan = layout.plan
-    lines = [
-        f"Computed by `{command}`",
+    return "".join(f"# {line}\n" for line in layout_lines(layout, command)) + yaml.safe_dump(data, sort_keys=False)
+
+
+def layout_lines(layout: Layout, command: str | None = None) -> list[str]:
+    """What `profiles new` says about a layout, and what the profile file's header keeps."""
+    plan, details = layout.plan, layout.plan.engine_details
+    lines = [f"Computed by `{command}`"] if command else []
+    lines += [
         f"from the recipe {layout.recipe.key} ({layout.recipe.summary}), flags of profile {layout.base},",
-        f"for {layout.count}x {layout.gpu.name} ({layout.gpu.memory_gib:g} GiB each, GPU table key {layout.gpu.key}).",
-        f"Planner ({plan.engine} {plan.engine_version}): {plan.verdict} at tp {layout.tp}, {layout.replicas} replica(s); per replica "
-        f"{plan.kv_cache_tokens:,} KV tokens, max concurrency {plan.max_concurrency:.2f}x at {plan.max_model_len:,} tokens.",
+        f"for {layout.count}x {layout.gpu.name} ({layout.gpu.memory_gib:g} GiB each, sm{layout.gpu.compute_capability}"
+        f", {layout.gpu.interconnect}; GPU table key {layout.gpu.key}).",
+        f"Layout for {layout.objective}: {layout.replicas} replica(s) x tp {layout.tp}, "
+        f"{layout.running} requests at once over the host ({layout.caps.running} per replica). Tried: "
+        + "; ".join(layout.considered) + ".",
+        f"Planner ({plan.engine} {plan.engine_version}): {plan.verdict}; per replica {plan.kv_cache_tokens:,} KV "
+        f"tokens, {layout.caps.why}.",
     ]
+    if "running_requests_capped_by" in details:
+        lines.append(f"SGLang will log max_total_num_tokens={details['max_total_num_tokens']}, "
+                     f"max_running_requests={details['max_running_requests']} (capped by "
+                     f"{details['running_requests_capped_by']}).")
+    lines += layout.changes
+    backend = attention_backend_line(dict(layout.profile.serve.args), layout.gpu.compute_capability,
+                                     bool(adapter_for(layout.profile).settings(layout.profile).speculative_method))
+    if backend and layout.profile.engine.kind == "sglang":
+        lines.append(f"{backend[0].upper()}{backend[1:]} on this GPU.")
+    if layout.tp > 1 and layout.gpu.interconnect == "pcie":
+        lines.append(f"tp {layout.tp} all-reduces over PCIe every layer: --layout latency gains less here than on "
+                     "NVLink.")
     if layout.idle:
         lines.append(f"{layout.idle} GPU(s) stay idle: {layout.count} is not a multiple of tp {layout.tp}.")
-    head = "".join(f"# {line}\n" for line in lines)
-    return head + yaml.safe_dump(data, sort_keys=False)
+    lines += [f"Unknown: {u}" for u in plan.unknowns]
+    return lines
+
+
+# One sizing per engine kind, keyed like the accountings.
+CARD_CAPS = {"vllm": vllm.card_caps, "sglang": sglang.card_caps}
+
+
+def card_caps(req: PlanRequest) -> Caps:
+    assert set(CARD_CAPS) == set(ACCOUNTING)
+    return CARD_CAPS[req.engine](req)

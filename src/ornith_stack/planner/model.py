@@ -8,6 +8,7 @@ from typing import Any
 
 from ornith_stack.engines.base import ServeSettings
 from ornith_stack.errors import UserError
+from ornith_stack.planner.engine_memory import EngineMemory, engine_memory
 from ornith_stack.planner.shapes import ModelShape, dtype_bytes
 
 GIB = 1 << 30
@@ -52,9 +53,15 @@ class PlanRequest:
     dtype: str | None = None  # weight dtype; None: settings.dtype (--dtype), else the config's
     profile: str | None = None
     notes: tuple[str, ...] = ()  # said in the plan, e.g. a profile's draft shape that is not shipped
-    # Memory free on each GPU before the engine loads (the doctor: NVML at check time); SGLang sizes its
-    # pools from it. None: the total (an idle GPU, less the driver's own share).
+    # NVML's free memory on each GPU at check time (the doctor); None: an idle GPU (the total less the
+    # driver's share). The engine finds less: its CUDA context and collective library take their share
+    # (engine_memory.py, measured on the H200), and the plan keeps a margin below that.
     free_memory_gib: float | None = None
+    # What the engine itself logged free before loading (SGLang's "Load weight begin. avail mem"): used
+    # as is, without the estimates above (checks against a recording).
+    engine_memory_gib: float | None = None
+    compute_capability: str | None = None  # the GPU's, as "9.0"; None: not known (flags are not checked)
+    unified_memory: bool = False  # the GPU shares the host's memory (GB10)
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -62,6 +69,8 @@ class PlanRequest:
         check_number("GPU memory (GiB)", self.gpu_memory_gib, low=MIN_GPU_MEMORY_GIB, high=MAX_GPU_MEMORY_GIB,
                      low_inclusive=True)
         check_number("free GPU memory (GiB)", self.free_memory_gib, low=MIN_GPU_MEMORY_GIB,
+                     high=self.gpu_memory_gib, low_inclusive=True)
+        check_number("engine free memory (GiB)", self.engine_memory_gib, low=MIN_GPU_MEMORY_GIB,
                      high=self.gpu_memory_gib, low_inclusive=True)
         check_number("--reserve-gib", self.reserve_gib, low=0, high=self.gpu_memory_gib, low_inclusive=True)
         for name, number in (("--mem-fraction-static", s.mem_fraction_static),
@@ -110,9 +119,23 @@ class PlanRequest:
         return self.model_dtype_bytes if kv in ("auto", None) else dtype_bytes(kv, "--kv-cache-dtype")
 
     @property
+    def engine_memory(self) -> EngineMemory | None:
+        """How the free memory the engine sizes from follows from the total or NVML's free; None when
+        the engine's own figure was given."""
+        if self.engine_memory_gib is not None:
+            return None
+        # vLLM's reserve is seed 003's measured working set beyond weights and KV, CUDA context included.
+        return engine_memory(self.gpu_memory_gib, self.settings.tp, self.free_memory_gib,
+                             context=self.engine != "vllm")
+
+    @property
     def memory_before_load_gib(self) -> float:
-        """What an engine starting now finds free on each GPU: the free memory if known, else the total."""
-        return self.free_memory_gib if self.free_memory_gib is not None else self.gpu_memory_gib
+        """What the engine finds free on each GPU before it loads: its own figure when given, else the
+        total (or NVML's free) less the CUDA context, the collective library and the margin."""
+        found = self.engine_memory
+        if found is None and self.engine_memory_gib is not None:
+            return self.engine_memory_gib
+        return max(found.free_gib if found else self.gpu_memory_gib, MIN_GPU_MEMORY_GIB)
 
     @property
     def max_model_len(self) -> int:
@@ -142,6 +165,17 @@ class PlanRequest:
 
     def with_settings(self, **changes: Any) -> PlanRequest:
         return replace(self, settings=replace(self.settings, **changes))
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Engine flags sized to one card for a computed profile: a value sets the flag, None removes it.
+    `running` is 0 when the card has no room for one request (`why` says why)."""
+
+    flags: dict[str, int | float | None]
+    running: int
+    kv_tokens: int
+    why: str
 
 
 @dataclass(frozen=True)

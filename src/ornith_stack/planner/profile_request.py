@@ -7,6 +7,7 @@ from typing import Any
 
 from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
+from ornith_stack.gpus import gpu_table
 from ornith_stack.planner.model import PlanRequest
 from ornith_stack.planner.shapes import ModelShape, load_shape, shipped_shapes
 from ornith_stack.profiles.model import Profile
@@ -43,6 +44,11 @@ def request_for_profile(
     draft_name = draft_config or (profile.draft.shape if profile.draft else None)
     draft = _draft_shape(draft_name)
     notes = extra.pop("notes", ())
+    if gpu is not None:
+        if extra.get("compute_capability") is None:  # the doctor passes the real GPU's when NVML gave it
+            extra["compute_capability"] = gpu.compute_capability
+        table = gpu_table()
+        extra.setdefault("unified_memory", any(table[m].unified_memory for m in gpu.models if m in table))
     if draft_name and draft is None:
         missing = (
             f"draft shape {draft_name!r} is not shipped in planner/configs: draft weights and "

@@ -25,8 +25,9 @@ import math
 from dataclasses import dataclass, replace
 
 from ornith_stack.errors import UserError
+from ornith_stack.planner.capabilities import attention_backend_line, unrunnable
 from ornith_stack.planner.common import attention_bytes_per_token, mamba_state_bytes, tp_divisibility
-from ornith_stack.planner.model import GIB, Plan, PlanRequest, Problem, cdiv, gib
+from ornith_stack.planner.model import GIB, Caps, Plan, PlanRequest, Problem, cdiv, gib
 from ornith_stack.planner.shapes import ModelShape, VisionShape
 
 MIB = 1 << 20
@@ -296,6 +297,9 @@ def mamba_pool(rest: int, per_req: int, *, ratio: int, draft: int, requested: in
         else:
             slots = int((budget - per_req) // per_req)
             verify_requests = -1
+    # A pool too small for one slot has none (SGLang then refuses to start); never a negative count.
+    slots = max(slots, 0)
+    verify_requests = min(verify_requests, slots // ratio) if verify_requests >= 0 else -1
     verify = per_req * (verify_requests + 1) * draft if verify_requests >= 0 else 0
     return MambaPool(slots, (slots + 1) * per_req, verify)
 
@@ -331,7 +335,24 @@ def running_requests(tokens: int, context_len: int, requested: int | None, slots
         running = min(requested, tokens // 2)
     else:
         running = min(max(min(int(tokens / context_len * 512), 4096), 2048), tokens // 2)
-    return min(running, slots // ratio) if slots is not None else running
+    return max(min(running, slots // ratio) if slots is not None else running, 0)
+
+
+def running_limit(req: PlanRequest, sp: Split) -> str:
+    """What holds the running requests at `sp.running`: the flag (or DFlash's default), the KV pool
+    (tokens / 2) or the hybrid state cache (slots / slots per request)."""
+    s = req.settings
+    if sp.mamba.slots // sp.ratio <= sp.running and sp.per_request_state and sp.mamba.slots // sp.ratio < (
+            sp.requested_running or 1 << 30):
+        return (f"the mamba state cache ({sp.mamba.slots:,} slots / {sp.ratio} per request: "
+                "max_running_requests is capped to it)")
+    if sp.requested_running is not None and sp.running == sp.requested_running:
+        if s.max_running_requests is not None:
+            return f"--max-running-requests {s.max_running_requests}"
+        return f"DFlash's default of {DFLASH_DEFAULT_MAX_RUNNING_REQUESTS} (--max-running-requests unset)"
+    if sp.kv_tokens // 2 <= sp.running:
+        return f"the KV pool ({sp.kv_tokens:,} tokens / 2)"
+    return "SGLang's estimate from the KV pool and the context length"
 
 
 @dataclass(frozen=True)
@@ -391,9 +412,15 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
     headroom = int(int(req.memory_before_load_gib * GIB) * (1 - sp.mem_fraction_static))
     notes = [*req.notes, f"static pool = {sp.mem_fraction_static:g} x {req.memory_before_load_gib:g} GiB; headroom "
              f"{gib(headroom)} for CUDA graphs and activations; DFlash verify buffers are in the static pool"]
-    if req.free_memory_gib is not None:
-        notes.append(f"pools sized from the {req.free_memory_gib:g} GiB free before loading (of "
-                     f"{req.gpu_memory_gib:g} GiB), as SGLang sizes them")
+    found = req.engine_memory
+    if found is not None:
+        notes.append(found.note())
+    else:
+        notes.append(f"pools sized from the {req.memory_before_load_gib:g} GiB the engine logged free before "
+                     f"loading (of {req.gpu_memory_gib:g} GiB)")
+    limit = running_limit(req, sp)
+    if sp.running > 0:
+        notes.append(f"running requests capped at {sp.running} by {limit}")
     if s.mem_fraction_static is None:
         notes.append(f"--mem-fraction-static not set: SGLang's default for {req.gpu_memory_gib:g} GiB at tp "
                      f"{s.tp} is {sp.mem_fraction_static:.4g}")
@@ -406,6 +433,9 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
         notes.append(f"the KV pool ({sp.kv_tokens:,} tokens) is shorter than the context length "
                      f"({req.max_model_len:,}): the longest request is limited by the pool")
     notes += _release_notes(req, sp)
+    backend = attention_backend_line(s.extra, req.compute_capability, bool(s.speculative_method))
+    if backend:
+        notes.append(f"{backend} on sm{req.compute_capability}")
     problems = _check(req, sp, headroom)
     result = Plan(
         engine="sglang", engine_version=req.engine_version, profile=req.profile, model=shape.name,
@@ -428,11 +458,16 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
             "kv_budget_bytes": max(sp.kv_rest, 0),
             "mamba_radix_cache_strategy": sp.strategy,
             "mamba_ratio": sp.ratio,
+            # "Mamba Cache is allocated. max_mamba_cache_size: ..." in SGLang's log.
             "max_mamba_cache_size": sp.mamba.slots,
             "mamba_state_bytes": sp.mamba.state_bytes,
             "kv_tokens_profiled": sp.kv_tokens_profiled,
             "max_total_num_tokens": sp.kv_tokens,
+            # The two figures of SGLang's "max_total_num_tokens=..., max_running_requests=..." log line
+            # (scheduler start, after CUDA-graph capture); max_total_num_tokens also equals the
+            # "#tokens" of both "KV Cache is allocated" lines (target and DFlash draft).
             "max_running_requests": sp.running,
+            "running_requests_capped_by": limit,
             "requested_running_requests": sp.requested_running,
             "draft_tokens": sp.draft_tokens,
             "dflash_verify_buffer_bytes": sp.mamba.verify_bytes,
@@ -483,17 +518,19 @@ def refuse_tp(shape: ModelShape, tp: int) -> None:
 
 def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
     s = req.settings
+    problems = [Problem("flags", f"--{flag} is not a flag of SGLang {sp.release.name}: it refuses to start", what)
+                for flag, what in sp.release.removed_flags.items() if flag in s.extra]
+    problems += [Problem("flags", bad.line(), f"drop --{bad.flag} (`profiles new` drops it for this GPU)")
+                 for bad in unrunnable(s.extra, req.compute_capability)]
     if sp.rest <= 0:
         # _profile_available_bytes raises this ValueError before any pool exists.
         weights = req.weights_per_gpu() + req.draft_weights_per_gpu()
         minimum = math.ceil(weights / (req.memory_before_load_gib * GIB) * 1000) / 1000  # SGLang's suggestion
         fix = (f"--mem-fraction-static above {minimum:.3f}" if minimum < 1
                else f"--tp {s.tp * 2} (more GPUs) or a smaller checkpoint")
-        return [Problem("weights", f"SGLang: loaded weights ({gib(weights)} per GPU, target + draft) leave no "
+        return [*problems, Problem("weights", f"SGLang: loaded weights ({gib(weights)} per GPU, target + draft) leave no "
                         f"GPU memory for the KV cache under --mem-fraction-static={sp.mem_fraction_static:g}",
                         fix)]
-    problems = [Problem("flags", f"--{flag} is not a flag of SGLang {sp.release.name}: it refuses to start", what)
-                for flag, what in sp.release.removed_flags.items() if flag in s.extra]
     if req.shape.is_hybrid and sp.mamba.slots <= 0:
         problems.append(Problem(
             "mamba state cache", f"SGLang: not enough GPU memory for the hybrid state cache "
@@ -533,3 +570,64 @@ def _suggest(req: PlanRequest) -> str | None:
                 return f"--tp {tp} ({tp} GPUs of {req.gpu_memory_gib:g} GiB) with {flag}"
         tp *= 2
     return None
+
+
+# -- caps for a computed profile ------------------------------------------------------------------------
+
+# The KV pool a computed profile keeps at least: one request of the full context length when the card
+# has room for it; else, with one running request, at least this many tokens (a prompt and its answer).
+MIN_KV_TOKENS = 4096
+CAP_FLAGS = ("max-running-requests", "max-mamba-cache-size", "max-total-tokens")
+
+
+def card_caps(req: PlanRequest) -> Caps:
+    """The running-request limit and the KV pool for this card, from the same accounting as `plan`.
+
+    Hybrid models: each running request holds `ratio` state slots plus DFlash's verify buffers (draft
+    tokens x the state); the pools are sized explicitly (--max-mamba-cache-size = ratio x requests) so
+    that the memory SGLang's own split (mamba share 0.9 / 1.9) would leave to a KV pool far larger than
+    the requests can use goes to requests instead. The most requests up to DFlash's 48 whose KV pool
+    still holds one request of the full context length; on a card without room for that, one request
+    and what KV is left (at least MIN_KV_TOKENS). --max-total-tokens is the KV pool that remains: the
+    engine, finding at least the planned free memory, logs exactly these figures. Plain models get
+    the KV pool and SGLang's own running-request limit written out. The CUDA-graph batch sizes follow:
+    SGLang captures up to the running-request limit."""
+    base = req.with_settings(max_total_tokens=None, max_running_requests=None, max_mamba_cache_size=None)
+    fraction = resolve_mem_fraction_static(base)
+    # The headroom outside the static pool must hold SGLang's own CUDA-graph and activation reserve for
+    # this card (what its default fraction leaves); a seed's fraction from a larger card is lowered to it.
+    fits = math.floor((1 - reserve_bytes(base) / (base.memory_before_load_gib * GIB)) * 1000) / 1000
+    lowered: dict[str, int | float | None] = {}
+    if fits < fraction:
+        base = base.with_settings(mem_fraction_static=fits)
+        lowered = {"mem-fraction-static": fits}
+    sp = split(base)
+    limit = sp.requested_running or DFLASH_DEFAULT_MAX_RUNNING_REQUESTS
+    if not sp.per_request_state:
+        running = running_requests(sp.kv_tokens, base.max_model_len, sp.requested_running, None, sp.ratio)
+        return Caps({**lowered, "max-running-requests": running, "max-mamba-cache-size": None,
+                     "max-total-tokens": sp.kv_tokens}, running, sp.kv_tokens,
+                    f"{running} running requests and the {sp.kv_tokens:,}-token KV pool SGLang sizes on this card")
+
+    def tokens_for(running: int) -> int:
+        sized = split(base.with_settings(max_running_requests=running, max_mamba_cache_size=sp.ratio * running))
+        return sized.kv_tokens_profiled if sized.running >= running else -1
+
+    full = base.max_model_len
+    fitting = [n for n in range(limit, 0, -1) if tokens_for(n) >= full]
+    if fitting:
+        running = fitting[0]
+        why = (f"{running} running requests ({sp.ratio} state slots and {sp.draft_tokens} verify buffers each) "
+               f"with a KV pool that still holds one request of the full {full:,}-token context"
+               + (f"; {running + 1} would not" if running < limit else f" (DFlash's limit is {limit})"))
+    else:
+        running = 1
+        why = (f"1 running request: the card has no room for a request of the full {full:,}-token context "
+               "and the state of more requests; the KV pool limits the longest request")
+    tokens = max(tokens_for(running), 0) // sp.page * sp.page
+    if tokens < min(MIN_KV_TOKENS, full):
+        return Caps({}, 0, tokens, f"no room for one request: {tokens:,} KV tokens after one request's state "
+                    f"({sp.per_request_state * (sp.ratio + 1 + sp.draft_tokens) / MIB:,.0f} MiB with its verify "
+                    "buffers)")
+    return Caps({**lowered, "max-running-requests": running, "max-mamba-cache-size": sp.ratio * running,
+                 "max-total-tokens": tokens}, running, tokens, why)

@@ -22,13 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ornith_stack.planner.common import attention_bytes_per_token, mamba_state_bytes, tp_divisibility
-from ornith_stack.planner.model import GIB, Plan, PlanRequest, Problem, cdiv, gib
+from ornith_stack.planner.model import GIB, Caps, Plan, PlanRequest, Problem, cdiv, gib
 from ornith_stack.planner.shapes import ModelShape
 
 KERNEL_BLOCK_ALIGNMENT = 16  # CacheConfig.DEFAULT_BLOCK_SIZE; FLASH_ATTN/FlashInfer kernels take multiples of 16
 # vLLM 0.24.0 defaults for flags a profile leaves out (tests/unit/test_engine_defaults.py reads them
 # in vLLM's sources): config/cache.py CacheConfig.gpu_memory_utilization.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+# A computed pin is a multiple of this (readable in GiB, and well inside the margin).
+PIN_STEP = 64 << 20
 # Speculative methods whose draft model brings attention layers of its own into the KV cache.
 DRAFT_MODEL_METHODS = {"dflash", "eagle", "eagle3", "draft_model"}
 
@@ -230,12 +232,16 @@ def _check(
                 fix,
             )
         )
+    if s.kv_cache_memory_bytes is not None:
+        # A pinned pool skips vLLM's profiling: it must fit in what the engine finds free.
+        budget = int(req.memory_before_load_gib * GIB)
     if fixed + pool > budget:
         problems.append(
             Problem(
                 "GPU memory",
                 f"weights + draft + reserve {gib(fixed)} and KV pool {gib(pool)} exceed the "
-                f"{req.gpu_memory_gib:g} GiB per GPU",
+                f"{budget / GIB:.2f} GiB per GPU"
+                + (" the engine finds free" if s.kv_cache_memory_bytes is not None else ""),
                 f"--kv-cache-memory-bytes {max(budget - fixed, 0)} or less, or {_more_gpus_fix(req)}"
                 if s.kv_cache_memory_bytes is not None
                 else _more_gpus_fix(req),
@@ -258,3 +264,26 @@ def _longest_fitting(types: list[LayerType], page: int, size: int, pool: int, ma
 
 def _more_gpus_fix(req: PlanRequest) -> str:
     return f"--tp {req.settings.tp * 2} (more GPUs) or a smaller checkpoint (FP8 needs sm90+)"
+
+
+def card_caps(req: PlanRequest) -> Caps:
+    """--kv-cache-memory-bytes for this card: the pin is per GPU, so it is sized at the plan's tp from
+    what each GPU has left after its share of the weights, the draft and the reserve (whole GiB, below
+    the free memory the engine finds, margin included). A unified-memory part (GB10) keeps the seed's pin:
+    the rest of its memory is the host's. No room for one request of the full context: running 0."""
+    s = req.settings
+    if s.kv_cache_memory_bytes is None or req.unified_memory:
+        found = plan(req)
+        return Caps({}, int(found.max_concurrency) if not found.problems else 0, found.kv_cache_tokens,
+                     "the seed's pin (unified memory: the rest is the host's)" if req.unified_memory
+                     else "vLLM sizes its pool from --gpu-memory-utilization")
+    room = int(req.memory_before_load_gib * GIB) - req.weights_per_gpu() - req.draft_weights_per_gpu() - req.reserve_bytes
+    pin = max(room // PIN_STEP, 0) * PIN_STEP
+    found = plan(req.with_settings(kv_cache_memory_bytes=pin or 1))
+    if not pin or found.problems:
+        return Caps({}, 0, found.kv_cache_tokens,
+                    f"no room for one request of {req.max_model_len:,} tokens: {gib(max(room, 0))} per GPU left "
+                    f"for the KV pin, {gib(found.engine_details['memory_for_one_request_bytes'])} needed")
+    return Caps({"kv-cache-memory-bytes": pin}, max(int(found.max_concurrency), 1), found.kv_cache_tokens,
+                f"a {pin / GIB:g} GiB KV pin per GPU at tp {s.tp}: {found.kv_cache_tokens:,} tokens, "
+                f"{found.max_concurrency:.2f}x concurrency at {req.max_model_len:,}")

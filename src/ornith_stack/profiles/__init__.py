@@ -36,14 +36,18 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SET_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,15}")
 
 
-def user_profile_dir() -> Path:
+def user_profile_dir(to_write: bool = False) -> Path:
     """The operator's profile folder: ORNITH_PROFILE_DIR, else $XDG_CONFIG_HOME/ornith-stack/profiles.
 
-    A folder named by ORNITH_PROFILE_DIR must exist (a typo would otherwise list nothing and say so with
-    exit 0); the default one may not exist yet, until `profiles new` writes the first profile there."""
+    A folder named by ORNITH_PROFILE_DIR must exist when profiles are read (a typo would otherwise list
+    nothing and say so with exit 0); `to_write` (`profiles new`) accepts one that does not exist yet, which
+    the writer then makes, as it makes the default one."""
     configured = os.environ.get("ORNITH_PROFILE_DIR")
     if configured is not None:
-        if not configured or not Path(configured).expanduser().is_dir():
+        path = Path(configured).expanduser() if configured else None
+        if to_write and path is not None and not path.exists():
+            return path
+        if path is None or not path.is_dir():
             raise UserError(f"ORNITH_PROFILE_DIR={shown(configured)} is not a folder; point it at a folder of "
                             "profile files or unset it")
         return Path(configured).expanduser()

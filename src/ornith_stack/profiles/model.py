@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ornith_stack.cuda_requirement import CudaRequirement, parse_requirement
-from ornith_stack.gpus import gpu_table
+from ornith_stack.gpus import gpu_table, known_model
 from ornith_stack.profiles.engine_args import engine_arg_problems
 from ornith_stack.profiles.images import ImageRef, parse_image, parse_pinned_image
 
@@ -36,15 +36,16 @@ class Gpu(Strict):
     memory_bandwidth_gbps: float = Field(gt=0, description="Per GPU, GB/s; the decode roofline uses it.")
     models: list[str] = Field(
         min_length=1, description="Keys of the GPU table (src/ornith_stack/gpus.yaml) this profile runs on; "
-        "the table says what NVML calls each."
+        "the table says what NVML calls each. A card the table lacks: nvml:NAME (its NVML name)."
     )
 
     @field_validator("models")
     @classmethod
     def _known_models(cls, models: list[str]) -> list[str]:
-        unknown = [m for m in models if m not in gpu_table()]
+        unknown = [m for m in models if not known_model(m)]
         if unknown:
-            raise ValueError(f"unknown GPU {', '.join(unknown)}; the GPU table knows: {', '.join(gpu_table())}")
+            raise ValueError(f"unknown GPU {', '.join(unknown)}; the GPU table knows: {', '.join(gpu_table())} "
+                             "(a card it lacks: nvml:NAME, the name NVML reports)")
         return models
 
 

@@ -79,7 +79,8 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
     env_path = options.env_file or options.root / "compose" / ".env"
     values = {**read_env(env_path), **environ}
     hf_home = hf_cache(values)
-    ready = preflight(options.profile, run, values.get("ORNITH_BIND", "127.0.0.1"), options.with_key, hf_home)
+    ready = preflight(options.profile, run, values.get("ORNITH_BIND", "127.0.0.1"), options.with_key, hf_home,
+                      root=options.root)
     profile = ready.profile
     stack = stack_for(options.root, profile.name, options.project, env_path)
     changed: list[str] = []

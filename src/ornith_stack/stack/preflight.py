@@ -19,8 +19,10 @@ from typing import Any
 
 from ornith_stack.doctor import Options, diagnose
 from ornith_stack.errors import UserError
+from ornith_stack.generate.core import find_root
+from ornith_stack.generate.profile_files import save_computed
 from ornith_stack.planner.disk import DISK_MARGIN, GIB, disk_need
-from ornith_stack.profiles import load_profile
+from ornith_stack.profiles import load_profile, user_profile_dir
 from ornith_stack.profiles.model import Profile
 from ornith_stack.stack.shell import Runner, first_line
 
@@ -37,12 +39,20 @@ class Ready:
     compose_version: str
 
 
-def choose_profile(name: str) -> tuple[Profile, str | None]:
+def choose_profile(name: str, root: Path | None = None) -> tuple[Profile, str | None]:
     """The doctor's verdict on this machine; a problem is the first FAIL line with how to see the rest."""
     report = diagnose(Options(profile=name))
     if report.profile is None:
         raise UserError(f"no profile fits this machine ({report.profile_reason}); `ornith-stack profiles` "
                         "lists them, `ornith-stack up NAME` picks one")
+    if report.computed is not None and report.ready:
+        # auto computed the profile for this host: save it as `profiles new` would, then start it.
+        layout = report.computed
+        folder = user_profile_dir(to_write=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        command = f"ornith-stack profiles new {layout.profile.name} --gpu {layout.gpu.key} --count {layout.count}"
+        save_computed(layout, folder, root or find_root(), command)
+        return load_profile(layout.profile.name), report.profile_reason
     if not report.ready:
         problem = report.problems[0]
         fix = ("run it on a machine with the GPUs it names, or `ornith-stack up cpu-demo` to try the stack "
@@ -136,9 +146,9 @@ def _existing(folder: Path) -> Path:
 
 
 def preflight(name: str, run: Runner, bind: str, has_key: bool, hf_cache: Path,
-              usage: DiskUsage = shutil.disk_usage) -> Ready:
+              usage: DiskUsage = shutil.disk_usage, root: Path | None = None) -> Ready:
     """Every check, before anything is written, pulled, built or started."""
-    profile, reason = choose_profile(name)
+    profile, reason = choose_profile(name, root)
     check_exposure(bind, has_key)
     info = docker_info(run)
     version = compose_version(run)

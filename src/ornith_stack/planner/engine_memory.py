@@ -1,0 +1,82 @@
+"""The memory an engine finds free on each GPU when it sizes its pools, from the card's total.
+
+SGLang sizes its static pool from the memory free after its CUDA context and its collective library
+(NCCL) have started (`pre_model_load_memory`); vLLM must find its pin, weights and graphs there too. The
+table's figure is NVML's total, which neither engine can have. What lies between, measured on one H200
+(driver 580.159.04, 143,771 MiB = 140.40 GiB; FACTS.md section 13 and the SGLang recordings under
+tests/fixtures/engines/sglang-0.5.17/):
+
+| step | GiB free | taken | how |
+|---|---|---|---|
+| NVML total | 140.40 | | measured |
+| NVML free, no process | 139.80 | 0.60 driver | measured |
+| after the CUDA context | 139.19 | 0.61 | measured |
+| SGLang tp 1, before loading weights | 139.09 | 0.10 torch.distributed | measured (SGLang's log, three runs) |
+| SGLang tp 2, before loading weights | 138.18 | 1.01 NCCL + custom allreduce | measured (SGLang's log, rank 0) |
+| a bare NCCL init at tp 1 | 138.63 | 0.56 | measured (FACTS 13), below what SGLang itself logs |
+
+tp 4 and tp 8 are estimates (NCCL's buffers grow with its channels and peers): 1.5 and 2.0 GiB. The
+driver and context shares are taken as the same on every card (estimated elsewhere than the H200). A
+margin of 0.5 GiB below that covers the bare NCCL figure (0.46 GiB below SGLang's own at tp 1), a few
+hundred MiB held by a monitoring agent, and run-to-run noise; a computed profile's caps are sized
+within it, so the engine, finding at least that much, logs exactly the caps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DRIVER_RESERVED_GIB = 0.60  # measured, H200: NVML total 140.40 - free 139.80 with no process
+CUDA_CONTEXT_GIB = 0.61  # measured, H200: 139.80 -> 139.19 once a process holds a CUDA context
+# Collective library at each tensor-parallel size: (GiB, measured?).
+COLLECTIVE_GIB: dict[int, tuple[float, bool]] = {1: (0.10, True), 2: (1.01, True), 4: (1.5, False),
+                                                 8: (2.0, False)}
+MARGIN_GIB = 0.5
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """Free memory per GPU an engine sizes from, and how it was reached from what is known."""
+
+    start_gib: float  # the total (no observation) or NVML's free memory (the doctor's)
+    observed_free: bool
+    tp: int
+    driver_gib: float
+    context_gib: float
+    collective_gib: float
+    collective_measured: bool
+    margin_gib: float
+
+    @property
+    def free_gib(self) -> float:
+        left = self.start_gib - self.driver_gib - self.context_gib - self.collective_gib - self.margin_gib
+        return max(round(left, 4), 0.0)
+
+    def note(self) -> str:
+        start = (f"NVML's free {self.start_gib:g} GiB" if self.observed_free
+                 else f"total {self.start_gib:g} GiB - driver {self.driver_gib:g} (measured on the H200)")
+        collective = "measured on the H200" if self.collective_measured else "estimated"
+        context = (f" - CUDA context {self.context_gib:g} (measured on the H200)" if self.context_gib
+                   else " (CUDA context inside the reserve)")
+        return (f"pools sized from {self.free_gib:.2f} GiB per GPU: {start}{context} - collective start at tp "
+                f"{self.tp} {self.collective_gib:g} ({collective}) - margin {self.margin_gib:g}")
+
+
+def collective_gib(tp: int) -> tuple[float, bool]:
+    """(GiB the collective library takes at `tp`, whether it was measured); sizes between the listed
+    ones take the next listed one."""
+    for size in sorted(COLLECTIVE_GIB):
+        if tp <= size:
+            return COLLECTIVE_GIB[size]
+    return COLLECTIVE_GIB[max(COLLECTIVE_GIB)]
+
+
+def engine_memory(total_gib: float, tp: int, nvml_free_gib: float | None = None, context: bool = True) -> EngineMemory:
+    """What an engine at `tp` finds free: from NVML's free memory when observed, else from the total.
+    `context` False: the caller's reserve already holds the CUDA context (vLLM's, from seed 003)."""
+    collective, measured = collective_gib(tp)
+    observed = nvml_free_gib is not None
+    return EngineMemory(start_gib=nvml_free_gib if nvml_free_gib is not None else total_gib,
+                        observed_free=observed, tp=tp, driver_gib=0.0 if observed else DRIVER_RESERVED_GIB,
+                        context_gib=CUDA_CONTEXT_GIB if context else 0.0, collective_gib=collective, collective_measured=measured,
+                        margin_gib=MARGIN_GIB)
