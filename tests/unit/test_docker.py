@@ -168,7 +168,7 @@ def test_hf_token_comes_from_the_environment_only(name: str) -> None:
 
 
 def test_cpu_demo_needs_no_variable() -> None:
-    # The README's first command, `docker compose -f compose/cpu-demo.yml up --build`, must start as is.
+    # The README's first command (docker compose -p ornith-cpu-demo -f compose/cpu-demo.yml up --build) starts as is.
     assert ":?" not in (REPO / "compose" / "cpu-demo.yml").read_text()
 
 
@@ -495,3 +495,16 @@ def test_compose_passes_hf_hub_offline_and_the_profiles_revision(name: str) -> N
     assert engine["environment"]["HF_HUB_OFFLINE"] == expected
     if profile.model.revision != "main":
         assert engine["command"][engine["command"].index("--revision") + 1] == profile.model.revision
+
+
+def test_every_plain_compose_command_names_its_own_project() -> None:
+    # Without -p every profile lands in project `compose` (the folder's name), so `down --volumes` of one
+    # deleted the weights volume every profile shared; `ornith-stack up` uses the same ornith-<profile>.
+    from ornith_stack.stack.compose import PROJECT_PREFIX
+
+    for path in ("README.md", "docker/README.md", *(f"compose/{n}.yml" for n in profile_names())):
+        text = (REPO / path).read_text()
+        commands = re.findall(r"docker compose (.*?)-f compose/([\w<>.-]+)\.yml", text)
+        assert commands, path
+        for options, profile in commands:
+            assert options == f"-p {PROJECT_PREFIX}{profile} ", (path, options, profile)
