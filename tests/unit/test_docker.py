@@ -231,6 +231,13 @@ def test_entrypoint_appends_extra_args_to_the_command() -> None:
     assert json.loads(result.stdout) == [*command, "--log-level", "debug", "--served-model-name", "my model"]
 
 
+def test_entrypoint_passes_every_word_of_the_command_as_given() -> None:
+    command = ["sh", "-c", 'echo "$@"', "--", "--help", "-h", "--x=1", "-abc", "--"]
+    result = _entrypoint(*command, ORNITH_PROFILE="cpu-demo", ORNITH_SKIP_DOCTOR="1", ORNITH_DRY_RUN="1")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == command
+
+
 def test_entrypoint_refuses_extra_args_it_cannot_split() -> None:
     result = _entrypoint("true", ORNITH_PROFILE="gpu96", ORNITH_SKIP_DOCTOR="1", ORNITH_DRY_RUN="1",
                          ORNITH_EXTRA_ARGS="--served-model-name 'my model")

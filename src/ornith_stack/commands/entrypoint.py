@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import typer
@@ -34,7 +35,10 @@ def register(app: typer.Typer) -> None:
                        "above (exit 1). Fix them, or set ORNITH_DOCTOR_WARN_ONLY=1 to start anyway "
                        "(ORNITH_SKIP_DOCTOR=1 skips the check).")
                 raise typer.Exit(1)
-        launch = ep.prepare(profile, list(ctx.args), environ)
+        # The words as given: click drops the first `--`, which belongs to the engine's command (`sh -c S -- A`).
+        given = sys.argv[1:]
+        words = given[1:] if given[:1] == ["entrypoint"] else list(ctx.args)
+        launch = ep.prepare(profile, words, environ)
         if ep.is_on(environ.get("ORNITH_DRY_RUN")):
             typer.echo(json.dumps(launch.argv))
             return

@@ -53,8 +53,8 @@ def supervise(argv: Sequence[str], env: dict[str, str], secret: str) -> int:
     its exit status (128 + N for a signal N, as a shell reports it)."""
     forms = secret_forms(secret)
     try:
-        proc = subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        # stdin stays the engine's own (inherited): only its output is filtered.
+        proc = subprocess.Popen(list(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as exc:
         print(f"ornith-entrypoint: cannot start {argv[0]}: {exc.strerror}", file=sys.stderr)
         return 127 if isinstance(exc, FileNotFoundError) else 126
