@@ -56,12 +56,11 @@ WORKDIR /home/ornith
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=10s --start-period=300s --retries=5 \
   CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=5)"]
-ENTRYPOINT ["/usr/local/bin/ornith-entrypoint"]
+ENTRYPOINT ["ornith-stack", "entrypoint"]
 COPY --from=build /opt/venv /opt/venv
 COPY pyproject.toml README.md /tmp/ornith/
 COPY src/ /tmp/ornith/src/
 RUN python3 -m pip install '/tmp/ornith[tiny]' \
  && ornith-stack tiny-model /models/ornith-tiny --arch qwen3_moe \
  && rm -rf /tmp/ornith
-COPY docker/entrypoint.sh /usr/local/bin/ornith-entrypoint
 USER 10001:10001

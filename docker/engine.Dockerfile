@@ -1,6 +1,6 @@
 # GPU engine image (SGLang or vLLM): the pinned upstream engine image, plus ornith-stack (doctor,
 # launch-args) and the entrypoint that checks the machine and then execs the engine with the profile's
-# flags (docker/entrypoint.sh). One file for every GPU profile; the engines differ only in build args,
+# flags (`ornith-stack entrypoint`, src/ornith_stack/stack/entrypoint.py). One file for every GPU profile; the engines differ only in build args,
 # which compose/<profile>.yml passes (build.args) from src/ornith_stack/images.yaml and the profile:
 #
 #   docker build -f docker/engine.Dockerfile -t ornith-stack/sglang:0.5.17 .     (the defaults below)
@@ -32,7 +32,6 @@ RUN { python3 -m venv /opt/ornith && /opt/ornith/bin/python -m pip install /tmp/
       && python3 -m pip --python /opt/ornith/bin/python install /tmp/ornith; } \
  && ln -s /opt/ornith/bin/ornith-stack /usr/local/bin/ornith-stack \
  && rm -rf /tmp/ornith
-COPY docker/entrypoint.sh /usr/local/bin/ornith-entrypoint
 # The upstream engine images run as root and keep their caches under /root/.cache; so does this one.
 ENV HF_HOME=/data/hf
-ENTRYPOINT ["/usr/local/bin/ornith-entrypoint"]
+ENTRYPOINT ["ornith-stack", "entrypoint"]

@@ -59,6 +59,8 @@ RULE_FILES = ("ornith-recording.yml", "ornith-alerts.yml")
 # Data-parallel replicas: one engine service per GPU set; with more than one, SGLang's Model Gateway
 # (PyPI sglang-router, the `smg` router) is the single endpoint in front of them, on the profile's port.
 ENGINE_SERVICE = "engine"
+# HF_HOME in the engine containers (the images set it too); huggingface_hub keeps the weights in its hub/.
+HF_HOME_IN_CONTAINER = "/data/hf"
 # Where containers read an operator's profile (`profiles new`) from: compose mounts the file there.
 CONTAINER_PROFILE_DIR = "/etc/ornith-stack/profiles"
 # The compose variable that names the operator's profile file on the host that runs compose: empty, the

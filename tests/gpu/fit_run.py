@@ -46,9 +46,9 @@ def cli(*args: str, env: dict[str, str] | None = None) -> str:
 
 def cache_env(root: Path) -> dict[str, str]:
     """Every kernel and compile cache SGLang 0.5.17 and its libraries write, under one folder."""
-    from ornith_stack.engines import compile_cache_env  # the same folders compose and Helm keep in a volume
+    from ornith_stack import deployment  # the same variables compose and Helm point into their cache volume
 
-    return compile_cache_env(str(root))
+    return {k: v.replace(deployment.COMPILE_CACHE_PATH, str(root)) for k, v in deployment.COMPILE_CACHE_ENV.items()}
 
 
 def sizing(log: Path) -> dict[str, int]:
@@ -131,8 +131,10 @@ def main() -> None:
     finally:
         engine.stop()
     summary["uncapped_sizing"] = sizing(out / "uncapped" / "engine.log")
-    summary["plan"] = {k: plan.get(k) for k in ("kv_cache_tokens", "max_total_num_tokens", "max_running_requests",
-                                                "running_requests", "verdict") if k in plan}  # fmt: skip
+    details = plan.get("engine_details", {})
+    summary["plan"] = {k: details.get(k) for k in ("max_total_num_tokens", "max_running_requests",
+                                                   "max_mamba_cache_size", "running_requests_capped_by")}  # fmt: skip
+    summary["plan"]["verdict"] = plan.get("verdict")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: summary.get(k) for k in ("cold_healthy_s", "warm_healthy_s", "uncapped_healthy_s",
                                                    "engine_sizing", "uncapped_sizing", "plan")}, indent=1))  # fmt: skip

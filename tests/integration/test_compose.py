@@ -3,7 +3,7 @@
 Run: pytest -m integration tests/integration/test_compose.py
 (needs Docker, Compose v2 as `docker compose` (scripts/install-compose-v2.sh), docker-compose v1, PyPI)
 
-- The README's own command, read from README.md (`docker compose -f compose/cpu-demo.yml up --build`), is
+- The README's own command, read from README.md (`docker compose -p ornith-cpu-demo -f compose/cpu-demo.yml up --build`), is
   run as printed, with Compose v2, in the foreground: it builds the exporter and cpu-demo images with their
   BASE_IMAGE swapped (ORNITH_PYTHON_BASE_IMAGE) to the locally made Debian + Python base
   (scripts/make-base-images.sh), and starts the stack with Prometheus swapped (ORNITH_PROMETHEUS_IMAGE)
@@ -53,7 +53,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "compose" / "cpu-demo.yml"
 COMPOSE = shutil.which("docker-compose")
-README_COMMAND = re.compile(r"^docker compose -f compose/cpu-demo\.yml up\b.*$", re.MULTILINE)
+README_COMMAND = re.compile(r"^docker compose -p ornith-cpu-demo -f compose/cpu-demo\.yml up\b.*$", re.MULTILINE)
 PROJECT = f"ornith-it-{os.getpid()}"
 BUILD_TIMEOUT_S = 2400
 # Engine start in the container: about 1-3 minutes on two cores (first start compiles); the compose
@@ -83,8 +83,11 @@ def compose_v2_available() -> bool:
 def readme_command() -> list[str]:
     """The README's first command for the cpu-demo stack, split as a shell would."""
     match = README_COMMAND.search((REPO / "README.md").read_text())
-    assert match, "README.md no longer prints `docker compose -f compose/cpu-demo.yml up`"
-    return shlex.split(match[0])
+    assert match, "README.md no longer prints `docker compose -p ornith-cpu-demo -f compose/cpu-demo.yml up`"
+    argv = shlex.split(match[0])
+    # The test's own project, so that it never touches a user's ornith-cpu-demo on the same daemon.
+    argv[argv.index("-p") + 1] = PROJECT
+    return argv
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +159,7 @@ def wait_for(what: str, probe, timeout_s: float, env: dict[str, str]):
 
 @pytest.fixture(scope="class")
 def stack(demo_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """The README's `docker compose -f compose/cpu-demo.yml up --build`, run as printed (foreground)."""
+    """The README's `docker compose -p ornith-cpu-demo -f compose/cpu-demo.yml up --build`, run as printed (foreground)."""
     env = demo_env
     argv = readme_command()
     print(f"running the README's command: {shlex.join(argv)}")
@@ -219,7 +222,7 @@ def _listening_ports(host) -> set[int]:
 
 
 class TestCpuDemoStack:
-    """The README's `docker compose -f compose/cpu-demo.yml up --build` (engine, exporter, Prometheus and the
+    """The README's `docker compose -p ornith-cpu-demo -f compose/cpu-demo.yml up --build` (engine, exporter, Prometheus and the
     Grafana stand-in). The stack is removed after this class, so it does not hold the CPU while the engine
     images below build."""
 

@@ -5,6 +5,7 @@ helm/ornith/crds-schemas/, and checked for what a reviewer would look at."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import os
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from functools import cache
 from pathlib import Path
+from types import SimpleNamespace as NS
 from typing import Any
 
 import helm_python as helm
@@ -830,8 +832,12 @@ def test_replicas_run_behind_the_model_gateway_which_discovers_the_engine_pods()
     role = next(o for o in find(objects, "Role") if o["metadata"]["name"] == f"{RELEASE}-gateway")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     service = next(o for o in find(objects, "Service") if o["metadata"]["name"] == f"{RELEASE}-gateway")
-    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"http": 30000, "metrics": 29000}
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"http": 30000}
+    metrics = next(o for o in find(objects, "Service") if o["metadata"]["name"] == f"{RELEASE}-gateway-metrics")
+    assert {p["name"]: p["port"] for p in metrics["spec"]["ports"]} == {"metrics": 29000}
     monitor = next(o for o in find(objects, "ServiceMonitor") if o["metadata"]["name"] == f"{RELEASE}-gateway")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= metrics["metadata"]["labels"].items()
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["relabelings"][0]["replacement"] == "gateway"
     assert not [o for o in rendered("values-gpu96.yaml") if "gateway" in o["metadata"]["name"]]
 # ------------------------------------------------------------------------------- probes and optional APIs
@@ -884,7 +890,8 @@ def test_api_key_comes_from_an_existing_secret_and_the_probes_keep_working() -> 
     assert not find(objects, "Secret")
     ref = {"secretKeyRef": {"name": "ornith-api-key", "key": "ORNITH_API_KEY"}}
     engine = container(engine_pod_specs(objects)["single"], "engine")
-    assert {"name": "ORNITH_API_KEY", "valueFrom": ref} in engine["env"]
+    # SGLang takes the key from a file (the tests below); the variable would only widen who sees it.
+    assert all(e["name"] != "ORNITH_API_KEY" for e in engine["env"])
     # /v1/models asks for the key once the engine has one; the health route never does.
     health = read_yaml("values.yaml")["engine"]["healthPath"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -895,6 +902,122 @@ def test_api_key_comes_from_an_existing_secret_and_the_probes_keep_working() -> 
     plain = container(engine_pod_specs(rendered("values-gpu96.yaml"))["single"], "engine")
     assert all(e["name"] != "ORNITH_API_KEY" for e in plain["env"])
     assert plain["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+
+
+# ------------------------------------------------------------------------------------ the key, enforced
+# The chart runs the upstream engine images, so no entrypoint hands the key over: the chart does it the way
+# each engine reads it, and the engine's own code, fed the rendered pod, must end up with the key.
+VLLM_SRC = Path(os.environ.get("ORNITH_VLLM024_SRC", Path(os.environ.get("ORNITH_CACHE_DIR", ROOT / ".cache"))
+                               / "vllm-0.24.0-src")) / "vllm"
+SGLANG_SRC = Path(os.environ.get("ORNITH_SGLANG0517_SRC", Path(os.environ.get("ORNITH_CACHE_DIR", ROOT / ".cache"))
+                                 / "sglang-0.5.17-src")) / "sglang" / "srt"
+SECRET = {"secretName": "ornith-api-key"}
+THE_KEY = "k3y-from-the-secret"
+
+
+def _engine_file(root: Path, rel: str) -> str:
+    if not (root / rel).is_file():
+        pytest.skip(f"{root / rel} is missing (scripts/test.sh unpacks the engine wheels' Python files)")
+    return (root / rel).read_text()
+
+
+def _pod_env(c: dict[str, Any], secret: dict[str, str]) -> dict[str, str]:
+    """The container's environment as the kubelet builds it, secrets resolved from `secret`."""
+    env = literal_env(c)
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        if ref and ref["name"] == SECRET["secretName"]:
+            env[e["name"]] = secret[ref["key"]]
+    return env
+
+
+@pytest.mark.parametrize("case", ["values-cpu-demo.yaml", "ci/spark-model-repo.yaml"])
+def test_a_vllm_engine_enforces_the_key_from_the_secret(case: str) -> None:
+    values = {**case_values(case), "apiKey": SECRET}
+    engine = container(engine_pod_specs(tuple(render(values)))["single"], "engine")
+    env = _pod_env(engine, {"ORNITH_API_KEY": THE_KEY})
+    argv = engine.get("command", []) + engine["args"]
+    assert "--api-key" not in argv and THE_KEY not in json.dumps(engine)
+    # vLLM 0.24's own code: envs.py's reader of VLLM_API_KEY, then api_server.py's choice of tokens
+    # (`--api-key` first, else the variable); a non-empty list installs the AuthenticationMiddleware.
+    envs = ast.parse(_engine_file(VLLM_SRC, "envs.py"))
+    table = next(n.value for n in ast.walk(envs) if isinstance(n, ast.AnnAssign | ast.Assign)
+                 and isinstance(n.value, ast.Dict) and any(isinstance(t, ast.Name) and t.id == "environment_variables"
+                                                           for t in ([n.target] if isinstance(n, ast.AnnAssign)
+                                                                     else n.targets)))
+    reader = next(v for k, v in zip(table.keys, table.values, strict=True)
+                  if isinstance(k, ast.Constant) and k.value == "VLLM_API_KEY")
+    fake_os = NS(environ=env)
+    vllm_api_key = eval(compile(ast.Expression(reader), "envs.py", "eval"), {"os": fake_os})()
+    server = _engine_file(VLLM_SRC, "entrypoints/openai/api_server.py")
+    choice = re.search(r"if tokens := (\[key for key in \(args\.api_key or \[envs\.VLLM_API_KEY\]\) if key\]):",
+                       server)
+    assert choice, "vLLM's api_server no longer chooses its tokens this way: look again"
+    tokens = eval(choice[1], {"args": NS(api_key=None), "envs": NS(VLLM_API_KEY=vllm_api_key)})
+    assert tokens == [THE_KEY]
+
+
+@pytest.mark.parametrize("case", ["values-gpu96.yaml", "ci/gpu96-gateway.yaml", "ci/gb300x2-two-nodes-lws.yaml"])
+def test_an_sglang_engine_enforces_the_key_from_a_0600_file(case: str, tmp_path: Path) -> None:
+    values = {**case_values(case), "apiKey": SECRET}
+    specs = engine_pod_specs(tuple(render(values)))
+    pod = specs.get("single") or specs["leader"]
+    engine = container(pod, "engine")
+    writer = next(c for c in pod["initContainers"] if c["name"] == "write-api-key")
+    (mount,) = [m for m in writer["volumeMounts"] if m["name"] == "api-key"]
+    assert {"name": "api-key", "mountPath": mount["mountPath"], "readOnly": True} in engine["volumeMounts"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "api-key")
+    assert volume["emptyDir"]["medium"] == "Memory"
+    # Run the init container's own program here, its volume a temporary folder.
+    local = [w.replace(mount["mountPath"], str(tmp_path)) for w in writer["args"]]
+    subprocess.run([sys.executable, *writer["command"][1:], *local], check=True,
+                   env={**os.environ, **_pod_env(writer, {"ORNITH_API_KEY": THE_KEY})})
+    (written,) = tmp_path.iterdir()
+    assert written.stat().st_mode & 0o777 == 0o600
+    argv = [w.replace(mount["mountPath"], str(tmp_path)) for w in engine["args"]]
+    assert "--api-key" not in argv and THE_KEY not in json.dumps(pod)
+    # SGLang 0.5.17's own --config handling (server_args_config_parser.py, which prepare_server_args runs
+    # before parsing) turns the file into `--api-key KEY`; ServerArgs has the field it lands in.
+    source = _engine_file(SGLANG_SRC, "server_args_config_parser.py")
+    namespace: dict[str, Any] = {"__name__": "sglang_config_parser"}
+    exec(compile(source, str(SGLANG_SRC / "server_args_config_parser.py"), "exec"), namespace)
+    merged = namespace["ConfigArgumentMerger"](boolean_actions=[]).merge_config_with_args(argv)
+    assert merged[merged.index("--api-key") + 1] == THE_KEY and "--config" not in merged
+    assert re.search(r"^    api_key: ", _engine_file(SGLANG_SRC, "server_args.py"), flags=re.MULTILINE)
+    # Worker nodes serve no HTTP: no key for them.
+    if "worker" in specs:
+        assert "write-api-key" not in [c["name"] for c in specs["worker"].get("initContainers", [])]
+
+
+def test_without_a_key_no_engine_gets_a_key_file_or_variable() -> None:
+    for case in ("values-gpu96.yaml", "values-cpu-demo.yaml"):
+        pod = engine_pod_specs(rendered(case))["single"]
+        assert "write-api-key" not in [c["name"] for c in pod.get("initContainers", [])]
+        engine = container(pod, "engine")
+        assert "--config" not in engine["args"] and "VLLM_API_KEY" not in literal_env(engine)
+
+
+def test_the_gateway_is_keyed_hardened_and_only_its_api_is_public() -> None:
+    values = deep_merge(case_values("ci/gpu96-gateway.yaml"),
+                        {"apiKey": SECRET, "engine": {"service": {"type": "LoadBalancer"}}})
+    objects = tuple(render(values))
+    gateway = next(o for o in find(objects, "Deployment") if o["metadata"]["name"] == f"{RELEASE}-gateway")
+    pod = gateway["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert _pod_env(c, {"ORNITH_API_KEY": THE_KEY})["ORNITH_API_KEY"] == THE_KEY
+    assert "--api-key" not in c["args"] and "command" not in c  # the image's launcher reads the variable
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    public = [o for o in find(objects, "Service") if o["spec"].get("type") == "LoadBalancer"]
+    assert public and all(p["port"] != 29000 for s in public for p in s["spec"]["ports"])
+    (policy,) = find(objects, "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "engine"
+    peers = [p.get("podSelector", {}).get("matchLabels", {}) for rule in policy["spec"]["ingress"]
+             for p in rule["from"]]
+    assert [p.get("app.kubernetes.io/component") or p.get("app.kubernetes.io/name") for p in peers] == \
+        ["gateway", "exporter", "engine", "prometheus"]
+    assert all("ports" not in rule for rule in policy["spec"]["ingress"])
+    assert not find(rendered("values-gpu96.yaml"), "NetworkPolicy")  # one engine is the endpoint itself
 
 
 # ------------------------------------------------------------------------------------- python pins

@@ -16,11 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.profiles import load_profile
 from ornith_stack.stack import preflight as P
+from ornith_stack.stack.bringup import hf_cache, hf_mount
 from ornith_stack.stack.envfile import api_key, read_env, set_env
 from ornith_stack.stack.shell import Result, run
 
@@ -204,3 +206,48 @@ def test_up_gpu96_without_a_gpu_stops_at_preflight_and_creates_nothing(tmp_path:
     assert result.stdout == ""
     assert not env_file.exists() and not hf_home.exists()  # no key written, no download begun
     assert _project_objects(project) == []  # no container, volume or network
+
+
+# -- what `up` exposes ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["k\nORNITH_BIND=0.0.0.0", "k\rey", "k\tey", "k ey", "k\x00ey", "kéy"])
+def test_up_refuses_a_key_that_would_break_the_env_file_or_the_header(tmp_path: Path, key: str) -> None:
+    # A newline would end the key's line in compose/.env and make the rest a setting of its own.
+    env = tmp_path / ".env"
+    with pytest.raises(UserError) as caught:
+        api_key(env, {"ORNITH_API_KEY": key}, wanted=True)
+    assert "visible ASCII" in str(caught.value) and key not in str(caught.value)
+    assert "\n" not in str(caught.value) and not env.exists()
+
+
+@pytest.mark.parametrize(("bind", "refused"), [("0.0.0.0", True), ("10.0.0.7", True), ("[::]", True),
+                                               ("127.0.0.1", False), ("::1", False), ("localhost", False)])
+def test_monitoring_stays_on_loopback_whatever_the_api_bind(bind: str, refused: bool) -> None:
+    if refused:
+        with pytest.raises(UserError, match=rf"^ORNITH_MONITORING_BIND={re.escape(bind)} would publish Prometheus"):
+            P.check_monitoring_exposure(bind)
+    else:
+        P.check_monitoring_exposure(bind)
+
+
+def test_up_mounts_only_the_hub_folder_read_only(tmp_path: Path) -> None:
+    home = tmp_path / "huggingface"
+    mount = hf_mount(home)
+    assert mount == {"ORNITH_HF_CACHE": str(home / "hub"), "ORNITH_HF_CACHE_MOUNT": "/data/hf/hub:ro"}
+    # What `up` wrote is read back as the same HF folder (an older env file's folder too).
+    assert hf_cache(mount) == home and hf_cache({"ORNITH_HF_CACHE": str(home)}) == home
+    compose = shutil.which("docker-compose")
+    if compose is None:
+        pytest.skip("docker-compose (v1) is not installed")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ORNITH_", "HF_"))}
+    resolved = subprocess.run([compose, "-f", str(REPO / "compose" / "gpu96.yml"), "config"], check=True,
+                              capture_output=True, text=True, env={**clean, **mount}, cwd=REPO).stdout
+    volumes = yaml.safe_load(resolved)["services"]["engine"]["volumes"]
+    assert [v for v in volumes if str(v).startswith(str(tmp_path))] == [f"{home / 'hub'}:/data/hf/hub:ro"]
+
+
+def test_the_key_file_is_ignored_by_git() -> None:
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "compose/.env"], cwd=REPO, capture_output=True,
+                             text=True, check=False)
+    assert ignored.stdout.strip() == "compose/.env"

@@ -35,7 +35,16 @@ The engine pod, shared by the Deployment (role "single") and the LeaderWorkerSet
       name: {{ $v.hfToken.secretName }}
       key: {{ $v.hfToken.secretKey }}
 {{- end }}
-{{- include "ornith.apiKeyEnv" .root }}
+{{- /* The key the engine's own way (engine.keyEnv; SGLang: the file of "ornith.apiKeyFile"). */}}
+{{- if $v.apiKey.secretName }}
+{{- range $v.engine.keyEnv }}
+- name: {{ . }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.apiKey.secretName }}
+      key: {{ $v.apiKey.secretKey }}
+{{- end }}
+{{- end }}
 {{- with $v.engine.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -102,10 +111,46 @@ naming the pin, the version found and the fix. The engine's own image, so nothin
   securityContext: {{- toYaml $v.engine.securityContext | nindent 4 }}
 {{- end }}
 
+{{/* The chart runs the upstream engine image, without ornith-stack's entrypoint: an engine that reads its
+API key only from a YAML file (engine.keyConfig: SGLang's --config) gets it from this init container, which
+writes the file (mode 0600, JSON being YAML) into a memory-backed volume only the engine mounts. The key
+stays off every command line; nothing is written when apiKey.secretName is empty. */}}
+{{- define "ornith.apiKeyDir" -}}/run/ornith-key{{- end }}
+{{- define "ornith.apiKeyFile" -}}{{ include "ornith.apiKeyDir" . }}/api-key.yaml{{- end }}
+{{- define "ornith.writeApiKey" -}}
+{{- $v := .Values }}
+- name: write-api-key
+  image: {{ include "ornith.engineImage" . | quote }}
+  imagePullPolicy: {{ $v.engine.image.pullPolicy }}
+  command:
+    - python3
+    - -c
+    - |
+      import json, os, sys
+      path, option = sys.argv[1], sys.argv[2]
+      fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+      with os.fdopen(fd, "w") as out:
+          json.dump({option: os.environ["ORNITH_API_KEY"]}, out)
+  args: [{{ include "ornith.apiKeyFile" . | quote }}, {{ index $v.engine.keyConfig 1 | quote }}]
+  env:
+    {{- include "ornith.apiKeyEnv" . | nindent 4 }}
+  resources:
+    requests:
+      cpu: 10m
+      memory: 16Mi
+    limits:
+      memory: 64Mi
+  securityContext: {{- toYaml $v.engine.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: api-key
+      mountPath: {{ include "ornith.apiKeyDir" . }}
+{{- end }}
+
 {{- define "ornith.enginePodSpec" -}}
 {{- $root := .root }}
 {{- $v := $root.Values }}
 {{- $leader := ne .role "worker" }}
+{{- $keyFile := and $leader $v.apiKey.secretName $v.engine.keyConfig }}
 serviceAccountName: {{ include "ornith.serviceAccountName" $root }}
 automountServiceAccountToken: false
 terminationGracePeriodSeconds: {{ $v.engine.terminationGracePeriodSeconds }}
@@ -128,10 +173,13 @@ tolerations: {{- toYaml . | nindent 2 }}
 {{- with $v.engine.affinity }}
 affinity: {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- if or $v.engine.pythonPins (include "ornith.downloads" $root) }}
+{{- if or $v.engine.pythonPins (include "ornith.downloads" $root) $keyFile }}
 initContainers:
 {{- with $v.engine.pythonPins }}
   {{- include "ornith.pythonPinsCheck" $root | nindent 2 }}
+{{- end }}
+{{- if $keyFile }}
+  {{- include "ornith.writeApiKey" $root | nindent 2 }}
 {{- end }}
 {{- end }}
 {{- if include "ornith.downloads" $root }}
@@ -165,6 +213,9 @@ containers:
 {{- $profileArgs = concat $profileArgs (list "--revision" $v.model.revision) }}
 {{- end }}
 {{- $args := concat $profileArgs (ternary $v.engine.multiNode.args list $multi) $v.engine.extraArgs }}
+{{- if $keyFile }}
+{{- $args = concat $args (list (index $v.engine.keyConfig 0) (include "ornith.apiKeyFile" $root)) }}
+{{- end }}
 {{- if $leader }}
     command: {{ required "engine.command is required (generated values-<profile>.yaml sets it)" $v.engine.command | toJson }}
     args: {{ $args | toJson }}
@@ -219,6 +270,11 @@ containers:
         mountPath: {{ $v.compileCache.mountPath }}
         subPath: {{ required "compileCache.key is required (generated values-<profile>.yaml sets it)" $v.compileCache.key }}
 {{- end }}
+{{- if $keyFile }}
+      - name: api-key
+        mountPath: {{ include "ornith.apiKeyDir" $root }}
+        readOnly: true
+{{- end }}
 {{- with $v.engine.extraVolumeMounts }}
 {{ toYaml . | indent 6 }}
 {{- end }}
@@ -250,6 +306,12 @@ volumes:
     emptyDir: {}
   - name: tmp
     emptyDir: {}
+{{- if $keyFile }}
+  - name: api-key
+    emptyDir:
+      medium: Memory
+      sizeLimit: 1Mi
+{{- end }}
 {{- with $v.engine.extraVolumes }}
 {{ toYaml . | indent 2 }}
 {{- end }}

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ornith_stack.doctor import Options, diagnose
+from ornith_stack.doctor import Options, Report, diagnose
 
 out = Console(highlight=False, soft_wrap=True)
 
@@ -61,12 +61,17 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(report.to_json(), indent=2))
         else:
-            for finding in report.findings:
-                out.print(f"[{STYLE[finding.level]}]{finding.line()}[/]", markup=True)
-            if report.ready:
-                out.print(f"[bold green]ready[/]: profile {report.profile}", markup=True)
-            else:
-                out.print(f"[bold red]not ready[/]: {len(report.problems)} problem(s) for profile "
-                          f"{report.profile}" + (" (--warn-only: exit 0)" if warn_only else ""), markup=True)
+            show(report, warn_only, out)
         if not report.ready and not warn_only:
             raise typer.Exit(1)
+
+
+def show(report: Report, warn_only: bool, console: Console) -> None:
+    """One line per finding, then the verdict (the entrypoint prints the same, on stderr)."""
+    for finding in report.findings:
+        console.print(f"[{STYLE[finding.level]}]{finding.line()}[/]", markup=True)
+    if report.ready:
+        console.print(f"[bold green]ready[/]: profile {report.profile}", markup=True)
+    else:
+        console.print(f"[bold red]not ready[/]: {len(report.problems)} problem(s) for profile "
+                      f"{report.profile}" + (" (--warn-only: exit 0)" if warn_only else ""), markup=True)

@@ -150,8 +150,21 @@ class EngineAdapter:
     # the engine logs them; `up` shows each as it appears.
     start_phases: ClassVar[tuple[tuple[str, str], ...]] = ()
 
+    # How the engine takes its API key off its command line: the environment variables it reads it from,
+    # else (flag, option): a YAML file given with the flag that holds the key under the option. The
+    # entrypoint (compose) and the chart (Helm) both hand it over this way.
+    key_env: ClassVar[tuple[str, ...]] = ()
+    key_config: ClassVar[tuple[str, str] | None] = None
+
     def api_key_handoff(self, key: str, directory: Path) -> KeyHandoff:
         """Hand `key` to the engine: files it needs go into `directory` (mode 0600), never into argv."""
+        if self.key_env:
+            return KeyHandoff(env=self.key_env)
+        if self.key_config:
+            flag, option = self.key_config
+            # JSON is YAML: the same one-line file the chart's init container writes.
+            config = write_secret(directory / f"{self.kind}-api-key.yaml", json.dumps({option: key}))
+            return KeyHandoff(args=(flag, str(config)))
         raise NotImplementedError(f"{self.kind}: no way to pass an API key is described")
 
     def launch_args(self, profile: Profile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, ClassVar
-
-import yaml
 
 from ornith_stack.engines.base import (
     EngineAdapter,
     EngineInfo,
-    KeyHandoff,
     MetricNames,
     ReportedAcceptance,
     ServeSettings,
@@ -19,7 +15,6 @@ from ornith_stack.engines.base import (
     float_arg,
     int_arg,
     str_arg,
-    write_secret,
 )
 from ornith_stack.engines.exposition import Samples
 from ornith_stack.profiles.model import ArgValue, Profile
@@ -63,13 +58,11 @@ class SglangAdapter(EngineAdapter):
         e2e="sglang:e2e_request_latency_seconds",
     )
 
-    def api_key_handoff(self, key: str, directory: Path) -> KeyHandoff:
-        # SGLang 0.5.17 reads no environment variable for its key (server_args.py: `api_key` is a flag
-        # only), but `--config FILE.yaml` merges the file's options into the parsed arguments inside the
-        # process (server_args_config_parser.py), so the key stays out of argv. Its auth middleware leaves
-        # /health* and /metrics* open (utils/auth.py), so probes and scrapes need no key.
-        config = write_secret(directory / "sglang-api-key.yaml", yaml.safe_dump({"api-key": key}))
-        return KeyHandoff(args=("--config", str(config)))
+    # SGLang 0.5.17 reads no environment variable for its key (server_args.py: `api_key` is a flag only),
+    # but `--config FILE.yaml` merges the file's options into the parsed arguments inside the process
+    # (server_args_config_parser.py), so the key stays out of argv. Its auth middleware leaves /health* and
+    # /metrics* open (utils/auth.py), so probes and scrapes need no key.
+    key_config = ("--config", "api-key")
 
     def profile_args(self, profile: Profile) -> dict[str, ArgValue]:
         args: dict[str, ArgValue] = {}

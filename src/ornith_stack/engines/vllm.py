@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, ClassVar
 
 from ornith_stack.engines.base import (
     EngineAdapter,
     EngineInfo,
-    KeyHandoff,
     MetricNames,
     ServeSettings,
     SpecCounters,
@@ -55,10 +53,9 @@ class VllmAdapter(EngineAdapter):
         e2e="vllm:e2e_request_latency_seconds",
     )
 
-    def api_key_handoff(self, key: str, directory: Path) -> KeyHandoff:
-        # The OpenAI server takes `--api-key` or, when that is absent, $VLLM_API_KEY (vllm/envs.py); it
-        # guards the /v1 routes only, so /health, /metrics and /version stay open to probes.
-        return KeyHandoff(env=("VLLM_API_KEY",))
+    # The OpenAI server takes `--api-key` or, when that is absent, $VLLM_API_KEY (vllm/envs.py); it guards
+    # the /v1 routes only, so /health, /metrics and /version stay open to probes.
+    key_env = ("VLLM_API_KEY",)
 
     def profile_args(self, profile: Profile) -> dict[str, ArgValue]:
         # vLLM names the draft inside --speculative-config, not as a flag of its own.

@@ -80,7 +80,8 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
     values = {**read_env(env_path), **environ}
     hf_home = hf_cache(values)
     ready = preflight(options.profile, run, values.get("ORNITH_BIND", "127.0.0.1"), options.with_key, hf_home,
-                      root=options.root)
+                      root=options.root,
+                      monitoring_bind=values.get("ORNITH_MONITORING_BIND", "127.0.0.1"))
     profile = ready.profile
     stack = stack_for(options.root, profile.name, options.project, env_path)
     changed: list[str] = []
@@ -92,8 +93,11 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
 
     reporter.step("weights")
     if hub_models(profile):
-        if values.get("ORNITH_HF_CACHE") != str(hf_home):
-            set_env(env_path, "ORNITH_HF_CACHE", str(hf_home))
+        # The engine gets the hub folder alone, read-only: not the token of `hf auth login` beside it, and
+        # nothing it could write into the user's own folder (it runs as root, with --trust-remote-code).
+        for name, value in hf_mount(hf_home).items():
+            if values.get(name) != value:
+                set_env(env_path, name, value)
         download_weights(profile, hf_home, reporter.note)
     else:
         reporter.note(f"{profile.model.repo} is inside the engine image")
@@ -130,11 +134,18 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
     return Outcome(stack, profile, ready.reason, changed, access)
 
 
+def hf_mount(hf_home: Path) -> dict[str, str]:
+    """The compose variables that mount `hf_home`'s hub folder (the weights) read-only, and nothing else of it."""
+    return {"ORNITH_HF_CACHE": str(hf_home / "hub"), "ORNITH_HF_CACHE_MOUNT": f"{deployment.HF_HOME_IN_CONTAINER}/hub:ro"}
+
+
 def hf_cache(values: Mapping[str, str]) -> Path:
-    """The host folder the engine's Hugging Face cache is mounted from (ORNITH_HF_CACHE when it is a path)."""
+    """The host Hugging Face folder (HF_HOME) `up` downloads into: ORNITH_HF_CACHE when it is a path (the hub
+    folder in it, as `up` writes it, or the folder itself), else the user's own."""
     given = values.get("ORNITH_HF_CACHE", "")
     if given.startswith("/"):
-        return Path(given)
+        path = Path(given)
+        return path.parent if path.name == "hub" else path
     home = values.get("HF_HOME") or os.path.join(values.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
                                                 "huggingface")
     return Path(home)

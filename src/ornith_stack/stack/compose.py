@@ -17,7 +17,7 @@ ENGINE_SERVICE = "engine"
 def find_checkout(start: Path) -> Path:
     """The ornith-stack checkout holding `start` (its compose/ files build from docker/ and mount monitoring/)."""
     for folder in (start, *start.parents):
-        if (folder / "compose" / ".env.example").is_file() and (folder / "docker" / "entrypoint.sh").is_file():
+        if (folder / "compose" / ".env.example").is_file() and (folder / "docker" / "engine.Dockerfile").is_file():
             return folder
     raise UserError(f"no ornith-stack checkout at or above {start}: run this in a clone of the repository "
                     "(its compose/, docker/ and monitoring/ folders are what `up` starts)")

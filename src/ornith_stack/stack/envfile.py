@@ -8,7 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ornith_stack.errors import UserError
+
 KEY_VAR = "ORNITH_API_KEY"
+# What a key may hold: visible ASCII. A line break would end its line in compose/.env and make the rest a
+# setting of its own (`k<newline>ORNITH_BIND=0.0.0.0`); a space or a control character breaks the
+# `Authorization: Bearer` header clients send it in.
+_KEY_CHARS = frozenset(chr(c) for c in range(0x21, 0x7F))
 
 
 @dataclass(frozen=True)
@@ -46,13 +52,21 @@ def set_env(path: Path, name: str, value: str) -> None:
     os.chmod(path, 0o600)
 
 
+def check_key(value: str, where: str = f"${KEY_VAR}") -> str:
+    """`value`, if it is usable as an API key; else a UserError that does not echo it."""
+    if set(value) - _KEY_CHARS:
+        raise UserError(f"{where} holds a line break, space, control or non-ASCII character: use visible ASCII "
+                        "only (e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))')")
+    return value
+
+
 def api_key(path: Path, environ: Mapping[str, str], wanted: bool) -> ApiKey:
     """The key the stack runs with: $ORNITH_API_KEY, else the env file's, else a new one; kept in the env
     file (0600) so that a later plain `docker compose` starts the same stack. `wanted` False: no key."""
     if not wanted:
         return ApiKey("", "none: the API is unauthenticated (--no-api-key)")
-    given = environ.get(KEY_VAR, "")
-    stored = read_env(path).get(KEY_VAR, "")
+    given = check_key(environ.get(KEY_VAR, ""))
+    stored = check_key(read_env(path).get(KEY_VAR, ""), f"{KEY_VAR} in {path}")
     value = given or stored or secrets.token_urlsafe(32)
     if value != stored or (path.stat().st_mode & 0o777) != 0o600:
         set_env(path, KEY_VAR, value)

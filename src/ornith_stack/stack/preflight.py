@@ -64,15 +64,24 @@ def choose_profile(name: str, root: Path | None = None) -> tuple[Profile, str | 
 
 def check_exposure(bind: str, has_key: bool) -> None:
     """No key, no network: without ORNITH_API_KEY the API may only be published on loopback."""
-    if has_key:
-        return
-    try:
-        loopback = ipaddress.ip_address(bind.strip("[]")).is_loopback
-    except ValueError:
-        loopback = bind == "localhost"
-    if not loopback:
+    if not has_key and not _loopback(bind):
         raise UserError(f"ORNITH_BIND={bind} would publish an unauthenticated API beyond this machine: keep "
                         "ORNITH_BIND=127.0.0.1, or drop --no-api-key so that `up` sets ORNITH_API_KEY")
+
+
+def check_monitoring_exposure(bind: str) -> None:
+    """The exporter, Prometheus, Alertmanager and Grafana have no authentication in these stacks: loopback only."""
+    if not _loopback(bind):
+        raise UserError(f"ORNITH_MONITORING_BIND={bind} would publish Prometheus, Alertmanager, Grafana and the "
+                        "exporter without authentication (anyone could silence alerts): keep it 127.0.0.1 and reach "
+                        "them through an SSH tunnel (ssh -L 3000:127.0.0.1:3000 HOST); ORNITH_BIND opens the API alone")
+
+
+def _loopback(bind: str) -> bool:
+    try:
+        return ipaddress.ip_address(bind.strip("[]")).is_loopback
+    except ValueError:
+        return bind == "localhost"
 
 
 def docker_info(run: Runner) -> dict[str, Any]:
@@ -146,10 +155,12 @@ def _existing(folder: Path) -> Path:
 
 
 def preflight(name: str, run: Runner, bind: str, has_key: bool, hf_cache: Path,
-              usage: DiskUsage = shutil.disk_usage, root: Path | None = None) -> Ready:
+              usage: DiskUsage = shutil.disk_usage, root: Path | None = None,
+              monitoring_bind: str = "127.0.0.1") -> Ready:
     """Every check, before anything is written, pulled, built or started."""
     profile, reason = choose_profile(name, root)
     check_exposure(bind, has_key)
+    check_monitoring_exposure(monitoring_bind)
     info = docker_info(run)
     version = compose_version(run)
     check_nvidia_runtime(profile, info)
