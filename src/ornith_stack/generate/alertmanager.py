@@ -174,7 +174,7 @@ def ansible_template() -> str:
             listed = f"- {quoted}\n    send_resolved: true"
             assert listed in text, "the heartbeat webhook is no longer where ansible_template expects it"
             text = text.replace("webhook_configs:\n  " + listed, "webhook_configs: {{ ([{'url': " + expr
-                                + ", 'send_resolved': true}] if " + expr + " else []) | to_json }}")
+                                + ", 'send_resolved': true}] if " + expr + " else []) | tojson }}")
         else:
             text = text.replace(quoted, "url: {{ " + expr + " | tojson }}")
     return text

@@ -80,6 +80,8 @@ SCENARIOS = (
             "hfToken": {"secretName": "hf-token"},
             "monitoring": {"serviceMonitor": _MONITORING_RELEASE, "prometheusRule": _MONITORING_RELEASE,
                            "alertmanagerConfig": {"enabled": True, "webhookUrl": "https://alerts.example.com/ornith",
+                                                  "warningWebhookUrl": "https://tickets.example.com/ornith",
+                                                  "heartbeatUrl": "https://heartbeat.example.com/ornith",
                                                   **_MONITORING_RELEASE}},
         },
     ),
