@@ -168,7 +168,7 @@ def planned_restart_in_a_lull() -> Outage:
     engine = 'job="engine", target="http://engine:30000", profile="a100x2", model_name="ornith"'
     series = {**_refusing(gauge((1, 61), (0, 3), (1, 116))),
               f'sglang:num_requests_total{{{engine}}}': steady(500, 180),
-              f'ornith_time_to_first_token_seconds_count{{target="http://engine:30000", profile="a100x2"}}':
+              'ornith_time_to_first_token_seconds_count{target="http://engine:30000", profile="a100x2"}':
                   steady(500, 180)}
     return Outage("a planned 3-minute restart in a traffic lull", series, None, by=0,
                   quiet=(30, 61, 62, 63, 64, 65, 66, 70, 90, 120, 179))
@@ -189,15 +189,15 @@ def acceptance_decay(start: float) -> Outage:
     levels = [start] * HISTORY + decay + [decay[-1]] * 10
     labels = {"target": "http://a100x2:30000", "profile": "a100x2", "engine": "sglang", "model": "m"}
     return Outage(f"acceptance decaying 30% over 2 hours from {start:g}", _acceptance("a100x2", levels),
-                  Fired("OrnithSpecAcceptanceLow", "warning", labels), by=HISTORY + 120,
-                  quiet=(HISTORY, HISTORY + 60))
+                  Fired("OrnithSpecAcceptanceLow", "warning", labels), by=HISTORY + 100,
+                  quiet=(HISTORY, HISTORY + 60, HISTORY + 95))
 
 
 def acceptance_collapse_unpublished() -> Outage:
     # gb300x2 publishes no acceptance: a collapse to 1.2 tokens/step for 2 hours.
     labels = {"target": "http://gb300x2:30000", "profile": "gb300x2", "engine": "sglang", "model": "m"}
     return Outage("gb300x2 (no published figure) collapsed to 1.2 tokens/step", _acceptance("gb300x2", [1.2] * 121),
-                  Fired("OrnithSpecAcceptanceLow", "warning", labels), by=30, quiet=(10,))
+                  Fired("OrnithSpecAcceptanceLow", "warning", labels), by=20, quiet=(10,))
 
 
 def exporter_gone_from_discovery(namespace: str) -> Outage:

@@ -162,8 +162,8 @@ def _burning(burns: tuple[tuple[str, str, float], ...]) -> str:
                        for long, short, rate in burns)
 
 
-def _burns_text(burns: tuple[tuple[str, str, float], ...]) -> str:
-    return " or ".join(f"{rate:g}x over {long} and {short}" for long, short, rate in burns)
+def burns_text(burns: tuple[tuple[str, str, float], ...]) -> str:
+    return " or ".join(f"{rate:g}x over both {long} and {short}" for long, short, rate in burns)
 
 
 SLO_MEANING = ("SLOs per profile (targets in the profile's `slo`): `gateway`, the share of the Model Gateway's "
@@ -184,7 +184,7 @@ ALERTS: tuple[Alert, ...] = (
            "A timeout: raise the scrape timeout or lower the exporter's `--timeout`.")),
     Alert("OrnithErrorBudgetBurn", _burning(PAGE_BURNS), "2m", "critical",
           "{{ $labels.profile }}: the {{ $labels.slo }} SLO's error budget burns {{ $value | printf \"%.1f\" }}x",
-          f"{SLO_MEANING} The bad share burns the 30-day error budget at {_burns_text(PAGE_BURNS)} (Google SRE "
+          f"{SLO_MEANING} The bad share burns the 30-day error budget at {burns_text(PAGE_BURNS)} (Google SRE "
           "workbook, multi-window multi-burn-rate): users see failures now. A traffic lull (no requests) has no "
           "share and never fires.",
           ("`ornith:slo_error_budget_burn:rate5m{slo=...}`: which SLO, since when.",
@@ -196,7 +196,7 @@ ALERTS: tuple[Alert, ...] = (
            "Too much load: add replicas or rate-limit at the client.")),
     Alert("OrnithErrorBudgetBurnSlow", _burning(TICKET_BURNS), "15m", "warning",
           "{{ $labels.profile }}: the {{ $labels.slo }} SLO's error budget burns {{ $value | printf \"%.1f\" }}x",
-          f"{SLO_MEANING} The bad share burns the 30-day error budget at {_burns_text(TICKET_BURNS)}: at this "
+          f"{SLO_MEANING} The bad share burns the 30-day error budget at {burns_text(TICKET_BURNS)}: at this "
           "pace the budget runs out within the month. A ticket, not a page.",
           ("The same as OrnithErrorBudgetBurn, over days: which SLO, since when, which replica.",),
           ("Find and fix the slow leak (a replica failing some requests, a slower release, more load).",)),
@@ -335,8 +335,10 @@ ALERTS: tuple[Alert, ...] = (
           ("Restart the exporter.",)),
     Alert("OrnithWatchdog", "vector(1)", "0m", "none",
           "The Ornith alert path works (always firing)",
-          "Always fires, so the receiver hears from Alertmanager on every repeat: a receiver (a dead man's "
-          "switch) that stops hearing it knows Prometheus, the rules or Alertmanager broke.",
+          "Always fires, so the heartbeat receiver hears from Alertmanager on every repeat, at its own URL "
+          "(compose ORNITH_HEARTBEAT_URL, Ansible monitoring_alertmanager_heartbeat_url, Helm "
+          "monitoring.alertmanagerConfig.heartbeatUrl), never the pager's: a dead man's switch that stops "
+          "hearing it knows Prometheus, the rules or Alertmanager broke.",
           ("Nothing while it fires. If the receiver stopped hearing it: Prometheus' Alerts page, then "
            "Alertmanager's UI, then the webhook's logs.",),
           ("None needed while it fires.",), namespaceless=True),
