@@ -85,3 +85,15 @@ def test_outages_cover_the_new_alerts() -> None:
     new = {"OrnithErrorBudgetBurn", "OrnithNoReadyReplicas", "OrnithGatewayDown", "OrnithExporterAbsent",
            "OrnithSpecAcceptanceLow"}
     assert new <= paged and new <= {a.name for a in (*alerts.ALERTS, *alerts.HELM_ONLY)}
+
+
+def test_a_ttft_threshold_between_buckets_is_refused_with_the_choices() -> None:
+    """The good-events count is the bucket at the threshold: a bound the engine's histogram lacks is a user
+    mistake, said in one line with the bounds to pick from."""
+    from ornith_stack.errors import UserError
+    from ornith_stack.profiles import load_profile
+
+    spark = load_profile("spark", {"slo.ttft_seconds": "150"})
+    with pytest.raises(UserError, match=r"slo.ttft_seconds 150 is not a bucket of vllm's TTFT histogram; pick one of .*160\.0"):
+        alerts.bad_share("ttft", "5m", [spark])
+    assert 'profile="spark", le=~"160|160.0"' in alerts.bad_share("ttft", "5m", [load_profile("spark")])
