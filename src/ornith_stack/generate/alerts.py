@@ -85,6 +85,11 @@ ACCEPTANCE_MEDIAN = f"ornith:spec_acceptance_length:median{ACCEPTANCE_OWN_WINDOW
 ERROR_BUDGET = "ornith:slo_error_budget"  # 1 - the profile's target, per profile and SLO
 
 
+def bad_share_record(window: str) -> str:
+    """The recorded share of every SLO's bad events over `window` (label `slo`)."""
+    return f"ornith:slo_bad_events:ratio_rate{window}"
+
+
 def burn_rate(window: str) -> str:
     """The recorded burn rate of every SLO over `window` (label `slo`): its bad share / its error budget."""
     return f"ornith:slo_error_budget_burn:rate{window}"
@@ -423,13 +428,17 @@ def slo_rules(profiles: list[Profile]) -> list[dict[str, Any]]:
         {"record": ERROR_BUDGET, "expr": f"vector({1 - getattr(profile.slo, field):.6g})",
          "labels": {"profile": profile.name, "slo": slo}}
         for profile in profiles for slo, field in SLO_TARGETS.items()]
+    for slo in SLO_TARGETS:
+        rules += [{"record": bad_share_record(window), "labels": {"slo": slo},
+                   "expr": bad_share(slo, window, profiles)} for window in BURN_WINDOWS]
     for slo, field in SLO_TARGETS.items():
         default_budget = f"{1 - getattr(Slo(), field):.6g}"
         for window in BURN_WINDOWS:
-            share = bad_share(slo, window, profiles)
+            share = f'{bad_share_record(window)}{{slo="{slo}"}}'
+            # A profile not shipped here (no budget series) burns against the default target.
             rules.append({"record": burn_rate(window), "labels": {"slo": slo},
-                          "expr": f'({share}) / on (profile) group_left () {ERROR_BUDGET}{{slo="{slo}"}} '
-                                  f"or ({share}) / {default_budget}"})
+                          "expr": f'{share} / on (profile) group_left () {ERROR_BUDGET}{{slo="{slo}"}} '
+                                  f"or {share} / {default_budget}"})
     return rules
 
 
