@@ -332,6 +332,12 @@ def test_compose_writes_the_webhook_url_through_a_yaml_library(tmp_path: Path) -
             checked = subprocess.run([AMTOOL, "check-config", str(out)], capture_output=True, text=True, timeout=60,
                                      check=False)
             assert checked.returncode == 0, checked.stdout + checked.stderr
+    # Ansible's compose mode writes the file with its URLs first: the one-shot, its variables unset, keeps them.
+    written = tmp_path / "ansible.yml"
+    alertmanager.write_with_webhooks(REPO / alertmanager.CONFIG, written, alertmanager.Webhooks(pager, tickets, heartbeat))
+    alertmanager.write_with_webhooks(written, out, alertmanager.Webhooks())
+    assert _urls(yaml.safe_load(out.read_text())) == _urls(yaml.safe_load(written.read_text()))
+    assert _urls(yaml.safe_load(out.read_text()))[alertmanager.HEARTBEAT] == [heartbeat]
     compose = yaml.safe_load((REPO / "compose" / "cpu-demo.yml").read_text())
     service = compose["services"]["alertmanager"]
     assert service["depends_on"]["alertmanager-config"]["condition"] == "service_completed_successfully"

@@ -125,8 +125,13 @@ def alertmanager_config(urls: dict[str, str] | None = None, repeat_interval: str
 
 
 def with_webhooks(config: dict[str, Any], hooks: Webhooks) -> dict[str, Any]:
-    """`config` with each receiver's URL from `hooks`; a receiver whose URL is empty gets no webhook."""
-    urls = hooks.urls()
+    """`config` with each receiver's URL from `hooks`, else the real URL `config` already holds (the
+    Ansible role writes the file before compose's one-shot runs); a receiver left without one gets the
+    default Webhooks states (the heartbeat: no webhook)."""
+    held = {r["name"]: r["webhook_configs"][0]["url"] for r in config.get("receivers", [])
+            if r.get("webhook_configs") and r["webhook_configs"][0].get("url") != PLACEHOLDER_URL}
+    given = {RECEIVER: hooks.critical, WARNING: hooks.warning, HEARTBEAT: hooks.heartbeat}
+    urls = Webhooks(*(given[name] or held.get(name, "") for name in (RECEIVER, WARNING, HEARTBEAT))).urls()
     for receiver in config.get("receivers", []):
         url = urls.get(receiver["name"])
         if url is None or "webhook_configs" not in receiver:
