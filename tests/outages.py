@@ -11,7 +11,7 @@ fire, at which severity and with which labels, and nothing else.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 Values = list[float | None]  # one value a minute; None: no sample (the target is not scraped)
@@ -40,8 +40,6 @@ class Outage:
     inhibited: tuple[Fired, ...] = ()  # firing beside the page at `late`, inhibited by Alertmanager
     late: int | None = None
     beside: tuple[Fired, ...] = ()  # firing beside the page already at `by`, inhibited by Alertmanager
-    helm: bool = False  # the rules as the Helm chart renders them (the discovery checks)
-    notes: str = field(default="")
 
     def test(self) -> dict[str, Any]:
         length = max(len(v) for v in self.series.values())
@@ -207,7 +205,7 @@ def exporter_gone_from_discovery(namespace: str) -> Outage:
               **_engines_up("gpu96", REPLICAS, gauge((1, 31), (None, 30)))}
     return Outage("the exporter gone from service discovery (Kubernetes)", series,
                   Fired("OrnithExporterAbsent", "critical", {"job": "ornith-exporter", "namespace": namespace}),
-                  by=45, quiet=(30, 35), helm=True)
+                  by=45, quiet=(30, 35))
 
 
 def _labels(text: str) -> list[tuple[str, str]]:
