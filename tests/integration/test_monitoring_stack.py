@@ -264,11 +264,12 @@ def start_alertmanager(config: Path, port: int, work: Path) -> subprocess.Popen:
                             stdout=(work / "am.log").open("w"), stderr=subprocess.STDOUT)
 
 
-def test_a_firing_rule_reaches_the_webhook_through_alertmanager(tmp_path: Path) -> None:
+def test_pages_warnings_and_the_heartbeat_reach_their_own_webhooks_through_alertmanager(tmp_path: Path) -> None:
     """The generated rules in a real Prometheus, the generated Alertmanager configuration in a real
-    Alertmanager, a webhook receiver on loopback: OrnithExporterDown (its `for` cut to 1 s) for an
-    exporter address nobody listens on arrives at the webhook with its absolute runbook link, at a
-    webhook URL holding & and | (written into the configuration as compose does, by a YAML library)."""
+    Alertmanager, three webhook URLs on one loopback receiver (as compose's one-shot writes them, by a YAML
+    library): OrnithExporterDown (critical; its `for` cut to 1 s, for an exporter address nobody listens
+    on) arrives at the paging URL, one holding & and |, with its absolute runbook link; a warning (a real
+    rule made to fire) at the warning URL; the always-firing watchdog at the heartbeat URL; none elsewhere."""
     if PROMETHEUS is None or ALERTMANAGER is None:
         pytest.skip("prometheus or prometheus-alertmanager is not installed (Debian packages of those names)")
     started = time.monotonic()
@@ -276,14 +277,18 @@ def test_a_firing_rule_reaches_the_webhook_through_alertmanager(tmp_path: Path) 
     threading.Thread(target=hook.serve_forever, daemon=True).start()
     am_port, prom_port, nobody = free_port(), free_port(), free_port()
 
-    url = f"http://127.0.0.1:{hook.server_port}/alerts?team=llm&route=a|b"
-    alertmanager.write_with_webhook(REPO / alertmanager.CONFIG, tmp_path / "generated.yml", url)
+    base = f"http://127.0.0.1:{hook.server_port}"
+    paths = {"critical": "/alerts?team=llm&route=a|b", "warning": "/tickets", "none": "/heartbeat"}
+    alertmanager.write_with_webhooks(REPO / alertmanager.CONFIG, tmp_path / "generated.yml", alertmanager.Webhooks(
+        *(base + paths[severity] for severity in ("critical", "warning", "none"))))
     am_config = yaml.safe_load((tmp_path / "generated.yml").read_text())
     am_config["route"].update(group_wait="1s", group_interval="1s")
     (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am_config))
     rules = yaml.safe_load((RULES / "ornith-alerts.yml").read_text())
     for rule in rules["groups"][0]["rules"]:
         rule["for"] = "1s"
+    warning = next(r for r in rules["groups"][0]["rules"] if r["alert"] == "OrnithQueueBacklog")
+    warning["expr"] = "vector(6)"  # six requests waiting, from no engine at all
     (tmp_path / "alerts.yml").write_text(yaml.safe_dump(rules))
     config = prometheus.prometheus_config(f"127.0.0.1:{nobody}", f"127.0.0.1:{am_port}", "1s", str(tmp_path))
     config["global"]["evaluation_interval"] = "1s"
@@ -298,24 +303,23 @@ def test_a_firing_rule_reaches_the_webhook_through_alertmanager(tmp_path: Path) 
                              f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
                              "--rules.alert.resend-delay=1s"],
                             stdout=(tmp_path / "prometheus.log").open("w"), stderr=subprocess.STDOUT)
+    expected = {"OrnithExporterDown": paths["critical"], "OrnithQueueBacklog": paths["warning"],
+                "OrnithWatchdog": paths["none"]}
     try:
         wait_http(f"http://127.0.0.1:{am_port}/-/ready", 30, am)
         wait_http(f"http://127.0.0.1:{prom_port}/-/ready", 60, prom)
         end = time.monotonic() + 60
-        while time.monotonic() < end and not (_pages(_Webhook.received, "OrnithExporterDown")
-                                              and _pages(_Webhook.received, "OrnithWatchdog")):
+        while time.monotonic() < end and not all(_pages(_Webhook.received, name) for name in expected):
             time.sleep(0.5)
-        pages = _pages(_Webhook.received, "OrnithExporterDown")
-        assert pages, "no OrnithExporterDown notification within 60 s; see " + str(tmp_path)
-        path, alert = pages[0]
-        assert path == "/alerts?team=llm&route=a|b"
+        for name, path in expected.items():
+            assert {p for p, _ in _pages(_Webhook.received, name)} == {path}, f"{name}; see {tmp_path}"
+        path, alert = _pages(_Webhook.received, "OrnithExporterDown")[0]
         assert alert["status"] == "firing"
         assert alert["labels"]["instance"] == f"127.0.0.1:{nobody}"
-        assert alert["annotations"]["runbook_url"] == f"{alerts.RUNBOOK_BASE}/OrnithExporterDown.md"
+        assert alert["annotations"]["runbook_url"] == f"{alerts.runbook_base()}/OrnithExporterDown.md"
         assert alert["annotations"]["runbook_url"].startswith("https://")
-        assert _pages(_Webhook.received, "OrnithWatchdog"), "the always-firing watchdog reaches its receiver"
         assert alerts_go_nowhere(f"127.0.0.1:{am_port}") is False  # `ornith-stack status` sees a real webhook
-        print(f"\nPrometheus -> Alertmanager -> webhook in {time.monotonic() - started:.1f} s")
+        print(f"\nPrometheus -> Alertmanager -> three webhooks in {time.monotonic() - started:.1f} s")
     finally:
         stop(prom)
         stop(am)

@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from functools import cache
@@ -26,6 +27,7 @@ from referencing import Registry, Resource
 
 from ornith_stack import deployment
 from ornith_stack.engines import adapter_for
+from ornith_stack.generate import alertmanager, alerts
 from ornith_stack.merge import deep_merge
 from ornith_stack.profiles import images, profile_names
 
@@ -391,6 +393,16 @@ def test_prometheus_rule_carries_the_rules_of_monitoring() -> None:
         if isinstance(data, dict) and isinstance(data.get("groups"), list):
             groups += data["groups"]
     assert groups, "monitoring/prometheus/ has no rule files: the chart would ship no alerts"
+    # The chart's additions: the release's namespace on the alerts whose series carry none, and the
+    # exporter's discovery check (the gateway's only with the gateway, which cpu-demo runs without).
+    namespaceless = {a.name for a in alerts.ALERTS if a.namespaceless}
+    for group in groups:
+        for r in group["rules"]:
+            if r.get("alert") in namespaceless:
+                r["labels"]["namespace"] = NAMESPACE
+    discovery = json.loads(json.dumps(alerts.alert_rules(helm=True)["groups"]).replace(
+        alerts.NAMESPACE_PLACEHOLDER, NAMESPACE))
+    groups += [g for g in discovery if g["name"] == "ornith-exporter-discovery"]
     (rule,) = find(rendered("values-cpu-demo.yaml"), "PrometheusRule")
     by_name = {g["name"]: g for g in rule["spec"]["groups"]}
     assert len(by_name) == len(rule["spec"]["groups"]) and by_name == {g["name"]: g for g in groups}
@@ -445,10 +457,21 @@ def test_alertmanager_config_routes_and_inhibits_like_compose() -> None:
         {"sourceMatch": [compose_matcher(m) for m in rule["source_matchers"]],
          "targetMatch": [compose_matcher(m) for m in rule["target_matchers"]], "equal": rule["equal"]}
         for rule in compose["inhibit_rules"]]
-    webhook = [{"url": amc_values["webhookUrl"], "sendResolved": c["send_resolved"]}
+    # Pages, warnings and the heartbeat each to the URL of its own value.
+    urls = {alertmanager.RECEIVER: amc_values["webhookUrl"], alertmanager.WARNING: amc_values["warningWebhookUrl"],
+            alertmanager.HEARTBEAT: amc_values["heartbeatUrl"]}
+    assert len(set(urls.values())) == 3
+    webhook = [{"url": urls[r["name"]], "sendResolved": c["send_resolved"]}
                for r in compose["receivers"] for c in r.get("webhook_configs", [])]
     assert [c for r in spec["receivers"] for c in r.get("webhookConfigs", [])] == webhook
     assert [r["name"] for r in spec["receivers"]] == [r["name"] for r in compose["receivers"]]
+    # Without a heartbeat URL the heartbeat receiver has no webhook (never the pager's); warnings go to
+    # the paging URL through a receiver of their own.
+    plain = deep_merge(values, {"monitoring": {"alertmanagerConfig": {"heartbeatUrl": "", "warningWebhookUrl": ""}}})
+    (amc,) = find(tuple(render(plain)), "AlertmanagerConfig")
+    hooks = {r["name"]: [c["url"] for c in r.get("webhookConfigs", [])] for r in amc["spec"]["receivers"]}
+    assert hooks[alertmanager.HEARTBEAT] == []
+    assert hooks[alertmanager.WARNING] == hooks[alertmanager.RECEIVER] == [amc_values["webhookUrl"]]
     # The chart's defaults are compose's; the values override them.
     defaults = read_yaml("values.yaml")["monitoring"]["alertmanagerConfig"]
     assert (defaults["repeatInterval"], defaults["sendResolved"]) == (
@@ -1092,3 +1115,63 @@ def test_the_pins_check_passes_a_matching_image_and_stops_another_naming_pin_ver
     assert f"PyYAML==0.0.1 (src/ornith_stack/images.yaml), but the engine image example/engine:1 has PyYAML {ours}" in lines[0]
     assert "has no-such-package-ornith not installed" in lines[1]
     assert all("docker/engine.Dockerfile builds one" in line and "engine.image.repository" in line for line in lines)
+
+
+def operator_config(spec: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """An AlertmanagerConfig's spec as the Prometheus Operator merges it into the Alertmanager's
+    configuration (matcher strategy OnNamespace): its route below the top one, matching namespace first."""
+    def matchers(found: list[dict[str, str]]) -> list[str]:
+        return [f'{m["name"]}{m.get("matchType", "=")}"{m["value"]}"' for m in found]
+
+    def route(r: dict[str, Any]) -> dict[str, Any]:
+        return {"receiver": r["receiver"], "matchers": matchers(r.get("matchers", [])),
+                "routes": [route(child) for child in r.get("routes", [])]}
+
+    ours = route(spec["route"])
+    ours["matchers"] = [f'namespace="{namespace}"', *ours["matchers"]]
+    receivers = [{"name": r["name"], "webhook_configs": [{"url": c["url"]} for c in r.get("webhookConfigs", [])]}
+                 for r in spec["receivers"]]
+    return {"route": {"receiver": "elsewhere", "routes": [ours]}, "receivers": [{"name": "elsewhere"}, *receivers]}
+
+
+AMTOOL = shutil.which("amtool")
+
+
+@pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (Debian: apt-get install prometheus-alertmanager)")
+def test_the_rendered_alertmanagerconfig_routes_the_watchdog_pages_and_warnings(tmp_path: Path) -> None:
+    """The chart's rules give the alerts whose series carry no namespace (the watchdog, failed
+    notifications) the release's, so the namespaced AlertmanagerConfig routes them: amtool, on the
+    configuration the operator would build, sends the watchdog to the heartbeat, a page to the paging
+    receiver and a warning to its own; without the namespace the watchdog would go elsewhere."""
+    objects = rendered(AMC_CASE)
+    (rule,) = find(objects, "PrometheusRule")
+    assert "ORNITH_RELEASE_NAMESPACE" not in json.dumps(rule)
+    labels = {r["alert"]: r["labels"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert labels["OrnithWatchdog"]["namespace"] == labels["OrnithNotificationsFailing"]["namespace"] == NAMESPACE
+    (amc,) = find(objects, "AlertmanagerConfig")
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(operator_config(amc["spec"], NAMESPACE)))
+    for alert, receiver in ((labels["OrnithWatchdog"] | {"alertname": "OrnithWatchdog"}, alertmanager.HEARTBEAT),
+                            ({"alertname": "OrnithNoReadyReplicas", "severity": "critical", "namespace": NAMESPACE},
+                             alertmanager.RECEIVER),
+                            ({"alertname": "OrnithSpecAcceptanceLow", "severity": "warning", "namespace": NAMESPACE},
+                             alertmanager.WARNING),
+                            ({"alertname": "OrnithWatchdog", "severity": "none"}, "elsewhere")):
+        routed = subprocess.run([AMTOOL, "config", "routes", "test", f"--config.file={path}",  # type: ignore[list-item]
+                                 f"--verify.receivers={receiver}", *(f"{k}={v}" for k, v in alert.items())],
+                                capture_output=True, text=True, timeout=60, check=False)
+        assert routed.returncode == 0, (alert, routed.stdout, routed.stderr)
+
+
+def test_the_gateway_is_scraped_with_the_profile_and_checked_for_absence_only_where_it_runs() -> None:
+    with_gateway, without = rendered("ci/gpu96-gateway.yaml"), rendered("values-a100x2.yaml")
+    (monitor,) = [m for m in find(with_gateway, "ServiceMonitor") if m["metadata"]["name"].endswith("-gateway")]
+    relabels = monitor["spec"]["endpoints"][0]["relabelings"]
+    assert {"action": "replace", "targetLabel": "profile", "replacement": "gpu96"} in relabels
+
+    def groups(objects: tuple[dict[str, Any], ...]) -> set[str]:
+        (rule,) = find(objects, "PrometheusRule")
+        return {g["name"] for g in rule["spec"]["groups"]}
+
+    assert "ornith-gateway-discovery" in groups(with_gateway)
+    assert "ornith-gateway-discovery" not in groups(without) and "ornith-exporter-discovery" in groups(without)

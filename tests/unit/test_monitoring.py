@@ -10,9 +10,11 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from outages import COMPOSE
 from prometheus_client.parser import text_string_to_metric_families
 
 from ornith_stack.exporter import catalogue as C
@@ -123,6 +125,12 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
                 others = [s for s in series if not any(f'"{t}"' in s for t in firing_targets)]
                 if not check["exp_alerts"] or others:
                     quiet.add(check["alertname"])
+    # The outages of tests/outages.py (test_alert_outages.py): what they page and what fires beside it;
+    # their quiet minutes (a planned restart, a lull) assert that nothing pages at all.
+    for outage in (build() for build in COMPOSE):
+        fired |= {f.alert for f in (outage.page, *outage.beside, *outage.inhibited) if f}
+        if outage.quiet:
+            quiet |= names
     assert names == fired, f"no firing case: {names - fired}"
     assert names == quiet, f"no quiet case: {names - quiet}"
 
@@ -180,13 +188,13 @@ def test_every_alert_has_summary_description_and_a_complete_runbook() -> None:
             assert notes["summary"] and notes["description"], rule["alert"]
             # An absolute link (an on-call engineer opens it from the page), to a runbook in this checkout.
             url = notes["runbook_url"]
-            assert url.startswith(f"{alerts.RUNBOOK_BASE}/") and url.startswith("https://"), url
+            assert url.startswith(f"{alerts.runbook_base()}/") and url.startswith("https://"), url
             runbook = REPO / alerts.RUNBOOK_DIR / url.rpartition("/")[2]
             assert runbook.is_file(), runbook
             text = runbook.read_text()
             assert all(f"## {part}" in text for part in ("Meaning", "Check", "Fix")), runbook
             assert rule["expr"] in text, f"{runbook} states the expression that fires"
-    assert {p.stem for p in (REPO / alerts.RUNBOOK_DIR).glob("*.md")} == {a.name for a in alerts.ALERTS}
+    assert {p.stem for p in (REPO / alerts.RUNBOOK_DIR).glob("*.md")} == {a.name for a in (*alerts.ALERTS, *alerts.HELM_ONLY)}
 
 
 def test_dashboards_have_fixed_unique_uids_and_a_query_per_panel() -> None:
@@ -278,6 +286,10 @@ def test_alertmanager_configs_pass_amtool(tmp_path: Path) -> None:
     for name, url in (("hook.yml", "https://hooks.example.org/ornith"), ("none.yml", ""), ("odd.yml", ODD_URL)):
         configs[name] = template.render(monitoring_alertmanager_webhook_url=url,
                                         monitoring_alertmanager_repeat_interval="4h")
+    configs["three.yml"] = template.render(monitoring_alertmanager_webhook_url="https://pager.example.org/p",
+                                           monitoring_alertmanager_warning_webhook_url="https://tickets.example.org/t",
+                                           monitoring_alertmanager_heartbeat_url=ODD_URL,
+                                           monitoring_alertmanager_repeat_interval="4h")
     for name, text in configs.items():
         (tmp_path / name).write_text(text)
         checked = subprocess.run([AMTOOL, "check-config", str(tmp_path / name)], capture_output=True, text=True,  # type: ignore[list-item]
@@ -286,6 +298,14 @@ def test_alertmanager_configs_pass_amtool(tmp_path: Path) -> None:
     assert "https://hooks.example.org/ornith" in configs["hook.yml"]
     odd = yaml.safe_load(configs["odd.yml"])
     assert {c["url"] for r in odd["receivers"] for c in r.get("webhook_configs", [])} == {ODD_URL}
+    assert _urls(yaml.safe_load(configs["three.yml"])) == {
+        alertmanager.RECEIVER: ["https://pager.example.org/p"], alertmanager.WARNING: ["https://tickets.example.org/t"],
+        alertmanager.HEARTBEAT: [ODD_URL], alertmanager.NOBODY: []}
+    assert _urls(odd)[alertmanager.HEARTBEAT] == []  # no heartbeat URL: the watchdog never reaches the pager
+
+
+def _urls(config: dict[str, Any]) -> dict[str, list[str]]:
+    return {r["name"]: [c["url"] for c in r.get("webhook_configs", [])] for r in config["receivers"]}
 
 
 # A webhook URL that a text substitution corrupts: sed's replacement reads & as the match and | was its
@@ -301,16 +321,27 @@ def test_compose_writes_the_webhook_url_through_a_yaml_library(tmp_path: Path) -
 
     from ornith_stack.generate import alertmanager
 
-    for url, expected in ((ODD_URL, ODD_URL), ("", alertmanager.PLACEHOLDER_URL)):
+    pager, tickets, heartbeat = "https://pager.example.org/p", "https://tickets.example.org/t", ODD_URL
+    for env, expected in (({alertmanager.WEBHOOK_ENV: ODD_URL}, [ODD_URL, ODD_URL, None]),
+                          ({alertmanager.WEBHOOK_ENV: ""}, [alertmanager.PLACEHOLDER_URL] * 2 + [None]),
+                          ({alertmanager.WEBHOOK_ENV: pager, alertmanager.WARNING_WEBHOOK_ENV: tickets,
+                            alertmanager.HEARTBEAT_ENV: heartbeat}, [pager, tickets, heartbeat])):
         out = tmp_path / "alertmanager.yml"
         subprocess.run([sys.executable, "-m", "ornith_stack.generate.alertmanager", str(REPO / alertmanager.CONFIG),
-                        str(out)], env={**os.environ, alertmanager.WEBHOOK_ENV: url}, check=True, timeout=60)
-        config = yaml.safe_load(out.read_text())
-        assert {c["url"] for r in config["receivers"] for c in r.get("webhook_configs", [])} == {expected}
+                        str(out)], env={**os.environ, **env}, check=True, timeout=60)
+        urls = _urls(yaml.safe_load(out.read_text()))
+        receivers = (alertmanager.RECEIVER, alertmanager.WARNING, alertmanager.HEARTBEAT)
+        assert [(urls[r] or [None])[0] for r in receivers] == expected
         if AMTOOL:
             checked = subprocess.run([AMTOOL, "check-config", str(out)], capture_output=True, text=True, timeout=60,
                                      check=False)
             assert checked.returncode == 0, checked.stdout + checked.stderr
+    # Ansible's compose mode writes the file with its URLs first: the one-shot, its variables unset, keeps them.
+    written = tmp_path / "ansible.yml"
+    alertmanager.write_with_webhooks(REPO / alertmanager.CONFIG, written, alertmanager.Webhooks(pager, tickets, heartbeat))
+    alertmanager.write_with_webhooks(written, out, alertmanager.Webhooks())
+    assert _urls(yaml.safe_load(out.read_text())) == _urls(yaml.safe_load(written.read_text()))
+    assert _urls(yaml.safe_load(out.read_text()))[alertmanager.HEARTBEAT] == [heartbeat]
     compose = yaml.safe_load((REPO / "compose" / "cpu-demo.yml").read_text())
     service = compose["services"]["alertmanager"]
     assert service["depends_on"]["alertmanager-config"]["condition"] == "service_completed_successfully"
@@ -326,6 +357,13 @@ def test_alertmanager_routes_alerts_to_the_webhook_and_inhibits_symptoms_of_a_st
     assert hook["webhook_configs"][0]["url"] == alertmanager.PLACEHOLDER_URL
     starting = next(rule for rule in config["inhibit_rules"] if "OrnithEngineStarting" in rule["source_matchers"][0])
     assert "OrnithCanaryFailing" in starting["target_matchers"][0] and starting["equal"] == ["target"]
+    # Warnings to a receiver of their own, the watchdog to the heartbeat: neither reaches the pager.
+    routes = {r["receiver"]: r["matchers"] for r in config["route"]["routes"]}
+    assert routes[alertmanager.WARNING] == ['severity="warning"']
+    assert "OrnithWatchdog" in routes[alertmanager.HEARTBEAT][0]
+    compose = yaml.safe_load((REPO / "compose" / "cpu-demo.yml").read_text())
+    env = compose["services"]["alertmanager-config"]["environment"]
+    assert {alertmanager.WEBHOOK_ENV, alertmanager.WARNING_WEBHOOK_ENV, alertmanager.HEARTBEAT_ENV} <= set(env)
     prometheus_config = yaml.safe_load((PROM / "prometheus.yml").read_text())
     assert prometheus_config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["alertmanager:9093"]
 

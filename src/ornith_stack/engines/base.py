@@ -134,6 +134,13 @@ class EngineAdapter:
     model_label: ClassVar[str] = "model_name"
     # Endpoints that describe the server (version, model), tried in order until one answers JSON.
     info_paths: ClassVar[tuple[str, ...]] = ()
+    # Bucket bounds of the engine's TTFT histogram: a profile's TTFT SLO threshold must be one of them
+    # (the good-events count is the bucket at the threshold; no interpolation).
+    ttft_buckets: ClassVar[tuple[float, ...]]
+    # The engine's own counter of finished requests (every outcome) and the selector of those that failed:
+    # the engine error ratio the SLO alerts read (from job "engine", the engine's raw /metrics).
+    requests_finished: ClassVar[str]
+    requests_failed: ClassVar[str]
     chat_path: ClassVar[str] = "/v1/chat/completions"
     # Sample names spec_counters and reported_acceptance read (beyond `metrics`).
     spec_samples: ClassVar[tuple[str, ...]] = ()

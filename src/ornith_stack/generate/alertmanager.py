@@ -1,14 +1,18 @@
-"""Alertmanager's configuration: every Ornith alert to one webhook receiver, info alerts to nobody, and
-the inhibitions that keep a starting or dead engine from paging once per symptom.
+"""Alertmanager's configuration: critical alerts to the paging webhook, warnings to a receiver of their
+own, the always-firing watchdog to a separate heartbeat URL (a dead man's switch), info alerts to
+nobody, and the inhibitions that keep one outage from paging once per symptom.
 
-One builder, three files: monitoring/alertmanager/alertmanager.yml (compose: a one-shot service runs
+Three URLs, each set in one place per deployment: the paging webhook (critical), the warning webhook
+(empty: the paging one) and the heartbeat (empty: the watchdog goes nowhere). One builder, three files:
+monitoring/alertmanager/alertmanager.yml (compose: a one-shot service runs
 `python -m ornith_stack.generate.alertmanager` before Alertmanager starts, which writes the configuration
-again through a YAML library with `ORNITH_ALERT_WEBHOOK_URL` as every webhook's URL, so any URL, `&` and
-`|` included, arrives intact), the Ansible monitoring role's
-template (its `monitoring_alertmanager_webhook_url`), and the Helm chart's files/alertmanager-config.yaml:
-the same route, receivers and inhibitions as the spec of a prometheus-operator AlertmanagerConfig, whose
-template (templates/alertmanagerconfig.yaml) puts the chart value `monitoring.alertmanagerConfig.webhookUrl`
-in place of the URL.
+again through a YAML library with the URLs from the environment (`ORNITH_ALERT_WEBHOOK_URL`,
+`ORNITH_ALERT_WARNING_WEBHOOK_URL`, `ORNITH_HEARTBEAT_URL`), so any URL, `&` and `|` included, arrives
+intact), the Ansible monitoring role's template (its `monitoring_alertmanager_webhook_url`,
+`monitoring_alertmanager_warning_webhook_url` and `monitoring_alertmanager_heartbeat_url`), and the Helm
+chart's files/alertmanager-config.yaml: the same route, receivers and inhibitions as the spec of a
+prometheus-operator AlertmanagerConfig, each webhook's URL the names of the chart values that give it
+(templates/alertmanagerconfig.yaml puts the first non-empty one in its place).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +37,10 @@ ANSIBLE_TEMPLATE = "ansible/roles/monitoring/templates/alertmanager.yml.j2"
 SOURCE = "src/ornith_stack/generate/alertmanager.py and the alert rules"
 PLACEHOLDER_URL = D.ALERT_WEBHOOK_PLACEHOLDER
 WEBHOOK_ENV = "ORNITH_ALERT_WEBHOOK_URL"
-RECEIVER, NOBODY, HEARTBEAT = "ornith-webhook", "ornith-nobody", "ornith-heartbeat"
+WARNING_WEBHOOK_ENV = "ORNITH_ALERT_WARNING_WEBHOOK_URL"
+HEARTBEAT_ENV = "ORNITH_HEARTBEAT_URL"
+# The paging receiver (critical, and the route's default), the warning one, the heartbeat, nobody.
+RECEIVER, WARNING, NOBODY, HEARTBEAT = "ornith-webhook", "ornith-warning", "ornith-nobody", "ornith-heartbeat"
 # The watchdog is repeated this often: a dead man's switch on the receiving side expects it.
 HEARTBEAT_REPEAT = "5m"
 # An Alertmanager matcher as this module writes them: label, operator, double-quoted value.
@@ -40,6 +48,11 @@ _MATCHER = re.compile(r'(?P<name>[A-Za-z_]\w*)(?P<op>=~|!~|!=|=)"(?P<value>[^"\\
 
 # Alerts of a target that an engine starting or down explains: inhibited while it lasts.
 ENGINE_STATE = ("OrnithEngineStarting", "OrnithEngineDown", "OrnithEngineDownLong")
+# A profile with no ready replica (or its gateway down) pages once: its engines' own pages and the SLO
+# burn it causes are inhibited while it lasts.
+OUTAGE = ("OrnithNoReadyReplicas", "OrnithGatewayDown")
+OUTAGE_SYMPTOMS = ("OrnithEngineDown", "OrnithEngineDownLong", "OrnithEngineFlapping", "OrnithCanaryFailing",
+                   "OrnithErrorBudgetBurn", "OrnithErrorBudgetBurnSlow")
 SYMPTOMS = ("OrnithCanaryFailing", "OrnithCanaryWrong", "OrnithCanaryStale", "OrnithSpecAcceptanceLow",
             "OrnithTimeToFirstTokenHigh", "OrnithQueueBacklog", "OrnithKVCacheNearlyFull",
             "OrnithMambaSlotsNearlyFull")
@@ -49,10 +62,35 @@ def _any_of(names: tuple[str, ...]) -> str:
     return f'alertname=~"{"|".join(names)}"'
 
 
-def alertmanager_config(webhook_url: str = PLACEHOLDER_URL, repeat_interval: str = "4h",
+@dataclass(frozen=True)
+class Webhooks:
+    """The receivers' URLs as a deployment gives them; empty: the default each one states."""
+
+    critical: str = ""
+    warning: str = ""  # empty: the critical URL (a receiver of its own all the same)
+    heartbeat: str = ""  # empty: no heartbeat webhook (the watchdog goes nowhere, never to the pager)
+
+    def urls(self) -> dict[str, str]:
+        critical = self.critical or PLACEHOLDER_URL
+        return {RECEIVER: critical, WARNING: self.warning or critical, HEARTBEAT: self.heartbeat}
+
+    @classmethod
+    def from_env(cls) -> Webhooks:
+        return cls(os.environ.get(WEBHOOK_ENV, ""), os.environ.get(WARNING_WEBHOOK_ENV, ""),
+                   os.environ.get(HEARTBEAT_ENV, ""))
+
+
+def alertmanager_config(urls: dict[str, str] | None = None, repeat_interval: str = "4h",
                         group_wait: str = "30s", group_interval: str = "5m") -> dict[str, Any]:
+    """The configuration with `urls` (receiver -> URL; default: the placeholders of Webhooks())."""
     known = {alert.name for alert in A.ALERTS}
-    assert set(ENGINE_STATE + SYMPTOMS) <= known, set(ENGINE_STATE + SYMPTOMS) - known
+    named = set(ENGINE_STATE + SYMPTOMS + OUTAGE + OUTAGE_SYMPTOMS)
+    assert named <= known, named - known
+    urls = urls or {**Webhooks().urls(), HEARTBEAT: PLACEHOLDER_URL}
+
+    def receiver(name: str) -> dict[str, Any]:
+        return {"name": name, "webhook_configs": [{"url": urls[name], "send_resolved": True}]}
+
     return {
         "route": {
             "receiver": RECEIVER,
@@ -66,6 +104,8 @@ def alertmanager_config(webhook_url: str = PLACEHOLDER_URL, repeat_interval: str
                  "repeat_interval": HEARTBEAT_REPEAT},
                 # Info alerts (OrnithEngineStarting) exist to inhibit, not to notify.
                 {"matchers": ['severity="info"'], "receiver": NOBODY},
+                # Warnings are tickets, not pages: a receiver of their own.
+                {"matchers": ['severity="warning"'], "receiver": WARNING},
             ],
         },
         "inhibit_rules": [
@@ -74,46 +114,80 @@ def alertmanager_config(webhook_url: str = PLACEHOLDER_URL, repeat_interval: str
             # An engine down past its start budget pages once, as OrnithEngineDownLong.
             {"source_matchers": ['alertname="OrnithEngineDownLong"'],
              "target_matchers": [_any_of(("OrnithEngineDown", "OrnithEngineFlapping"))], "equal": ["target"]},
+            {"source_matchers": [_any_of(OUTAGE)], "target_matchers": [_any_of(OUTAGE_SYMPTOMS)],
+             "equal": ["profile", "namespace"]},
+            # A budget burning fast pages; the same SLO's slow burn (a ticket) says nothing new meanwhile.
+            {"source_matchers": ['alertname="OrnithErrorBudgetBurn"'],
+             "target_matchers": ['alertname="OrnithErrorBudgetBurnSlow"'], "equal": ["profile", "namespace", "slo"]},
         ],
-        "receivers": [
-            {"name": RECEIVER, "webhook_configs": [{"url": webhook_url, "send_resolved": True}]},
-            {"name": HEARTBEAT, "webhook_configs": [{"url": webhook_url, "send_resolved": True}]},
-            {"name": NOBODY},
-        ],
+        "receivers": [receiver(RECEIVER), receiver(WARNING), receiver(HEARTBEAT), {"name": NOBODY}],
     }
 
 
-def with_webhook(config: dict[str, Any], url: str) -> dict[str, Any]:
-    """`config` with `url` as the URL of every webhook receiver (an empty `url` keeps the placeholder)."""
+def with_webhooks(config: dict[str, Any], hooks: Webhooks) -> dict[str, Any]:
+    """`config` with each receiver's URL from `hooks`, else the real URL `config` already holds (the
+    Ansible role writes the file before compose's one-shot runs); a receiver left without one gets the
+    default Webhooks states (the heartbeat: no webhook)."""
+    held = {r["name"]: r["webhook_configs"][0]["url"] for r in config.get("receivers", [])
+            if r.get("webhook_configs") and r["webhook_configs"][0].get("url") != PLACEHOLDER_URL}
+    given = {RECEIVER: hooks.critical, WARNING: hooks.warning, HEARTBEAT: hooks.heartbeat}
+    urls = Webhooks(*(given[name] or held.get(name, "") for name in (RECEIVER, WARNING, HEARTBEAT))).urls()
     for receiver in config.get("receivers", []):
-        for webhook in receiver.get("webhook_configs", []):
-            webhook["url"] = url or PLACEHOLDER_URL
+        url = urls.get(receiver["name"])
+        if url is None or "webhook_configs" not in receiver:
+            continue
+        if url:
+            for webhook in receiver["webhook_configs"]:
+                webhook["url"] = url
+        else:
+            del receiver["webhook_configs"]
     return config
 
 
-def write_with_webhook(source: Path, destination: Path, url: str) -> None:
-    """Alertmanager's configuration from `source`, written to `destination` with the webhook URL set by
-    a YAML library: whatever the URL holds is quoted as YAML needs, nothing is substituted in text."""
-    config = with_webhook(yaml.safe_load(source.read_text()), url)
+def write_with_webhooks(source: Path, destination: Path, hooks: Webhooks) -> None:
+    """Alertmanager's configuration from `source`, written to `destination` with the URLs set by a YAML
+    library: whatever a URL holds is quoted as YAML needs, nothing is substituted in text."""
+    config = with_webhooks(yaml.safe_load(source.read_text()), hooks)
     destination.write_text(dump(config))
 
 
+# The role's variables: an empty paging URL keeps the placeholder (alerts stay in Alertmanager's UI), an
+# empty warning URL is the paging one, an empty heartbeat URL leaves the heartbeat receiver without a webhook.
 ANSIBLE_URL = 'monitoring_alertmanager_webhook_url | default("' + PLACEHOLDER_URL + '", true)'
+ANSIBLE_URLS = {
+    RECEIVER: ANSIBLE_URL,
+    WARNING: f"monitoring_alertmanager_warning_webhook_url | default({ANSIBLE_URL}, true)",
+    HEARTBEAT: "monitoring_alertmanager_heartbeat_url",
+}
 
 
 def ansible_config() -> dict[str, Any]:
-    """The role's template: its variables in place of the URL and repeat interval (an empty URL keeps
-    the placeholder, so alerts stay in Alertmanager's UI)."""
-    return alertmanager_config("{{ " + ANSIBLE_URL + " }}", "{{ monitoring_alertmanager_repeat_interval }}")
+    """The role's template: its variables in place of the URLs and repeat interval."""
+    return alertmanager_config({name: "{{ " + expr + " }}" for name, expr in ANSIBLE_URLS.items()},
+                               "{{ monitoring_alertmanager_repeat_interval }}")
 
 
 def ansible_template() -> str:
-    """The role's template as text: the URL goes in as a JSON string (valid YAML), so whatever it holds
-    (`&`, `|`, quotes) is escaped by Jinja2's tojson instead of pasted into a YAML scalar."""
-    quoted = "'{{ " + ANSIBLE_URL + " }}'"
+    """The role's template as text: each URL goes in as a JSON string (valid YAML), so whatever it holds
+    (`&`, `|`, quotes) is escaped by Jinja2's tojson instead of pasted into a YAML scalar; the heartbeat
+    receiver's webhook list is a JSON list, empty without a heartbeat URL."""
     text = dump(ansible_config())
-    assert quoted in text, "the webhook URL expression is no longer where ansible_template expects it"
-    return text.replace(quoted, "{{ " + ANSIBLE_URL + " | tojson }}")
+    for name, expr in ANSIBLE_URLS.items():
+        quoted = "url: '{{ " + expr + " }}'"
+        assert quoted in text, f"the {name} URL expression is no longer where ansible_template expects it"
+        if name == HEARTBEAT:
+            listed = f"- {quoted}\n    send_resolved: true"
+            assert listed in text, "the heartbeat webhook is no longer where ansible_template expects it"
+            text = text.replace("webhook_configs:\n  " + listed, "webhook_configs: {{ ([{'url': " + expr
+                                + ", 'send_resolved': true}] if " + expr + " else []) | tojson }}")
+        else:
+            text = text.replace(quoted, "url: {{ " + expr + " | tojson }}")
+    return text
+
+
+# Each receiver's URL in the Helm chart: the values (under monitoring.alertmanagerConfig) that give it, the
+# first non-empty one wins; none: the receiver gets no webhook. The chart's template reads these names.
+HELM_URL_VALUES = {RECEIVER: "webhookUrl", WARNING: "warningWebhookUrl|webhookUrl", HEARTBEAT: "heartbeatUrl"}
 
 
 def crd_matcher(matcher: str) -> dict[str, str]:
@@ -147,7 +221,7 @@ def alertmanager_config_spec(config: dict[str, Any] | None = None) -> dict[str, 
     The operator scopes an AlertmanagerConfig to its namespace (matcher strategy OnNamespace, the
     default): it adds a `namespace="<the object's namespace>"` matcher to the top route and to both sides
     of every inhibition, so these apply only to alerts carrying that namespace label."""
-    config = _only(config or alertmanager_config(), "route", "inhibit_rules", "receivers")
+    config = _only(config or alertmanager_config(HELM_URL_VALUES), "route", "inhibit_rules", "receivers")
     route = _only(config["route"], "receiver", "group_by", "group_wait", "group_interval", "repeat_interval",
                   "routes")
     receivers = []
@@ -181,5 +255,5 @@ def files(root: Path) -> Iterator[GeneratedFile]:
     yield GeneratedFile(ANSIBLE_TEMPLATE, SOURCE, lambda: with_header(SOURCE, ansible_template(), "yaml"))
 
 
-if __name__ == "__main__":  # compose's alertmanager-config service: SOURCE DESTINATION, URL from the environment
-    write_with_webhook(Path(sys.argv[1]), Path(sys.argv[2]), os.environ.get(WEBHOOK_ENV, ""))
+if __name__ == "__main__":  # compose's alertmanager-config service: SOURCE DESTINATION, URLs from the environment
+    write_with_webhooks(Path(sys.argv[1]), Path(sys.argv[2]), Webhooks.from_env())

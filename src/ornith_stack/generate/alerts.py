@@ -11,27 +11,38 @@ An engine is in one of four states, each its own alert:
 The canary-failing alert needs the engine up; the acceptance alert needs a minimum rate of verification
 steps (the canary alone, a few short requests a minute, does not qualify) and a longer `for`. TTFT
 thresholds come from the profile's published sweep (spark's 262K context takes 122 s to its first
-token); profiles without a sweep use the default. Meta-monitoring: `OrnithWatchdog` always fires (a
+token); profiles without a sweep use the default. What users feel: multi-window, multi-burn-rate alerts on the error budget of three SLOs per profile
+(Google SRE workbook, "Alerting on SLOs"): the gateway's 5xx share, the engines' failed share and the
+share of requests whose first token is slower than the profile's threshold; the targets are the
+profile's `slo`. A profile with no ready replica (every engine down or every worker unhealthy at the
+gateway) pages after a planned restart's length, whatever the reason. Acceptance is judged against the
+profile's published figure, the replica's own 1-day median and, without a published figure, a floor.
+Meta-monitoring: `OrnithWatchdog` always fires (a
 receiver that stops hearing it knows the alert path is broken) and `OrnithNotificationsFailing` reads
 Alertmanager's own failed-notification counter, which Prometheus scrapes.
 """
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ornith_stack import deployment as D
+from ornith_stack.engines import ADAPTERS, adapter_for
+from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.generate.core import GeneratedFile, with_header
 from ornith_stack.profiles import Profile, load_all
+from ornith_stack.profiles.model import Slo
 
 RUNBOOK_DIR = "monitoring/runbooks"
-# runbook_url of every alert, in compose, Helm and Ansible alike: this absolute base and `<alert>.md`.
-# The default is the runbooks in the repository's web view; point it at a wiki or a fork and render.
-RUNBOOK_BASE = f"https://github.com/ornith-stack/ornith-stack/blob/main/{RUNBOOK_DIR}"
+PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
+# The one setting of the runbook links: [project.urls] Runbooks in pyproject.toml.
+RUNBOOK_URL_KEY = "Runbooks"
 SOURCE = "src/ornith_stack/generate/alerts.py, the metrics catalogue and the profiles"
 TARGET_LABELS = ", ".join(C.TARGET)
 
@@ -48,11 +59,56 @@ FLAP_WINDOW = "1h"
 FLAP_FAILED_SHARE = 0.2  # failed scrapes of the hour: a planned 15-minute restart is 25% but only 2 changes
 FLAP_CHANGES = 6  # up/down changes within the hour: three outages (a planned restart makes two)
 CANARY_STALE_S = 300  # 10 canary intervals of 30 s
+# A total outage shorter than this pages nobody: a planned restart (about 3 minutes) fits in it, and the
+# single compose engine refusing connections still pages 15 minutes before its start budget ends.
+PLANNED_RESTART = "5m"
+# Multi-window, multi-burn-rate alerts on the error budget (Google SRE workbook, "Alerting on SLOs",
+# table 5-8): (long window, short window, burn rate). A 14.4x burn spends 2% of a 30-day budget in an hour.
+PAGE_BURNS = (("1h", "5m", 14.4), ("6h", "30m", 6.0))
+TICKET_BURNS = (("1d", "2h", 3.0), ("3d", "6h", 1.0))
+BURN_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+# Acceptance against the replica's own level: below 80% of its median over the last day (a 30% decay
+# over 2 hours crosses it after about 80 minutes, whatever level it decays from).
+ACCEPTANCE_OWN_FRACTION = 0.8
+ACCEPTANCE_OWN_WINDOW = "1d"
+# Profiles with a draft model and no published acceptance: below 1.5 tokens per verification step the
+# draft barely helps (DFlash's published figures are 5 to 6.1).
+ACCEPTANCE_FLOOR = 1.5
 
 # Recording rules the alerts read (monitoring/prometheus/rules/ornith-recording.yml); names in the catalogue.
 ACCEPTANCE_5M = C.SPEC_ACCEPTANCE_LENGTH.name
 VERIFY_STEPS_5M = C.SPEC_VERIFY_STEPS_PER_SECOND.name
 EXPECTED_ACCEPTANCE, TTFT_THRESHOLD, TTFT_P95 = C.EXPECTED_ACCEPTANCE, C.TTFT_THRESHOLD, C.TTFT_P95.name
+# Recorded here (SLO and acceptance-level rules the alerts alone read; the dashboards read none of them).
+ACCEPTANCE_FLOOR_RECORD = "ornith:profile_acceptance_floor_length"
+ACCEPTANCE_MEDIAN = f"ornith:spec_acceptance_length:median{ACCEPTANCE_OWN_WINDOW}"
+ERROR_BUDGET = "ornith:slo_error_budget"  # 1 - the profile's target, per profile and SLO
+
+
+def bad_share_record(window: str) -> str:
+    """The recorded share of every SLO's bad events over `window` (label `slo`)."""
+    return f"ornith:slo_bad_events:ratio_rate{window}"
+
+
+def burn_rate(window: str) -> str:
+    """The recorded burn rate of every SLO over `window` (label `slo`): its bad share / its error budget."""
+    return f"ornith:slo_error_budget_burn:rate{window}"
+
+
+# Where Helm puts the release's namespace (prometheusrule.yaml replaces it): alerts whose series carry
+# none (the watchdog, Alertmanager's counter, an absent target) need it for the namespaced routing.
+NAMESPACE_PLACEHOLDER = "ORNITH_RELEASE_NAMESPACE"
+# The Helm rule group of the gateway's discovery check; the chart keeps it only with gateway.enabled.
+GATEWAY_DISCOVERY_GROUP = "ornith-gateway-discovery"
+
+
+@cache
+def runbook_base() -> str:
+    """The runbooks' base URL: [project.urls] Runbooks in pyproject.toml (read when rendering)."""
+    urls = tomllib.loads(PYPROJECT.read_text())["project"].get("urls", {})
+    if RUNBOOK_URL_KEY not in urls:
+        raise UserError(f"{PYPROJECT}: no [project.urls] {RUNBOOK_URL_KEY} = \"https://...\" (the runbooks' base URL)")
+    return str(urls[RUNBOOK_URL_KEY]).rstrip("/")
 
 
 @dataclass(frozen=True)
@@ -65,13 +121,18 @@ class Alert:
     description: str
     check: tuple[str, ...]  # runbook: what to look at, in order
     fix: tuple[str, ...]  # runbook: what usually fixes it
+    # Its series carry no namespace (Helm gives it the release's: the chart's Alertmanager route needs one).
+    namespaceless: bool = False
 
     @property
     def runbook(self) -> str:
-        return f"{RUNBOOK_BASE}/{self.name}.md"
+        return f"{runbook_base()}/{self.name}.md"
 
-    def rule(self) -> dict[str, Any]:
-        return {"alert": self.name, "expr": self.expr, "for": self.duration, "labels": {"severity": self.severity},
+    def rule(self, helm: bool = False) -> dict[str, Any]:
+        labels = {"severity": self.severity}
+        if helm and self.namespaceless:
+            labels["namespace"] = NAMESPACE_PLACEHOLDER
+        return {"alert": self.name, "expr": self.expr, "for": self.duration, "labels": labels,
                 "annotations": {"summary": self.summary, "description": self.description,
                                 "runbook_url": self.runbook}}
 
@@ -87,6 +148,34 @@ FLAPPING = (f"avg_over_time({UP}[{FLAP_WINDOW}]) < {1 - FLAP_FAILED_SHARE:g} "
             f"and changes({UP}[{FLAP_WINDOW}]) >= {FLAP_CHANGES}")
 NOTIFICATIONS_FAILED = "sum by (integration) (rate(alertmanager_notifications_failed_total[5m])) > 0"
 
+# The Model Gateway's own metrics (sglang-router 0.3.2, tests/fixtures/gateway/metrics.txt), job "gateway".
+GATEWAY_HEALTH = "smg_worker_health"  # 1 while the gateway's health checks pass the worker
+GATEWAY_RESPONSES = "smg_http_responses_total"  # every answer the gateway gave, by status_code
+# SLOs are per profile (and namespace, in Kubernetes): what the users of one deployment feel.
+SLO_BY = "profile, namespace"
+SLO_TARGETS = {"gateway": "availability", "engine": "availability", "ttft": "ttft_target"}  # slo -> Slo field
+GATEWAY_UP = f'up{{job="{D.GATEWAY_JOB}"}}'
+READY = f"sum by ({SLO_BY}) ({UP})"
+# A profile first seen less than its start budget ago: a first deployment still loading its model.
+NEW_PROFILE = f"(count by ({SLO_BY}) ({UP}) unless on ({SLO_BY}) count by ({SLO_BY}) ({UP} offset {START_BUDGET}))"
+NO_READY = (f"({READY} == 0 unless on ({SLO_BY}) {NEW_PROFILE}) "
+            f'or (sum by ({SLO_BY}) ({GATEWAY_HEALTH}{{job="{D.GATEWAY_JOB}"}}) == 0)')
+
+
+def _burning(burns: tuple[tuple[str, str, float], ...]) -> str:
+    return " or ".join(f"({burn_rate(long)} > {rate:g} and {burn_rate(short)} > {rate:g})"
+                       for long, short, rate in burns)
+
+
+def burns_text(burns: tuple[tuple[str, str, float], ...]) -> str:
+    return " or ".join(f"{rate:g}x over both {long} and {short}" for long, short, rate in burns)
+
+
+SLO_MEANING = ("SLOs per profile (targets in the profile's `slo`): `gateway`, the share of the Model Gateway's "
+               "answers that are 5xx; `engine`, the share of requests the engines failed (vLLM "
+               "finished_reason=\"error\", SGLang aborted); `ttft`, the share of requests whose first token "
+               "came later than the profile's `slo.ttft_seconds`.")
+
 
 ALERTS: tuple[Alert, ...] = (
     Alert("OrnithExporterDown", f'up{{job="{D.EXPORTER_JOB}"}} == 0', "2m", "critical",
@@ -98,6 +187,44 @@ ALERTS: tuple[Alert, ...] = (
            "Prometheus' Targets page: the scrape error (connection refused, timeout, DNS)."),
           ("Restart the exporter; its logs say why it stopped.",
            "A timeout: raise the scrape timeout or lower the exporter's `--timeout`.")),
+    Alert("OrnithErrorBudgetBurn", _burning(PAGE_BURNS), "2m", "critical",
+          "{{ $labels.profile }}: the {{ $labels.slo }} SLO's error budget burns {{ $value | printf \"%.1f\" }}x",
+          f"{SLO_MEANING} The bad share burns the 30-day error budget at {burns_text(PAGE_BURNS)} (Google SRE "
+          "workbook, multi-window multi-burn-rate): users see failures now. A traffic lull (no requests) has no "
+          "share and never fires.",
+          ("`ornith:slo_error_budget_burn:rate5m{slo=...}`: which SLO, since when.",
+           "slo=gateway: `smg_http_responses_total` by status_code and `smg_worker_health`: a 503 means no "
+           "healthy worker, a 502/504 an engine failing behind it.",
+           "slo=engine: the engine's logs and the dashboard's finish-reason panel (errors, aborts).",
+           "slo=ttft: `ornith_requests_waiting` and the KV cache: too much load for the pool."),
+          ("Fix the failing part (restart the engine or gateway, roll back the last change).",
+           "Too much load: add replicas or rate-limit at the client.")),
+    Alert("OrnithErrorBudgetBurnSlow", _burning(TICKET_BURNS), "15m", "warning",
+          "{{ $labels.profile }}: the {{ $labels.slo }} SLO's error budget burns {{ $value | printf \"%.1f\" }}x",
+          f"{SLO_MEANING} The bad share burns the 30-day error budget at {burns_text(TICKET_BURNS)}: at this "
+          "pace the budget runs out within the month. A ticket, not a page.",
+          ("The same as OrnithErrorBudgetBurn, over days: which SLO, since when, which replica.",),
+          ("Find and fix the slow leak (a replica failing some requests, a slower release, more load).",)),
+    Alert("OrnithNoReadyReplicas", NO_READY, PLANNED_RESTART, "critical",
+          "{{ $labels.profile }} has no ready replica",
+          f"No engine of the profile has answered for {PLANNED_RESTART} (down, hung, refusing connections, "
+          "restarting), or the Model Gateway's health checks fail every worker: every request fails, whatever "
+          f"the reason. A planned restart shorter than {PLANNED_RESTART} and a first deployment loading for its "
+          f"{START_BUDGET} start budget page nobody; Alertmanager inhibits the profile's per-engine pages while "
+          "this lasts.",
+          ("`ornith_engine_up{profile=...}` and `ornith_exporter_scrape_errors_total` by reason: refused "
+           "(restarting, crashed), timeout (hung).",
+           "`smg_worker_health`: the gateway's view of each worker.",
+           "The engines' logs (`docker compose logs engine`, `kubectl logs`)."),
+          ("Restart the engines; a model load takes 7 to 15 minutes.",
+           "A planned restart longer than " + PLANNED_RESTART + ": silence this alert for its length first.")),
+    Alert("OrnithGatewayDown", f"{GATEWAY_UP} == 0", PLANNED_RESTART, "critical",
+          "The Model Gateway {{ $labels.instance }} is not answering",
+          f"Prometheus could not scrape the gateway's metrics for {PLANNED_RESTART}: the gateway is the one "
+          "endpoint of the replicas, so every request fails.",
+          ("`docker compose ps gateway` or `kubectl get pod -l app.kubernetes.io/component=gateway`.",
+           "The gateway's logs."),
+          ("Restart the gateway; the engines keep their state.",)),
     Alert("OrnithEngineDown", DOWN, "2m", "critical",
           "Engine {{ $labels.target }} was up and is now down",
           f"The exporter could not scrape and parse {{{{ $labels.target }}}}/metrics for 2 minutes after it was up "
@@ -138,13 +265,17 @@ ALERTS: tuple[Alert, ...] = (
           ("A crash loop: fix the error the logs show (OOM: re-plan with `ornith-stack plan`).",
            "Timeouts under load: raise the exporter's `--timeout` or the scrape timeout.")),
     Alert("OrnithSpecAcceptanceLow",
-          f"({ACCEPTANCE_5M} < on (profile) group_left () ({ACCEPTANCE_FRACTION} * {EXPECTED_ACCEPTANCE})) "
+          f"({ACCEPTANCE_5M} < on (profile) group_left () {ACCEPTANCE_FLOOR_RECORD} "
+          f"or {ACCEPTANCE_5M} < {ACCEPTANCE_OWN_FRACTION} * {ACCEPTANCE_MEDIAN}) "
           f"and on ({C.BY}) {VERIFY_STEPS_5M} > {MIN_VERIFY_STEPS_PER_S}",
           "15m", "warning",
           "Speculative acceptance on {{ $labels.target }} is {{ $value | printf \"%.2f\" }} tokens/step",
-          f"Below {ACCEPTANCE_FRACTION:.0%} of the profile's published acceptance length for 15 minutes, with at "
-          f"least {MIN_VERIFY_STEPS_PER_S:g} verification steps/s (real traffic, not the canary alone). "
-          "A zeroed mask embedding or a wrong draft checkpoint halves acceptance.",
+          f"For 15 minutes below {ACCEPTANCE_FRACTION:.0%} of the profile's published acceptance length (a "
+          f"profile with a draft model and no published figure: below {ACCEPTANCE_FLOOR:g} tokens/step), or "
+          f"below {ACCEPTANCE_OWN_FRACTION:.0%} of the replica's own median over the last {ACCEPTANCE_OWN_WINDOW} "
+          f"(a decay, whatever level it starts from), with at least {MIN_VERIFY_STEPS_PER_S:g} verification "
+          "steps/s (real traffic, not the canary alone). A zeroed mask embedding or a wrong draft checkpoint "
+          "halves acceptance.",
           ("The Ornith dashboard: acceptance per position (vLLM) and draft-acceptance ratio: all positions low "
            "means the draft is wrong; only late positions low means unusual traffic.",
            "`ornith_engine_info{target=...}`: the draft model and engine version.",
@@ -209,11 +340,13 @@ ALERTS: tuple[Alert, ...] = (
           ("Restart the exporter.",)),
     Alert("OrnithWatchdog", "vector(1)", "0m", "none",
           "The Ornith alert path works (always firing)",
-          "Always fires, so the receiver hears from Alertmanager on every repeat: a receiver (a dead man's "
-          "switch) that stops hearing it knows Prometheus, the rules or Alertmanager broke.",
+          "Always fires, so the heartbeat receiver hears from Alertmanager on every repeat, at its own URL "
+          "(compose ORNITH_HEARTBEAT_URL, Ansible monitoring_alertmanager_heartbeat_url, Helm "
+          "monitoring.alertmanagerConfig.heartbeatUrl), never the pager's: a dead man's switch that stops "
+          "hearing it knows Prometheus, the rules or Alertmanager broke.",
           ("Nothing while it fires. If the receiver stopped hearing it: Prometheus' Alerts page, then "
            "Alertmanager's UI, then the webhook's logs.",),
-          ("None needed while it fires.",)),
+          ("None needed while it fires.",), namespaceless=True),
     Alert("OrnithNotificationsFailing", NOTIFICATIONS_FAILED, "5m", "critical",
           "Alertmanager fails to deliver notifications via {{ $labels.integration }}",
           "Alertmanager's own counter of failed notifications (alertmanager_notifications_failed_total) rose for "
@@ -222,10 +355,91 @@ ALERTS: tuple[Alert, ...] = (
           ("Alertmanager's log: the receiver's HTTP status or DNS error.",
            "The webhook URL: compose reads ORNITH_ALERT_WEBHOOK_URL, Ansible monitoring_alertmanager_webhook_url, "
            "Helm monitoring.alertmanagerConfig.webhookUrl."),
-          ("Set the webhook URL and restart Alertmanager.",)),
+          ("Set the webhook URL and restart Alertmanager.",), namespaceless=True),
 )
 # Alerts that fire by design all the time (no quiet case exists).
 ALWAYS_FIRING = ("OrnithWatchdog",)
+
+
+
+def _absent(job: str, what: str) -> Alert:
+    """A scrape target of this release gone from Kubernetes' service discovery: no `up` series at all, which
+    `up == 0` never sees. Helm only (compose and Ansible list their targets statically)."""
+    return Alert(f"Ornith{what}Absent", f'absent(up{{job="{job}", namespace="{NAMESPACE_PLACEHOLDER}"}})',
+                 PLANNED_RESTART, "critical", f"No {what.lower()} target in {{{{ $labels.namespace }}}}",
+                 f"Prometheus has had no {what.lower()} target (job {job}) in the release's namespace for "
+                 f"{PLANNED_RESTART}: its Service, ServiceMonitor or pods are gone from service discovery, so "
+                 "nothing it would report can alert.",
+                 (f"`kubectl get pods,svc,servicemonitor -l app.kubernetes.io/instance=...`: is the {what.lower()} "
+                  "deployed and selected?", "Prometheus' Service Discovery page: the ServiceMonitor's targets."),
+                 ("Redeploy the release (`helm upgrade`); check the ServiceMonitor's labels against Prometheus' "
+                  "serviceMonitorSelector.",))
+
+
+EXPORTER_ABSENT = _absent(D.EXPORTER_JOB, "Exporter")
+GATEWAY_ABSENT = _absent(D.GATEWAY_JOB, "Gateway")
+HELM_ONLY = (EXPORTER_ABSENT, GATEWAY_ABSENT)
+
+
+def _le(bound: float) -> str:
+    """A regex for a bucket's `le` as clients write it ("10.0", "0.25") or as Prometheus 3 may ("10")."""
+    return "|".join(dict.fromkeys((f"{bound:g}", repr(float(bound)))))
+
+
+def _sum_rate(selector: str, window: str) -> str:
+    return f"sum by ({SLO_BY}) (rate({selector}[{window}]))"
+
+
+def _profiles_ttft(profiles: list[Profile]) -> dict[str, float]:
+    """Each profile's TTFT threshold, refused unless it is a bucket bound of its engine's histogram."""
+    thresholds = {}
+    for profile in profiles:
+        buckets = adapter_for(profile).ttft_buckets
+        if profile.slo.ttft_seconds not in buckets:
+            raise UserError(f"profile {profile.name}: slo.ttft_seconds {profile.slo.ttft_seconds:g} is not a bucket "
+                            f"of {profile.engine.kind}'s TTFT histogram; pick one of {', '.join(map(str, buckets))}")
+        thresholds[profile.name] = profile.slo.ttft_seconds
+    return thresholds
+
+
+def bad_share(slo: str, window: str, profiles: list[Profile]) -> str:
+    """PromQL: the share of `slo`'s bad events over `window`, per profile (no requests: no value)."""
+    if slo == "ttft":
+        default = Slo().ttft_seconds
+        own = {name: t for name, t in _profiles_ttft(profiles).items() if t != default}
+        good = [_sum_rate(f'{C.TTFT.bucket}{{profile="{name}", le=~"{_le(t)}"}}', window) for name, t in own.items()]
+        others = f'profile!~"{"|".join(own)}", ' if own else ""
+        good.append(_sum_rate(f'{C.TTFT.bucket}{{{others}le=~"{_le(default)}"}}', window))
+        return f"1 - ({' or '.join(good)}) / {_sum_rate(f'{C.TTFT.name}_count', window)}"
+    if slo == "gateway":
+        total = _sum_rate(f'{GATEWAY_RESPONSES}{{job="{D.GATEWAY_JOB}"}}', window)
+        bad = _sum_rate(f'{GATEWAY_RESPONSES}{{job="{D.GATEWAY_JOB}", status_code=~"5.."}}', window)
+    else:  # engine: one term per engine (a profile runs one)
+        adapters = [ADAPTERS[kind] for kind in sorted(ADAPTERS)]
+        total = " or ".join(_sum_rate(a.requests_finished, window) for a in adapters)
+        bad = " or ".join(_sum_rate(a.requests_failed, window) for a in adapters)
+    # A failure counter not created yet (SGLang's, until the first abort) counts as no failures.
+    return f"({bad} or ({total}) * 0) / ({total})"
+
+
+def slo_rules(profiles: list[Profile]) -> list[dict[str, Any]]:
+    """Each profile's error budgets, then every SLO's burn rate over every window of the burn alerts."""
+    rules: list[dict[str, Any]] = [
+        {"record": ERROR_BUDGET, "expr": f"vector({1 - getattr(profile.slo, field):.6g})",
+         "labels": {"profile": profile.name, "slo": slo}}
+        for profile in profiles for slo, field in SLO_TARGETS.items()]
+    for slo in SLO_TARGETS:
+        rules += [{"record": bad_share_record(window), "labels": {"slo": slo},
+                   "expr": bad_share(slo, window, profiles)} for window in BURN_WINDOWS]
+    for slo, field in SLO_TARGETS.items():
+        default_budget = f"{1 - getattr(Slo(), field):.6g}"
+        for window in BURN_WINDOWS:
+            share = f'{bad_share_record(window)}{{slo="{slo}"}}'
+            # A profile not shipped here (no budget series) burns against the default target.
+            rules.append({"record": burn_rate(window), "labels": {"slo": slo},
+                          "expr": f'{share} / on (profile) group_left () {ERROR_BUDGET}{{slo="{slo}"}} '
+                                  f"or {share} / {default_budget}"})
+    return rules
 
 
 def ttft_threshold(profile: Profile) -> float | None:
@@ -235,7 +449,8 @@ def ttft_threshold(profile: Profile) -> float | None:
 
 
 def threshold_rules() -> list[dict[str, Any]]:
-    """Constant series per profile: its lowest published acceptance length, its TTFT threshold."""
+    """Constant series per profile: its lowest published acceptance length and the floor the acceptance
+    alert reads (a share of it, or the floor of a drafting profile without one), its TTFT threshold."""
     rules = []
     for profile in load_all():
         per_task = profile.expected.acceptance_length if profile.expected else {}
@@ -244,6 +459,12 @@ def threshold_rules() -> list[dict[str, Any]]:
             rules.append({"record": EXPECTED_ACCEPTANCE, "expr": f"vector({per_task[task]})",
                           "labels": {"profile": profile.name, "task": task, "engine": profile.engine.kind,
                                      "source": profile.expected.source}})
+            rules.append({"record": ACCEPTANCE_FLOOR_RECORD,
+                          "expr": f"vector({round(ACCEPTANCE_FRACTION * per_task[task], 3):g})",
+                          "labels": {"profile": profile.name}})
+        elif profile.draft:
+            rules.append({"record": ACCEPTANCE_FLOOR_RECORD, "expr": f"vector({ACCEPTANCE_FLOOR:g})",
+                          "labels": {"profile": profile.name}})
         ttft = ttft_threshold(profile)
         if ttft is not None and profile.expected:
             rules.append({"record": TTFT_THRESHOLD, "expr": f"vector({ttft})",
@@ -251,8 +472,21 @@ def threshold_rules() -> list[dict[str, Any]]:
     return rules
 
 
-def alert_rules() -> dict[str, Any]:
-    return {"groups": [{"name": "ornith-alerts", "rules": [alert.rule() for alert in ALERTS]}]}
+def recording_rules() -> list[dict[str, Any]]:
+    """The rules the alerts alone read: each replica's own acceptance level, the SLOs' burn rates."""
+    median = {"record": ACCEPTANCE_MEDIAN,
+              "expr": f"quantile_over_time(0.5, {ACCEPTANCE_5M}[{ACCEPTANCE_OWN_WINDOW}])"}
+    return [median, *slo_rules(load_all())]
+
+
+def alert_rules(helm: bool = False) -> dict[str, Any]:
+    """The alert group; for Helm also the discovery checks (the gateway's in a group of its own, which the
+    chart keeps only with the gateway), namespace placeholders in place."""
+    groups = [{"name": "ornith-alerts", "rules": [alert.rule(helm) for alert in ALERTS]}]
+    if helm:
+        groups += [{"name": "ornith-exporter-discovery", "rules": [EXPORTER_ABSENT.rule(helm)]},
+                   {"name": GATEWAY_DISCOVERY_GROUP, "rules": [GATEWAY_ABSENT.rule(helm)]}]
+    return {"groups": groups}
 
 
 def runbook(alert: Alert) -> str:
@@ -264,6 +498,6 @@ def runbook(alert: Alert) -> str:
 
 
 def files(root: Path) -> Iterator[GeneratedFile]:
-    for alert in ALERTS:
+    for alert in (*ALERTS, *HELM_ONLY):
         yield GeneratedFile(f"{RUNBOOK_DIR}/{alert.name}.md", SOURCE,
                             lambda alert=alert: with_header(SOURCE, runbook(alert), "markdown"))  # type: ignore[misc]

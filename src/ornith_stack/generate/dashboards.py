@@ -14,7 +14,7 @@ from typing import Any
 
 from ornith_stack.deployment import GRAFANA_DATASOURCE_UID as DATASOURCE_UID  # noqa: F401 (the provisioned default)
 from ornith_stack.exporter import catalogue as C
-from ornith_stack.generate.alerts import ACCEPTANCE_FRACTION, MIN_VERIFY_STEPS_PER_S
+from ornith_stack.generate.alerts import ACCEPTANCE_FRACTION, GATEWAY_HEALTH, MIN_VERIFY_STEPS_PER_S
 from ornith_stack.generate.core import GeneratedFile, with_header
 
 DASHBOARD_DIR = "monitoring/grafana/dashboards"
@@ -33,7 +33,6 @@ VLLM, SGLANG = ("vllm",), ("sglang",)
 # replica's URL as the gateway routes to it. Prometheus' gateway job labels them with the gateway's own
 # target, so they are selected by profile only.
 GATEWAY_OUTCOMES = "smg_worker_cb_outcomes_total"  # requests per worker, by outcome (circuit breaker's count)
-GATEWAY_HEALTH = "smg_worker_health"  # 1 while the gateway's health checks pass the worker
 GATEWAY_SELECT = '{profile=~"$profile"}'
 
 

@@ -81,6 +81,8 @@ SCENARIOS = (
             "hfToken": {"secretName": "hf-token"},
             "monitoring": {"serviceMonitor": _MONITORING_RELEASE, "prometheusRule": _MONITORING_RELEASE,
                            "alertmanagerConfig": {"enabled": True, "webhookUrl": "https://alerts.example.com/ornith",
+                                                  "warningWebhookUrl": "https://tickets.example.com/ornith",
+                                                  "heartbeatUrl": "https://heartbeat.example.com/ornith",
                                                   **_MONITORING_RELEASE}},
         },
     ),
@@ -158,7 +160,7 @@ def _schema(root: Path) -> str:
 
 def _rules() -> str:
     """Every rule group Prometheus loads in compose, as one PrometheusRule body."""
-    groups = prometheus.recording_rules()["groups"] + alerts.alert_rules()["groups"]
+    groups = prometheus.recording_rules()["groups"] + alerts.alert_rules(helm=True)["groups"]
     return with_header(RULES_SOURCE, yaml.safe_dump({"groups": groups}, sort_keys=False, width=10_000,
                                                     allow_unicode=True), "yaml")
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.httpd import Limits
-from ornith_stack.generate import alerts
+from ornith_stack.generate import alertmanager, alerts
 from ornith_stack.generate.core import GeneratedFile, environment, with_header
+from ornith_stack.profiles.model import Slo
 
 TEMPLATE = "monitoring-readme.md.j2"
 SOURCE = (f"src/ornith_stack/templates/{TEMPLATE}, src/ornith_stack/exporter/catalogue.py and "
@@ -34,7 +35,16 @@ def readme() -> str:
         acceptance_fraction=alerts.ACCEPTANCE_FRACTION,
         min_verify_steps=alerts.MIN_VERIFY_STEPS_PER_S,
         runbook_dir="runbooks",
+        receiver=alertmanager.RECEIVER, warning_receiver=alertmanager.WARNING,
+        heartbeat_receiver=alertmanager.HEARTBEAT, webhook_env=alertmanager.WEBHOOK_ENV,
+        warning_env=alertmanager.WARNING_WEBHOOK_ENV, heartbeat_env=alertmanager.HEARTBEAT_ENV,
+        runbook_key=alerts.RUNBOOK_URL_KEY, runbook_base=alerts.runbook_base(), slo=Slo(),
+        burn_windows=alerts.BURN_WINDOWS, page_burns=alerts.burns_text(alerts.PAGE_BURNS),
+        ticket_burns=alerts.burns_text(alerts.TICKET_BURNS), planned_restart=alerts.PLANNED_RESTART,
+        start_budget=alerts.START_BUDGET, acceptance_own=alerts.ACCEPTANCE_OWN_FRACTION,
+        acceptance_window=alerts.ACCEPTANCE_OWN_WINDOW, acceptance_floor=alerts.ACCEPTANCE_FLOOR,
     )
+
 
 
 def files(root: Path) -> Iterator[GeneratedFile]:

@@ -97,6 +97,8 @@ def recording_rules() -> dict[str, Any]:
     return {"groups": [
         {"name": "ornith-recording", "rules": rules},
         {"name": "ornith-profile-thresholds", "rules": A.threshold_rules()},
+        # After the thresholds: a group's rules see the earlier rules' results of the same evaluation.
+        {"name": "ornith-slo", "rules": A.recording_rules()},
     ]}
 
 

@@ -147,6 +147,22 @@ class Expected(Strict):
     weights_gib: float | None = Field(default=None, gt=0)
 
 
+class Slo(Strict):
+    """The service level the alerts defend (Google SRE workbook: multi-window, multi-burn-rate alerts on
+    the error budget, 1 - target, over 30 days). The defaults apply to every profile that sets none."""
+
+    availability: float = Field(
+        default=0.99, gt=0, lt=1,
+        description="Share of requests that must succeed: not a 5xx at the gateway, not an error or abort "
+        "at the engine.")
+    ttft_seconds: float = Field(
+        default=10.0, gt=0,
+        description="A request whose first token comes within this many seconds is a good event; a bucket "
+        "bound of the engine's TTFT histogram (`ornith-stack render` says which).")
+    ttft_target: float = Field(
+        default=0.95, gt=0, lt=1, description="Share of requests that must be good events for TTFT.")
+
+
 class Profile(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     description: str
@@ -157,6 +173,7 @@ class Profile(Strict):
     draft: ModelRef | None = None
     serve: Serve
     expected: Expected | None = None
+    slo: Slo = Field(default_factory=Slo)
 
     @model_validator(mode="after")
     def _typed_engine_args(self) -> Profile:

@@ -1,0 +1,221 @@
+"""The outages of issue 33 as promtool cases: each pages once, at its severity, by a stated minute; a
+planned restart and a traffic lull page nobody.
+
+A scenario is minute-by-minute input series (what the exporter, the engines and the gateway would
+expose), the alert that must be the one page (or ticket) by `by` minutes, the alerts that fire beside it
+and that Alertmanager inhibits (tests check the inhibitions cover them), and minutes at which nothing of
+severity critical or warning fires. Checks read Prometheus' ALERTS series, so they assert which alerts
+fire, at which severity and with which labels, and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Values = list[float | None]  # one value a minute; None: no sample (the target is not scraped)
+HISTORY = 180  # minutes of steady acceptance before a decay
+PAGING = 'ALERTS{alertstate="firing", severity=~"critical|warning"}'
+
+
+@dataclass(frozen=True)
+class Fired:
+    alert: str
+    severity: str
+    labels: dict[str, str]
+
+    def sample(self) -> dict[str, Any]:
+        labels = {"alertname": self.alert, "alertstate": "firing", **self.labels, "severity": self.severity}
+        return {"labels": "ALERTS{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}", "value": 1}
+
+
+@dataclass(frozen=True)
+class Outage:
+    name: str
+    series: dict[str, Values]
+    page: Fired | None  # None: nothing may page (a planned restart, a lull)
+    by: int  # minutes: the page fires by then ...
+    quiet: tuple[int, ...]  # ... and nothing critical or warning fires at these minutes
+    inhibited: tuple[Fired, ...] = ()  # firing beside the page at `late`, inhibited by Alertmanager
+    late: int | None = None
+    beside: tuple[Fired, ...] = ()  # firing beside the page already at `by`, inhibited by Alertmanager
+
+    def test(self) -> dict[str, Any]:
+        length = max(len(v) for v in self.series.values())
+        checks = [{"expr": PAGING, "eval_time": f"{m}m", "exp_samples": []} for m in self.quiet]
+        if self.page:
+            checks.append({"expr": PAGING, "eval_time": f"{self.by}m",
+                           "exp_samples": [f.sample() for f in (self.page, *self.beside)]})
+        if self.late is not None:
+            fired = [f for f in (self.page, *self.inhibited) if f]
+            checks.append({"expr": PAGING, "eval_time": f"{self.late}m", "exp_samples": [f.sample() for f in fired]})
+        assert all(int(c["eval_time"][:-1]) < length for c in checks), f"{self.name}: a check past the input"
+        return {"name": self.name, "interval": "1m",
+                "input_series": [{"series": s, "values": _values(v)} for s, v in self.series.items()],
+                "promql_expr_test": checks}
+
+
+def _values(values: Values) -> str:
+    return " ".join("_" if v is None else f"{v:g}" for v in values)
+
+
+def counter(per_s: Sequence[float]) -> Values:
+    """A counter's value each minute from its rate (per second) during each minute."""
+    total, out = 0.0, [0.0]
+    for rate in per_s:
+        total += rate * 60
+        out.append(round(total, 3))
+    return out
+
+
+def steady(value: float, minutes: int) -> Values:
+    return [value] * minutes
+
+
+def then(*parts: tuple[float, int]) -> list[float]:
+    """(value, minutes), ...: a piecewise-constant sequence."""
+    return [value for value, minutes in parts for _ in range(minutes)]
+
+
+def gauge(*parts: tuple[float | None, int]) -> Values:
+    return [value for value, minutes in parts for _ in range(minutes)]
+
+
+GPU96 = 'profile="gpu96"'
+GATEWAY = f'job="gateway", instance="gateway:29000", target="http://gateway:29000", {GPU96}'
+REPLICAS = ("http://replica-0:30000", "http://replica-1:30000")
+
+
+def _engines_up(profile: str, targets: Sequence[str], values: Values) -> dict[str, Values]:
+    return {f'ornith_engine_up{{target="{t}", profile="{profile}"}}': values for t in targets}
+
+
+def _gateway(ok_per_s: list[float], failed_per_s: list[float], health: Values, up: Values) -> dict[str, Values]:
+    series = {f'up{{{GATEWAY}}}': up,
+              f'smg_http_responses_total{{{GATEWAY}, status_code="200", error_code=""}}': counter(ok_per_s),
+              f'smg_http_responses_total{{{GATEWAY}, status_code="503", error_code=""}}': counter(failed_per_s)}
+    for replica in REPLICAS:
+        series[f'smg_worker_health{{{GATEWAY}, worker="{replica}"}}'] = health
+    return series
+
+
+def gateway_down() -> Outage:
+    # Up for an hour, then gone: its own series stop (Prometheus cannot scrape it), the engines are fine.
+    scraped: Values = gauge((1, 61), (None, 60))
+    series = {**_engines_up("gpu96", REPLICAS, steady(1, 121)),
+              f'up{{{GATEWAY}}}': gauge((1, 61), (0, 60)),
+              f'smg_http_responses_total{{{GATEWAY}, status_code="200", error_code=""}}':
+                  counter(then((10, 60)))[:61] + [None] * 60}
+    series.update({f'smg_worker_health{{{GATEWAY}, worker="{r}"}}': scraped for r in REPLICAS})
+    return Outage("the gateway down, engines fine", series,
+                  Fired("OrnithGatewayDown", "critical", dict(_labels(GATEWAY))), by=67, quiet=(30, 60, 64))
+
+
+def workers_unhealthy() -> Outage:
+    # The gateway answers, its health checks fail every worker after an hour: every request a 503.
+    series = {**_engines_up("gpu96", REPLICAS, steady(1, 121)),
+              **_gateway(then((10, 60), (0, 60)), then((0, 60), (10, 60)), gauge((1, 61), (0, 60)),
+                         steady(1, 121))}
+    burn = {"profile": "gpu96", "slo": "gateway"}
+    fast = Fired("OrnithErrorBudgetBurn", "critical", burn)
+    return Outage("every worker unhealthy at the gateway, engines fine", series,
+                  Fired("OrnithNoReadyReplicas", "critical", {"profile": "gpu96"}), by=70, quiet=(30, 60, 64),
+                  beside=(fast,), inhibited=(fast, Fired("OrnithErrorBudgetBurnSlow", "warning", burn)), late=90)
+
+
+def gateway_5xx() -> Outage:
+    # Workers healthy, engines fine, the gateway answers 500 to everything after an hour.
+    series = {**_engines_up("gpu96", REPLICAS, steady(1, 181)),
+              **_gateway(then((10, 60), (0, 120)), then((0, 60), (10, 120)), steady(1, 181), steady(1, 181))}
+    burn = {"profile": "gpu96", "slo": "gateway"}
+    return Outage("100% 5xx at the gateway, workers healthy, engines fine", series,
+                  Fired("OrnithErrorBudgetBurn", "critical", burn), by=75, quiet=(30, 60, 65),
+                  inhibited=(Fired("OrnithErrorBudgetBurnSlow", "warning", burn),), late=150)
+
+
+def engine_errors() -> Outage:
+    # vLLM (spark) finishing every request with finished_reason="error", 10/s for an hour, no canary.
+    engine = 'job="engine", target="http://spark:8000", profile="spark", model_name="ornith"'
+    series = {**_engines_up("spark", ("http://spark:8000",), steady(1, 121)),
+              f'vllm:request_success_total{{{engine}, finished_reason="stop"}}': counter(then((10, 60), (0, 60))),
+              f'vllm:request_success_total{{{engine}, finished_reason="error"}}': counter(then((0, 60), (10, 60)))}
+    return Outage("every request failing at the engine (10/s finished_reason=error), no canary", series,
+                  Fired("OrnithErrorBudgetBurn", "critical", {"profile": "spark", "slo": "engine"}), by=75,
+                  quiet=(30, 60, 65))
+
+
+def _refusing(up: Values) -> dict[str, Values]:
+    target = 'target="http://engine:30000", profile="a100x2"'
+    refused = counter([4 / 60 if v == 0 else 0 for v in up[1:]])  # the exporter's scrapes, 15 s apart
+    return {**_engines_up("a100x2", ("http://engine:30000",), up),
+            f'ornith_exporter_scrape_errors_total{{{target}, reason="connect"}}': refused}
+
+
+def engine_refusing() -> Outage:
+    # The single compose engine: up for an hour, then refusing connections (info OrnithEngineStarting).
+    return Outage("the single compose engine refusing connections", _refusing(gauge((1, 61), (0, 60))),
+                  Fired("OrnithNoReadyReplicas", "critical", {"profile": "a100x2"}), by=67, quiet=(30, 60, 64),
+                  inhibited=(Fired("OrnithEngineDownLong", "critical",
+                                   {"target": "http://engine:30000", "profile": "a100x2"}),), late=90)
+
+
+def planned_restart_in_a_lull() -> Outage:
+    # A planned restart of the single engine (3 minutes refusing connections) while nobody sends requests:
+    # counters flat, so every SLO share is empty, and the outage is shorter than a page's wait.
+    engine = 'job="engine", target="http://engine:30000", profile="a100x2", model_name="ornith"'
+    series = {**_refusing(gauge((1, 61), (0, 3), (1, 116))),
+              f'sglang:num_requests_total{{{engine}}}': steady(500, 180),
+              'ornith_time_to_first_token_seconds_count{target="http://engine:30000", profile="a100x2"}':
+                  steady(500, 180)}
+    return Outage("a planned 3-minute restart in a traffic lull", series, None, by=0,
+                  quiet=(30, 61, 62, 63, 64, 65, 66, 70, 90, 120, 179))
+
+
+def _acceptance(profile: str, levels: list[float]) -> dict[str, Values]:
+    """A replica's spec counters: 10 verification steps a second at acceptance `levels` (one a minute)."""
+    labels = f'target="http://{profile}:30000", profile="{profile}", engine="sglang", model="m"'
+    return {f"ornith_spec_verify_steps_total{{{labels}}}": counter([10.0] * len(levels)),
+            f"ornith_spec_accepted_tokens_total{{{labels}}}": counter([10 * (a - 1) for a in levels])}
+
+
+def acceptance_decay(start: float) -> Outage:
+    # Three hours at `start` (the replica's median over its last day is the level it held most of it: a
+    # day of history adds nothing but promtool time), then a linear decay of 30% over 2 hours (a100x2
+    # publishes 6.1: from 6.1 the published floor, 3.66, is never reached).
+    decay = [start * (1 - 0.3 * m / 120) for m in range(1, 121)]
+    levels = [start] * HISTORY + decay + [decay[-1]] * 10
+    labels = {"target": "http://a100x2:30000", "profile": "a100x2", "engine": "sglang", "model": "m"}
+    return Outage(f"acceptance decaying 30% over 2 hours from {start:g}", _acceptance("a100x2", levels),
+                  Fired("OrnithSpecAcceptanceLow", "warning", labels), by=HISTORY + 100,
+                  quiet=(HISTORY, HISTORY + 60, HISTORY + 95))
+
+
+def acceptance_collapse_unpublished() -> Outage:
+    # gb300x2 publishes no acceptance: a collapse to 1.2 tokens/step for 2 hours.
+    labels = {"target": "http://gb300x2:30000", "profile": "gb300x2", "engine": "sglang", "model": "m"}
+    return Outage("gb300x2 (no published figure) collapsed to 1.2 tokens/step", _acceptance("gb300x2", [1.2] * 121),
+                  Fired("OrnithSpecAcceptanceLow", "warning", labels), by=20, quiet=(10,))
+
+
+def exporter_gone_from_discovery(namespace: str) -> Outage:
+    # Kubernetes: the exporter's pods and Service deleted; its target, and its `up`, vanish.
+    exporter = f'job="ornith-exporter", namespace="{namespace}", instance="10.0.0.7:9400"'
+    series = {f"up{{{exporter}}}": gauge((1, 31), (None, 30)),
+              **_engines_up("gpu96", REPLICAS, gauge((1, 31), (None, 30)))}
+    return Outage("the exporter gone from service discovery (Kubernetes)", series,
+                  Fired("OrnithExporterAbsent", "critical", {"job": "ornith-exporter", "namespace": namespace}),
+                  by=45, quiet=(30, 35))
+
+
+def _labels(text: str) -> list[tuple[str, str]]:
+    return [(k.strip(), v.strip().strip('"')) for k, v in (part.split("=", 1) for part in text.split(", "))]
+
+
+COMPOSE: tuple[Callable[[], Outage], ...] = (
+    gateway_down, workers_unhealthy, gateway_5xx, engine_errors, engine_refusing, planned_restart_in_a_lull,
+    lambda: acceptance_decay(6.1), lambda: acceptance_decay(5.0), acceptance_collapse_unpublished)
+
+
+def promtool_file(outages: Sequence[Outage], rule_files: Sequence[str]) -> dict[str, Any]:
+    return {"rule_files": list(rule_files), "evaluation_interval": "1m", "tests": [o.test() for o in outages]}
