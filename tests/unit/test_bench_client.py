@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -27,13 +27,13 @@ class FakeClock:
 CLOCK = FakeClock()
 
 
-class Paced(httpx.SyncByteStream):
+class Paced(httpx.AsyncByteStream):
     """A response body that arrives line by line, GAP seconds apart, like a decoding engine."""
 
     def __init__(self, lines: list[str], gap: float = GAP) -> None:
         self.lines, self.gap = lines, gap
 
-    def __iter__(self) -> Iterator[bytes]:
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         for line in self.lines:
             CLOCK.now += self.gap
             yield line.encode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -87,13 +88,13 @@ class FakeEngine:
         return httpx.Response(200, stream=_Paced(lines))
 
 
-class _Paced(httpx.SyncByteStream):
+class _Paced(httpx.AsyncByteStream):
     def __init__(self, lines: list[str]) -> None:
         self.lines = lines
 
-    def __iter__(self):
+    async def __aiter__(self):
         for line in self.lines:
-            time.sleep(0.002)
+            await asyncio.sleep(0.002)
             yield line.encode()
 
 
