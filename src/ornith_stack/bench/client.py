@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from ornith_stack.bench import http
 from ornith_stack.bench.result import Extra, Sample, TaskSample
 from ornith_stack.deployment import METRICS_PATH
 from ornith_stack.engines.exposition import Samples, parse
@@ -122,11 +123,15 @@ class Expired(Exception):
 
 
 T = TypeVar("T")
+# A request that failed: the HTTP layer's errors, an answer that is not what was asked for, the deadline.
+_EXPIRED_OR_HTTP: tuple[type[Exception], ...] = (*http.HTTP_ERRORS, Expired)
+_FAILED: tuple[type[Exception], ...] = (*_EXPIRED_OR_HTTP, BadStream)
+_FAILED_OR_VALUE: tuple[type[Exception], ...] = (*_FAILED, ValueError)
 
 
 class EngineClient:
-    """Talks to one OpenAI-compatible endpoint through one asynchronous HTTP client (httpx's AsyncClient on
-    an event loop this object owns, as vLLM's and SGLang's bench clients use aiohttp): every request of a
+    """Talks to one OpenAI-compatible endpoint through one asynchronous HTTP client (aiohttp, as vLLM's and
+    SGLang's bench clients, on an event loop this object owns; http.py says why): every request of a
     load level is a task on that loop, so a thousand streams cost no thread each and start when their slot
     frees, not when a thread gets the GIL. Network failures become one-line UserErrors; the synchronous
     methods run one request on the loop, `run` runs a whole coroutine (serving.run_load)."""
@@ -146,15 +151,12 @@ class EngineClient:
         self.stop = stop or threading.Event()
         self.deadline_s = timeout_s  # total time one request may take, first byte to last
         self.count_tokens = count_tokens
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         # One loop for the client's life: the connection pool belongs to the loop it first ran on. Its
         # SIGINT handling cancels the running coroutine, which keeps the samples gathered so far.
         self._loop = asyncio.Runner()
         # The total deadline is asyncio.timeout around each request (headers included, however slowly the
-        # bytes come); httpx's own timeouts bound each read and the wait for a pooled connection.
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits,
-                                       transport=transport,
-                                       headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
+        # bytes come); the HTTP layer's own timeouts bound each read and the connect (http.py).
+        self._http = http.layer(transport, connections, api_key, timeout_s)
 
     def close(self) -> None:
         # A KeyboardInterrupt raised inside a request leaves the tasks that waited on it pending; cancelled
@@ -162,7 +164,7 @@ class EngineClient:
         for task in asyncio.all_tasks(self._loop.get_loop()):
             task.cancel()
         try:
-            self._loop.run(self._http.aclose())
+            self._loop.run(self._http.close())
         finally:
             self._loop.close()
 
@@ -202,7 +204,7 @@ class EngineClient:
             try:
                 status, text = self.run(self._get(path, _MAX_JSON))
                 payload = json.loads(text) if status == 200 else None
-            except (httpx.HTTPError, BadStream, Expired, ValueError):
+            except _FAILED_OR_VALUE:
                 continue
             found = _find_key(payload, "max_total_num_tokens")
             if isinstance(found, int) and found > 0:
@@ -216,7 +218,7 @@ class EngineClient:
             try:
                 if self.run(self._send("POST", path, _ERROR_BYTES, cut=True))[0] == 200:
                     return path
-            except (httpx.HTTPError, BadStream, Expired):
+            except _FAILED:
                 continue
         return None
 
@@ -224,7 +226,7 @@ class EngineClient:
         """A parsed /metrics scrape, or None when the engine exports none (SGLang without the flag)."""
         try:
             status, text = self.run(self._get(METRICS_PATH, _MAX_METRICS))
-        except (httpx.HTTPError, BadStream, Expired):
+        except _FAILED:
             return None
         if status != 200:
             return None
@@ -277,14 +279,14 @@ class EngineClient:
         parts: list[str] = []
         thoughts: list[str] = []
         try:
-            async with asyncio.timeout(self.deadline_s), self._http.stream(
+            async with asyncio.timeout(self.deadline_s), self._http.open(
                     "POST", self.url + "/v1/chat/completions", json=body) as response:
-                if response.status_code != 200:
+                if response.status != 200:
                     text = await _read(response, _ERROR_BYTES, cut=True)
-                    sample.error = f"HTTP {response.status_code}: {_short(text)}"
+                    sample.error = f"HTTP {response.status}: {_short(text)}"
                     return sample
                 events = _Events()
-                async for piece in response.aiter_raw():
+                async for piece in response.pieces:
                     if self.stop.is_set():
                         raise Stopped
                     for chunk in events.feed(piece):
@@ -308,7 +310,7 @@ class EngineClient:
             sample.error = "interrupted"
         except TimeoutError:
             sample.error = self._expired_message()
-        except httpx.HTTPError as exc:
+        except http.HTTP_ERRORS as exc:
             sample.error = self._failure(exc)
         except BadStream as exc:
             sample.error = f"not an OpenAI chat completion stream: {exc}"
@@ -349,7 +351,7 @@ class EngineClient:
             sample.error = "interrupted"
         except Expired:
             sample.error = self._expired_message()
-        except httpx.HTTPError as exc:
+        except http.HTTP_ERRORS as exc:
             sample.error = self._failure(exc)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
             sample.error = f"not an OpenAI chat completion: {type(exc).__name__}: {exc}"
@@ -360,38 +362,36 @@ class EngineClient:
     def _expired_message(self) -> str:
         return f"no whole answer within the {self.deadline_s:g} s deadline (--timeout)"
 
-    def _failure(self, exc: httpx.HTTPError) -> str:
-        """A request's failure in one line; reads and writes cut by httpx's own timeouts say so."""
-        if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
-            return self._expired_message()
-        return f"{type(exc).__name__}: {exc or 'no detail'}"
+    def _failure(self, exc: BaseException) -> str:
+        """A request's failure in one line; reads and writes cut by the layer's own timeouts say so."""
+        return self._expired_message() if http.timed_out(exc) else http.describe(exc)
 
     async def _get(self, path: str, limit: int) -> tuple[int, str]:
         """GET `path`: (status, body), within the total deadline (--timeout) however slowly the body comes,
-        and refused past `limit` bytes. Raises httpx.HTTPError, BadStream or Expired."""
+        and refused past `limit` bytes. Raises one of http.HTTP_ERRORS, BadStream or Expired."""
         return await self._send("GET", path, limit)
 
     async def _send(self, method: str, path: str, limit: int, cut: bool = False,
                     **request: Any) -> tuple[int, str]:
         """(status, body) of one request, within the total deadline however slowly the answer comes (its
-        headers included), and refused past `limit` bytes (`cut`: cut there). Raises httpx.HTTPError,
+        headers included), and refused past `limit` bytes (`cut`: cut there). Raises one of http.HTTP_ERRORS,
         BadStream, Stopped or Expired."""
         try:
-            async with asyncio.timeout(self.deadline_s), self._http.stream(method, self.url + path,
-                                                                            **request) as response:
-                return response.status_code, await _read(response, limit, cut=cut, stop=self.stop)
+            async with asyncio.timeout(self.deadline_s), self._http.open(method, self.url + path,
+                                                                          **request) as response:
+                return response.status, await _read(response, limit, cut=cut, stop=self.stop)
         except TimeoutError:
             raise Expired from None
 
     async def _get_json(self, path: str) -> Any:
         try:
             status, text = await self._get(path, _MAX_JSON)
-        except (Expired, httpx.ReadTimeout, httpx.WriteTimeout, httpx.RemoteProtocolError) as exc:
-            # Past the deadline, or not HTTP (h11 refuses a status line and headers past 100 KiB).
+        except http.UNREACHABLE as exc:
+            raise UserError(f"cannot reach {self.url}{path}: {exc or type(exc).__name__}; is the engine up?") from None
+        except _EXPIRED_OR_HTTP as exc:
+            # Past the deadline, or not HTTP (the parsers refuse over-long status and header lines).
             why = self._expired_message() if isinstance(exc, Expired) else self._failure(exc)
             raise UserError(f"{self.url}{path}: {why}; is this an OpenAI-compatible engine?") from None
-        except httpx.HTTPError as exc:
-            raise UserError(f"cannot reach {self.url}{path}: {exc or type(exc).__name__}; is the engine up?") from None
         except BadStream as exc:
             raise UserError(f"{self.url}{path}: {exc}; is this an OpenAI-compatible engine?") from None
         if status != 200:
@@ -403,11 +403,11 @@ class EngineClient:
             raise UserError(f"{self.url}{path} did not answer JSON: {_short(text)}") from None
 
 
-async def _read(response: httpx.Response, limit: int, cut: bool = False,
+async def _read(response: http.Answer, limit: int, cut: bool = False,
                 stop: threading.Event | None = None) -> str:
     """The body as text; past `limit` bytes it is cut there (`cut`, an error page) or refused (BadStream)."""
     body = bytearray()
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.pieces:
         if stop is not None and stop.is_set():
             raise Stopped
         body += chunk
