@@ -69,7 +69,7 @@ class HttpxLayer:
     @contextlib.asynccontextmanager
     async def open(self, method: str, url: str, json: Any = None) -> AsyncIterator[Answer]:
         async with self.client.stream(method, url, json=json) as response:
-            yield Answer(response.status_code, response.aiter_raw())
+            yield Answer(response.status_code, response.aiter_bytes())
 
     async def close(self) -> None:
         await self.client.aclose()
