@@ -11,7 +11,9 @@ last token at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import time
 
 FIRST_S = 0.040
@@ -87,6 +89,10 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
 
 
 async def _main() -> None:
+    # Its timing is the truth the clients are checked against: ahead of other work on a busy machine where the
+    # system allows it (root, or CAP_SYS_NICE), else at normal priority.
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, -10)
     server = await asyncio.start_server(_serve, "127.0.0.1", 0, backlog=1024)
     print(f"port {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
