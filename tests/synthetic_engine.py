@@ -6,7 +6,8 @@ N x T / ((N / C) x (FIRST_S + (T - 1) x STEP_S)).
 
 `python tests/synthetic_engine.py` prints `port N` once it listens on 127.0.0.1, then serves until killed.
 HTTP/1.1 with keep-alive, the stream sent chunked, as vLLM's server does; the usage chunk and [DONE] follow the
-last token at once."""
+last token at once. GET /stats says how late it wrote its tokens against that schedule (on a machine too busy to
+run it on time the truth does not hold, whatever the clients measure)."""
 
 from __future__ import annotations
 
@@ -38,14 +39,24 @@ def _token(first: bool, last: bool) -> bytes:
                    "choices": [{"index": 0, "delta": delta, "finish_reason": "length" if last else None}]})
 
 
+# The three token chunks, made once: the engine's own CPU per token stays a write.
+_FIRST, _NEXT, _LAST = _token(True, False), _token(False, False), _token(False, True)
+# How late the engine wrote its tokens against the schedule: if it was late, the truth did not hold (GET /stats).
+LATE = {"tokens": 0, "late_over_2ms": 0, "max_late_ms": 0.0}
+
+
 async def _stream(writer: asyncio.StreamWriter, body: dict, start: float) -> None:
     tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
     for i in range(tokens):
-        wait = start + FIRST_S + i * STEP_S - time.monotonic()
-        if wait > 0:
+        due = start + FIRST_S + i * STEP_S
+        if (wait := due - time.monotonic()) > 0:
             await asyncio.sleep(wait)
-        writer.write(_token(i == 0, i == tokens - 1))
+        writer.write(_FIRST if i == 0 else _LAST if i == tokens - 1 else _NEXT)
+        late = 1000 * (time.monotonic() - due)
+        LATE["tokens"] += 1
+        LATE["late_over_2ms"] += late > 2
+        LATE["max_late_ms"] = max(LATE["max_late_ms"], round(late, 1))
     usage = {"prompt_tokens": len(json.dumps(body.get("messages", ""))) // 4, "completion_tokens": tokens,
              "total_tokens": tokens}
     writer.write(_chunk({"id": "s", "object": "chat.completion.chunk", "model": MODEL, "choices": [],
@@ -76,6 +87,8 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             start = time.monotonic()
             if method == "POST" and path.endswith("/chat/completions"):
                 await _stream(writer, json.loads(raw), start)
+            elif path == "/stats":
+                _json(writer, "200 OK", LATE)
             elif path == "/v1/models":
                 _json(writer, "200 OK", {"object": "list", "data": [{"id": MODEL, "object": "model",
                                                                      "max_model_len": 1 << 20}]})

@@ -311,6 +311,17 @@ def test_serving_metrics_agree_with_vllm_bench_serve(request: pytest.FixtureRequ
 # truth and of vLLM's runs in output tok/s, within 3% in median TPOT, and its median TTFT no worse than vLLM's.
 SYNTHETIC = {"num_prompts": 384, "input_len": 32, "output_len": 128}
 SYNTHETIC_CONCURRENCY = 64
+_PRIORITY = 10
+
+
+def _raise_priority(*pids: int, by: int = _PRIORITY) -> int:
+    """Lower the nice value of `pids` by `by` (negative: raise it back); 0 where the system refuses."""
+    try:
+        for pid in pids:
+            os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, pid) - by)
+    except OSError:
+        return 0
+    return by
 
 
 def test_serving_figures_match_the_truth_and_vllm_bench_serve_on_an_engine_of_known_timing(
@@ -326,6 +337,10 @@ def test_serving_figures_match_the_truth_and_vllm_bench_serve_on_an_engine_of_kn
         url = f"http://127.0.0.1:{engine.stdout.readline().split()[1]}"
         peer = PeerBench(url, synthetic_engine.MODEL, tokenizer, tmp_path, w)
         ours, theirs = [], []
+        # Both clients (this process runs ours) ahead of unrelated work, as the engine is, where the system allows:
+        # on a 2-core machine at load 9 both tools read the streams up to 0.5 s late and measured 3,000-4,000
+        # tok/s. Equal for both tools, so the comparison stays fair.
+        raised = _raise_priority(os.getpid(), peer.proc.pid)
         try:
             for n, who in enumerate(("ours", "theirs", "theirs", "ours")):
                 if who == "ours":
@@ -334,6 +349,8 @@ def test_serving_figures_match_the_truth_and_vllm_bench_serve_on_an_engine_of_kn
                     theirs.append(peer.run(level, w["num_prompts"]))
         finally:
             peer.close()
+            _raise_priority(os.getpid(), by=-raised)
+        late = httpx.get(f"{url}/stats").json()
     finally:
         engine.kill()
         engine.wait()
@@ -343,11 +360,16 @@ def test_serving_figures_match_the_truth_and_vllm_bench_serve_on_an_engine_of_kn
                "median TPOT ms": ([r["tpot_ms"]["median"] for r in ours], [p["median_tpot_ms"] for p in theirs])}
     cpu = [r["client_cpu_s_per_1k_tokens"] for r in ours]
     print(f"\nsynthetic engine ({time.monotonic() - started:.0f} s), concurrency {level}, truth {truth:,.0f} tok/s, "
-          f"TPOT {1000 * synthetic_engine.STEP_S:g} ms; ornith-stack client CPU s per 1k tokens: "
+          f"TPOT {1000 * synthetic_engine.STEP_S:g} ms; clients' priority raised by {raised}; "
+          "ornith-stack client CPU s per 1k tokens: "
           + ", ".join(f"{c:.3f}" for c in cpu))
+    print(f"  the engine wrote {late['late_over_2ms']} of {late['tokens']} tokens more than 2 ms late "
+          f"(the latest {late['max_late_ms']} ms)")
     for name, (mine, peers) in figures.items():
         print(f"  {name:>15}: ornith-stack {', '.join(f'{v:,.1f}' for v in mine)}; "
               f"vllm bench serve {', '.join(f'{v:,.1f}' for v in peers)}")
+    # The truth holds only if the engine kept its schedule: else the machine, not a client, is what failed.
+    assert late["late_over_2ms"] <= late["tokens"] // 100, f"the synthetic engine ran late (machine too busy): {late}"
     theirs_rate = statistics.fmean(figures["output tok/s"][1])
     theirs_tpot = statistics.fmean(figures["median TPOT ms"][1])
     for rate, ttft, tpot in zip(*(figures[k][0] for k in figures), strict=True):
