@@ -526,3 +526,36 @@ def test_an_unknown_task_order_is_one_error_line(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err == "error: --task-order 'random': choose from server, shuffled"
     assert not (tmp_path / "out").exists()
+
+
+class _FixedPromptTokens(FakeEngine):
+    """An engine (or a proxy in front of one) whose usage.prompt_tokens is the same whatever the prompt."""
+
+    def chat(self, body: dict) -> httpx.Response:
+        return super().chat(body | {"messages": [{"role": "user", "content": "x"}]})
+
+
+def test_an_engine_whose_prompt_tokens_do_not_grow_is_one_clear_error() -> None:
+    from ornith_stack.errors import UserError
+
+    with pytest.raises(UserError, match=r"prompt_tokens 13 for a prompt of 100 words and 13 for one of 400.*--dataset-path"):
+        run_bench(_config(suites=("serving",), random_input_len=64, random_output_len=8, num_prompts=2, repeats=1,
+                          max_concurrency=(1,)), None, transport=httpx.MockTransport(_FixedPromptTokens()))
+
+
+def test_each_level_warms_up_a_full_round_and_empties_the_cache_before_each_run(tmp_path: Path) -> None:
+    """Concurrency 3: three warm-up requests (every batch size the level runs), then the prefix cache emptied before
+    each recorded run, not once per level (the warm-up sent the same prompts); each run has the client's CPU time."""
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text("".join(f'{{"prompt": "p{i}"}}\n' for i in range(5)))
+    engine = FakeEngine()
+    result = run_bench(_config(suites=("serving",), dataset_path=dataset, random_output_len=8, num_prompts=5,
+                               max_concurrency=(3,), repeats=2, warmup=1), None, transport=httpx.MockTransport(engine))
+    # Chat requests before each flush: the bench's warm-up (1), the level's (3 more), the first run (5 more).
+    assert [n for path, n in engine.flushes if path == engine.flush_path] == [1, 4, 9]
+    assert engine.requests == 1 + 3 + 5 + 5
+    serving = result.suites.serving
+    assert serving is not None
+    runs = serving.levels[0].runs
+    assert all(r.client_cpu_s and r.client_cpu_s > 0 and r.client_cpu_s_per_1k_tokens for r in runs)
+    assert "client CPU s/1k tok" in write_outputs(result, tmp_path / "out")["markdown"].read_text()
