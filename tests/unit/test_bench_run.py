@@ -334,7 +334,10 @@ class _Recording(FakeEngine):
 
 def test_serving_sends_the_dataset_prompts_in_order_as_vllm_bench_serves_a_custom_dataset(tmp_path: Path) -> None:
     dataset = tmp_path / "prompts.jsonl"
-    dataset.write_text('{"prompt": "first"}\n\n{"prompt": "second", "output_tokens": 12}\n')
+    # The second line as SGLang's bench_serving custom dataset writes it: the first turn is the user message.
+    sglang_line = {"conversations": [{"role": "user", "content": "second"}, {"role": "assistant", "content": "ok"}],
+                   "output_tokens": 12}
+    dataset.write_text('{"prompt": "first"}\n\n' + json.dumps(sglang_line) + "\n")
     engine = _Recording()
     result = run_bench(_config(suites=("serving",), dataset_path=dataset, random_output_len=8, num_prompts=5,
                                max_concurrency=(1,), repeats=2, warmup=1),
