@@ -10,7 +10,7 @@ same texts: `ours-C.jsonl` (vllm bench serve's custom dataset: `prompt`, `output
 (ShareGPT's `conversations`, which bench_serving's sharegpt dataset reads; it shuffles them, so the same set goes out
 in another order; --sharegpt-output-len fixes the output length). Both send them as the user message of a chat
 request (ours: /v1/chat/completions; theirs: --backend sglang-oai-chat), the engine applies the chat template for both.
-Each run: the prefix cache emptied first (ours: itself, before each recorded run; theirs: --flush-cache), then
+Each run: the prefix cache emptied first (ours: itself, before each recorded run; theirs: POST /flush_cache), then
 warm-up (ours: one full round of c requests, --warmup 1; theirs: --warmup-requests c), then the recorded run.
 
 Writes to OUT: engine.log, health.txt, launch.json, prompts, every run's output (ours-C-N/ with bench.json, bench.md
@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -119,8 +120,9 @@ def theirs(base: str, model: str, tokenizer: str, out: Path, level: int, n: int)
            "--model", model, "--tokenizer", tokenizer, "--dataset-name", "sharegpt",
            "--dataset-path", str(out / f"sglang-{level}.json"), "--num-prompts", str(PROMPTS_PER_LEVEL[level]),
            "--sharegpt-output-len", str(OUTPUT_TOKENS), "--max-concurrency", str(level), "--request-rate", "inf",
-           "--warmup-requests", str(level), "--flush-cache", "--seed", "0", "--disable-tqdm",
-           "--output-file", str(result)]
+           "--warmup-requests", str(level), "--seed", "0", "--disable-tqdm", "--output-file", str(result)]
+    # The prefix cache emptied here rather than by bench_serving's own flag, which not every version has.
+    urllib.request.urlopen(urllib.request.Request(f"{base}/flush_cache", method="POST"), timeout=30).close()
     rc, wall, cpu = _run(cmd, out / f"sglang-{level}-{n}.log")
     figures: dict = {"rc": rc, "wall_s": round(wall, 1), "process_cpu_s": round(cpu, 2)}
     try:

@@ -130,7 +130,7 @@ bench_peer() {  # tests/gpu/bench_peer_run.py on GPU 0: one uncapped gpu96 engin
     if [ ! -f "$W/site/.sglang-payload" ] || [ ! -f "$W/models/.done" ]; then log "not staged"; exit 1; fi
     export CUDA_VISIBLE_DEVICES=0
     log "bench_peer_run.py (ours and sglang.bench_serving, A B B A)"
-    timeout "${BENCH_PEER_TIMEOUT_S:-580}" python3 "$REPO/tests/gpu/bench_peer_run.py" "$W/runs/bench-peer" \
+    timeout "${BENCH_PEER_TIMEOUT_S:-590}" python3 "$REPO/tests/gpu/bench_peer_run.py" "$W/runs/bench-peer" \
         --target "$W/models/target" --draft "$W/models/draft" 2>&1 | tee "$W/runs/bench-peer-run.txt"
     local rc=${PIPESTATUS[0]}
     cp "$W/machine.txt" "$W/runs/" 2>/dev/null
