@@ -122,7 +122,10 @@ def theirs(base: str, model: str, tokenizer: str, out: Path, level: int, n: int)
            "--sharegpt-output-len", str(OUTPUT_TOKENS), "--max-concurrency", str(level), "--request-rate", "inf",
            "--warmup-requests", str(level), "--seed", "0", "--disable-tqdm", "--output-file", str(result)]
     # The prefix cache emptied here rather than by bench_serving's own flag, which not every version has.
-    urllib.request.urlopen(urllib.request.Request(f"{base}/flush_cache", method="POST"), timeout=30).close()
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"{base}/flush_cache", method="POST"), timeout=30).close()
+    except OSError as exc:  # the run goes on; its log says the cache was not emptied
+        (out / f"sglang-{level}-{n}.flush.txt").write_text(repr(exc))
     rc, wall, cpu = _run(cmd, out / f"sglang-{level}-{n}.log")
     figures: dict = {"rc": rc, "wall_s": round(wall, 1), "process_cpu_s": round(cpu, 2)}
     try:
