@@ -14,6 +14,8 @@
 #   bash tests/gpu/run_sglang_h200.sh serve uncapped-tp1          # tp 1 without the KV / request caps
 #   bash tests/gpu/run_sglang_h200.sh gateway                     # two gpu96 replicas at half the memory
 #                                                                 # fraction behind the Model Gateway
+#   bash tests/gpu/run_sglang_h200.sh bench-peer                  # ours beside sglang.bench_serving, same
+#                                                                 # prompts, A B B A at 1, 8, 32, 128, 256
 # A staged folder may also hold wheels (sglang-router for `gateway`, math-verify which the CLI imports);
 # they are unpacked into $W/wheels.
 #
@@ -124,9 +126,23 @@ gateway() {  # tests/gpu/gateway_run.py on GPU 0: two replicas, the gateway, the
     return "$rc"
 }
 
+bench_peer() {  # tests/gpu/bench_peer_run.py on GPU 0: one uncapped gpu96 engine, both benches in turn (issue 32)
+    if [ ! -f "$W/site/.sglang-payload" ] || [ ! -f "$W/models/.done" ]; then log "not staged"; exit 1; fi
+    export CUDA_VISIBLE_DEVICES=0
+    log "bench_peer_run.py (ours and sglang.bench_serving, A B B A)"
+    timeout "${BENCH_PEER_TIMEOUT_S:-590}" python3 "$REPO/tests/gpu/bench_peer_run.py" "$W/runs/bench-peer" \
+        --target "$W/models/target" --draft "$W/models/draft" 2>&1 | tee "$W/runs/bench-peer-run.txt"
+    local rc=${PIPESTATUS[0]}
+    cp "$W/machine.txt" "$W/runs/" 2>/dev/null
+    tar -czf "$OUT/results-bench-peer.tar.gz" -C "$W/runs" bench-peer bench-peer-run.txt machine.txt
+    log "bench-peer done: rc=$rc"
+    return "$rc"
+}
+
 case ${1:-} in
     stage) stage "$2" ;;
     serve) serve "$2" ;;
     gateway) gateway ;;
-    *) echo "usage: $0 stage DIR | serve tp1|tp2|uncapped-tp1 | gateway" >&2; exit 2 ;;
+    bench-peer) bench_peer ;;
+    *) echo "usage: $0 stage DIR | serve tp1|tp2|uncapped-tp1 | gateway | bench-peer" >&2; exit 2 ;;
 esac

@@ -175,8 +175,8 @@ for line in sys.stdin:
 class PeerBench:
     """`vllm bench serve` kept running (its import takes longer than a run); `run()` makes one run."""
 
-    def __init__(self, url: str, model: str, tokenizer: Path, out: Path) -> None:
-        w = PEER_WORKLOAD
+    def __init__(self, url: str, model: str, tokenizer: Path, out: Path, workload: dict | None = None) -> None:
+        w = workload or PEER_WORKLOAD
         self.prompts = out / "prompts.jsonl"
         # --skip-chat-template: the line is the user message; the server applies the template, as for ours.
         argv = [sys.executable, "-u", "-c", _VLLM_BENCH, str(self.prompts), str(tokenizer), str(w["num_prompts"]),
@@ -222,9 +222,9 @@ class PeerBench:
         self.log.close()
 
 
-def _ours(url: str, prompts: Path, concurrency: int, n: int, out: Path) -> dict:
+def _ours(url: str, prompts: Path, concurrency: int, n: int, out: Path, output_len: int = PEER_WORKLOAD["output_len"]) -> dict:
     result = _bench(url, out, "--suite", "serving", "--dataset-path", str(prompts), "--random-output-len",
-                    str(PEER_WORKLOAD["output_len"]), "--num-prompts", str(n), "--max-concurrency",
+                    str(output_len), "--num-prompts", str(n), "--max-concurrency",
                     str(concurrency), "--repeats", "1", "--warmup", "1", "--seed", "0")
     level = result["suites"]["serving"]["levels"][0]
     assert level["errors"] == 0
@@ -303,3 +303,76 @@ def test_serving_metrics_agree_with_vllm_bench_serve(request: pytest.FixtureRequ
               + ", ".join(f"{ratio:.3f} ({noise:.3f})" for ratio, noise in values))
     for (level, name), gap in gaps.items():
         assert gap <= PEER_TOLERANCE[name], (level, name, rounds[level, name])
+
+
+# The issue's check of the client itself: an engine whose timing is exactly known (tests/synthetic_engine.py, in its
+# own process: first token 40 ms after the request, then one every 10 ms), 384 requests of 128 tokens at concurrency
+# 64, so the true output rate is 6,253 tok/s. Both tools run A B B A; every run of ours must be within 5% of the
+# truth and of vLLM's runs in output tok/s, within 3% in median TPOT, and its median TTFT no worse than vLLM's.
+SYNTHETIC = {"num_prompts": 384, "input_len": 32, "output_len": 128}
+SYNTHETIC_CONCURRENCY = 64
+_PRIORITY = 10
+
+
+def _raise_priority(*pids: int, by: int = _PRIORITY) -> int:
+    """Lower the nice value of `pids` by `by` (negative: raise it back); 0 where the system refuses."""
+    try:
+        for pid in pids:
+            os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, pid) - by)
+    except OSError:
+        return 0
+    return by
+
+
+def test_serving_figures_match_the_truth_and_vllm_bench_serve_on_an_engine_of_known_timing(
+        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    import synthetic_engine
+
+    tokenizer = request.getfixturevalue("tiny_models").qwen3_moe
+    w, level = SYNTHETIC, SYNTHETIC_CONCURRENCY
+    engine = subprocess.Popen([sys.executable, synthetic_engine.__file__], stdout=subprocess.PIPE, text=True)
+    started = time.monotonic()
+    try:
+        assert engine.stdout is not None
+        url = f"http://127.0.0.1:{engine.stdout.readline().split()[1]}"
+        peer = PeerBench(url, synthetic_engine.MODEL, tokenizer, tmp_path, w)
+        ours, theirs = [], []
+        # Both clients (this process runs ours) ahead of unrelated work, as the engine is, where the system allows:
+        # on a 2-core machine at load 9 both tools read the streams up to 0.5 s late and measured 3,000-4,000
+        # tok/s. Equal for both tools, so the comparison stays fair.
+        raised = _raise_priority(os.getpid(), peer.proc.pid)
+        try:
+            for n, who in enumerate(("ours", "theirs", "theirs", "ours")):
+                if who == "ours":
+                    ours.append(_ours(url, peer.prompts, level, w["num_prompts"], tmp_path / f"ours-{n}", w["output_len"]))
+                else:
+                    theirs.append(peer.run(level, w["num_prompts"]))
+        finally:
+            peer.close()
+            _raise_priority(os.getpid(), by=-raised)
+        late = httpx.get(f"{url}/stats").json()
+    finally:
+        engine.kill()
+        engine.wait()
+    truth = synthetic_engine.truth(w["num_prompts"], w["output_len"], level)
+    figures = {"output tok/s": ([r["output_tok_s"] for r in ours], [p["output_throughput"] for p in theirs]),
+               "median TTFT ms": ([r["ttft_ms"]["median"] for r in ours], [p["median_ttft_ms"] for p in theirs]),
+               "median TPOT ms": ([r["tpot_ms"]["median"] for r in ours], [p["median_tpot_ms"] for p in theirs])}
+    cpu = [r["client_cpu_s_per_1k_tokens"] for r in ours]
+    print(f"\nsynthetic engine ({time.monotonic() - started:.0f} s), concurrency {level}, truth {truth:,.0f} tok/s, "
+          f"TPOT {1000 * synthetic_engine.STEP_S:g} ms; clients' priority raised by {raised}; "
+          "ornith-stack client CPU s per 1k tokens: "
+          + ", ".join(f"{c:.3f}" for c in cpu))
+    print(f"  the engine wrote {late['late_over_2ms']} of {late['tokens']} tokens more than 2 ms late "
+          f"(the latest {late['max_late_ms']} ms)")
+    for name, (mine, peers) in figures.items():
+        print(f"  {name:>15}: ornith-stack {', '.join(f'{v:,.1f}' for v in mine)}; "
+              f"vllm bench serve {', '.join(f'{v:,.1f}' for v in peers)}")
+    # The truth holds only if the engine kept its schedule: else the machine, not a client, is what failed.
+    assert late["late_over_2ms"] <= late["tokens"] // 100, f"the synthetic engine ran late (machine too busy): {late}"
+    theirs_rate = statistics.fmean(figures["output tok/s"][1])
+    theirs_tpot = statistics.fmean(figures["median TPOT ms"][1])
+    for rate, ttft, tpot in zip(*(figures[k][0] for k in figures), strict=True):
+        assert abs(rate / truth - 1) <= 0.05 and abs(rate / theirs_rate - 1) <= 0.05, (rate, truth, theirs_rate)
+        assert abs(tpot / theirs_tpot - 1) <= 0.03, (tpot, theirs_tpot)
+        assert ttft <= max(figures["median TTFT ms"][1]), (ttft, figures["median TTFT ms"][1])

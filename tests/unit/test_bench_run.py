@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -87,13 +88,13 @@ class FakeEngine:
         return httpx.Response(200, stream=_Paced(lines))
 
 
-class _Paced(httpx.SyncByteStream):
+class _Paced(httpx.AsyncByteStream):
     def __init__(self, lines: list[str]) -> None:
         self.lines = lines
 
-    def __iter__(self):
+    async def __aiter__(self):
         for line in self.lines:
-            time.sleep(0.002)
+            await asyncio.sleep(0.002)
             yield line.encode()
 
 
@@ -333,7 +334,10 @@ class _Recording(FakeEngine):
 
 def test_serving_sends_the_dataset_prompts_in_order_as_vllm_bench_serves_a_custom_dataset(tmp_path: Path) -> None:
     dataset = tmp_path / "prompts.jsonl"
-    dataset.write_text('{"prompt": "first"}\n\n{"prompt": "second", "output_tokens": 12}\n')
+    # The second line as SGLang's bench_serving custom dataset writes it: the first turn is the user message.
+    sglang_line = {"conversations": [{"role": "user", "content": "second"}, {"role": "assistant", "content": "ok"}],
+                   "output_tokens": 12}
+    dataset.write_text('{"prompt": "first"}\n\n' + json.dumps(sglang_line) + "\n")
     engine = _Recording()
     result = run_bench(_config(suites=("serving",), dataset_path=dataset, random_output_len=8, num_prompts=5,
                                max_concurrency=(1,), repeats=2, warmup=1),
@@ -525,3 +529,36 @@ def test_an_unknown_task_order_is_one_error_line(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err == "error: --task-order 'random': choose from server, shuffled"
     assert not (tmp_path / "out").exists()
+
+
+class _FixedPromptTokens(FakeEngine):
+    """An engine (or a proxy in front of one) whose usage.prompt_tokens is the same whatever the prompt."""
+
+    def chat(self, body: dict) -> httpx.Response:
+        return super().chat(body | {"messages": [{"role": "user", "content": "x"}]})
+
+
+def test_an_engine_whose_prompt_tokens_do_not_grow_is_one_clear_error() -> None:
+    from ornith_stack.errors import UserError
+
+    with pytest.raises(UserError, match=r"prompt_tokens 13 for a prompt of 100 words and 13 for one of 400.*--dataset-path"):
+        run_bench(_config(suites=("serving",), random_input_len=64, random_output_len=8, num_prompts=2, repeats=1,
+                          max_concurrency=(1,)), None, transport=httpx.MockTransport(_FixedPromptTokens()))
+
+
+def test_each_level_warms_up_a_full_round_and_empties_the_cache_before_each_run(tmp_path: Path) -> None:
+    """Concurrency 3: three warm-up requests (every batch size the level runs), then the prefix cache emptied before
+    each recorded run, not once per level (the warm-up sent the same prompts); each run has the client's CPU time."""
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text("".join(f'{{"prompt": "p{i}"}}\n' for i in range(5)))
+    engine = FakeEngine()
+    result = run_bench(_config(suites=("serving",), dataset_path=dataset, random_output_len=8, num_prompts=5,
+                               max_concurrency=(3,), repeats=2, warmup=1), None, transport=httpx.MockTransport(engine))
+    # Chat requests before each flush: the bench's warm-up (1), the level's (3 more), the first run (5 more).
+    assert [n for path, n in engine.flushes if path == engine.flush_path] == [1, 4, 9]
+    assert engine.requests == 1 + 3 + 5 + 5
+    serving = result.suites.serving
+    assert serving is not None
+    runs = serving.levels[0].runs
+    assert all(r.client_cpu_s and r.client_cpu_s > 0 and r.client_cpu_s_per_1k_tokens for r in runs)
+    assert "client CPU s/1k tok" in write_outputs(result, tmp_path / "out")["markdown"].read_text()

@@ -212,7 +212,7 @@ def test_the_connection_pool_is_the_concurrency_so_no_request_waits_for_a_connec
     client = EngineClient(server.url, timeout_s=60, connections=largest_concurrency(config))
     try:
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-        run = run_load(client.stream_chat, [body] * 300, Load(max_concurrency=300), random.Random(0), threading.Event())
+        run = run_load(client, [body] * 300, Load(max_concurrency=300), random.Random(0))
     finally:
         client.close()
         server.close()

@@ -13,17 +13,17 @@ chunk with a choice (not at the usage chunk or [DONE]), and TPOT = (E2E - TTFT) 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-from ornith_stack.bench.deadline import deadline
-from ornith_stack.bench.deadline import transport as deadline_transport
+from ornith_stack.bench import http
 from ornith_stack.bench.result import Extra, Sample, TaskSample
 from ornith_stack.deployment import METRICS_PATH
 from ornith_stack.engines.exposition import Samples, parse
@@ -115,14 +115,29 @@ class BadStream(ValueError):
 
 
 class Stopped(Exception):
-    """Raised inside a stream when the run was interrupted (Ctrl-C) from the main thread."""
+    """Raised inside a stream when the run was interrupted (Ctrl-C, or `stop` set from another thread)."""
+
+
+class Expired(Exception):
+    """The request's total deadline (--timeout) passed before its whole answer came."""
+
+
+T = TypeVar("T")
+# A request that failed: the HTTP layer's errors, an answer that is not what was asked for, the deadline.
+_EXPIRED_OR_HTTP: tuple[type[Exception], ...] = (*http.HTTP_ERRORS, Expired)
+_FAILED: tuple[type[Exception], ...] = (*_EXPIRED_OR_HTTP, BadStream)
+_FAILED_OR_VALUE: tuple[type[Exception], ...] = (*_FAILED, ValueError)
 
 
 class EngineClient:
-    """Talks to one OpenAI-compatible endpoint; network failures become one-line UserErrors."""
+    """Talks to one OpenAI-compatible endpoint through one asynchronous HTTP client (aiohttp, as vLLM's and
+    SGLang's bench clients, on an event loop this object owns; http.py says why): every request of a
+    load level is a task on that loop, so a thousand streams cost no thread each and start when their slot
+    frees, not when a thread gets the GIL. Network failures become one-line UserErrors; the synchronous
+    methods run one request on the loop, `run` runs a whole coroutine (serving.run_load)."""
 
     def __init__(self, url: str, timeout_s: float = 600.0, stop: threading.Event | None = None,
-                 transport: httpx.BaseTransport | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None,
                  clock: Callable[[], float] = time.perf_counter, api_key: str | None = None,
                  connections: int | None = None, count_tokens: Callable[[str], int] | None = None) -> None:
         """`connections`: the HTTP pool's size, the run's largest concurrency (None: unbounded), so no
@@ -136,18 +151,32 @@ class EngineClient:
         self.stop = stop or threading.Event()
         self.deadline_s = timeout_s  # total time one request may take, first byte to last
         self.count_tokens = count_tokens
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        # The transport cuts every socket read at the request's total deadline, headers included.
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits,
-                                  transport=transport or deadline_transport(limits),
-                                  headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
+        # One loop for the client's life: the connection pool belongs to the loop it first ran on. Its
+        # SIGINT handling cancels the running coroutine, which keeps the samples gathered so far.
+        self._loop = asyncio.Runner()
+        # The total deadline is asyncio.timeout around each request (headers included, however slowly the
+        # bytes come); the HTTP layer's own timeouts bound each read and the connect (http.py).
+        self._http = http.layer(transport, connections, api_key, timeout_s)
 
     def close(self) -> None:
-        self._http.close()
+        # A KeyboardInterrupt raised inside a request leaves the tasks that waited on it pending; cancelled
+        # first, they end while the pool closes instead of raising it again.
+        for task in asyncio.all_tasks(self._loop.get_loop()):
+            task.cancel()
+        try:
+            self._loop.run(self._http.close())
+        finally:
+            self._loop.close()
 
+    def run(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run `work` on the client's event loop and return its result. Ctrl-C cancels it: a coroutine
+        that keeps its samples on cancellation returns them, any other ends in KeyboardInterrupt."""
+        return self._loop.run(work)
+
+    # -- one request from synchronous code ------------------------------------------------------------
     def server_info(self, model: str | None = None) -> ServerInfo:
         """The served model name and its max model length from /v1/models."""
-        data = self._get_json("/v1/models")
+        data = self.run(self._get_json("/v1/models"))
         cards = data.get("data") if isinstance(data, dict) else None
         if not isinstance(cards, list) or not cards or not isinstance(cards[0], dict) or "id" not in cards[0]:
             raise UserError(f"{self.url}/v1/models did not list a model: is this an OpenAI-compatible server?")
@@ -173,9 +202,9 @@ class EngineClient:
         info endpoint that answers; None where the engine has no such endpoint or field."""
         for path in info_paths:
             try:
-                status, text = self._get(path, _MAX_JSON)
+                status, text = self.run(self._get(path, _MAX_JSON))
                 payload = json.loads(text) if status == 200 else None
-            except (httpx.HTTPError, BadStream, ValueError):
+            except _FAILED_OR_VALUE:
                 continue
             found = _find_key(payload, "max_total_num_tokens")
             if isinstance(found, int) and found > 0:
@@ -187,18 +216,17 @@ class EngineClient:
         /flush_cache and vLLM's /reset_prefix_cache (served in its dev mode) that answers 200, or None."""
         for path in FLUSH_PATHS:
             try:
-                with deadline(self.deadline_s):
-                    if self._http.post(self.url + path).status_code == 200:
-                        return path
-            except httpx.HTTPError:
+                if self.run(self._send("POST", path, _ERROR_BYTES, cut=True))[0] == 200:
+                    return path
+            except _FAILED:
                 continue
         return None
 
     def metrics(self) -> Samples | None:
         """A parsed /metrics scrape, or None when the engine exports none (SGLang without the flag)."""
         try:
-            status, text = self._get(METRICS_PATH, _MAX_METRICS)
-        except (httpx.HTTPError, BadStream):
+            status, text = self.run(self._get(METRICS_PATH, _MAX_METRICS))
+        except _FAILED:
             return None
         if status != 200:
             return None
@@ -208,50 +236,87 @@ class EngineClient:
             raise UserError(f"{self.url}{METRICS_PATH}: {exc}") from None
 
     def stream_chat(self, body: dict[str, Any]) -> RequestSample:
+        """`astream_chat` from synchronous code; `stop` set from another thread ends it as interrupted."""
+        return self.run(self._watched(self.astream_chat(body)))
+
+    def complete_chat(self, body: dict[str, Any]) -> RequestSample:
+        """`acomplete_chat` from synchronous code."""
+        return self.run(self._watched(self.acomplete_chat(body)))
+
+    async def _watched(self, request: Coroutine[Any, Any, RequestSample]) -> RequestSample:
+        """One request, cancelled (an interrupted sample) when `stop` is set; Ctrl-C cancels it and goes on
+        as KeyboardInterrupt."""
+        task = asyncio.ensure_future(request)
+        try:
+            while not task.done():
+                if self.stop.is_set():
+                    task.cancel()
+                    break
+                await asyncio.wait({task}, timeout=0.2)
+            return await task
+        except asyncio.CancelledError:
+            self.stop.set()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+
+    # -- requests on the loop -------------------------------------------------------------------------
+    async def astream_chat(self, body: dict[str, Any]) -> RequestSample:
         """Send one streaming chat completion and time it; errors are kept in the sample, not raised.
 
         A request ends with an error (the run goes on) when the server refuses it, the stream is not
-        OpenAI chunks, the total deadline passes (an endless stream, keep-alive pings), Ctrl-C stops
-        the run, or `usage` contradicts the stream."""
+        OpenAI chunks, the total deadline passes (an endless stream, keep-alive pings, trickled headers),
+        the run is stopped (cancelled: "interrupted"), or `usage` contradicts the stream."""
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         sample = RequestSample(started_at=time.time())
         if self.stop.is_set():
             sample.error = "interrupted"
             return sample
-        t0 = self.clock()
+        clock = self.clock
+        t0 = clock()
         choices: list[float] = []  # when each chunk with a choice came (the first: engines send it with the first token)
         arrivals: list[float] = []
         parts: list[str] = []
         thoughts: list[str] = []
         try:
-            with deadline(self.deadline_s), self._http.stream("POST", self.url + "/v1/chat/completions",
-                                                               json=body) as response:
-                if response.status_code != 200:
-                    text = _read(response, _ERROR_BYTES, self._expired(t0), cut=True)
-                    sample.error = f"HTTP {response.status_code}: {_short(text)}"
+            async with asyncio.timeout(self.deadline_s), self._http.open(
+                    "POST", self.url + "/v1/chat/completions", json=body) as response:
+                if response.status != 200:
+                    text = await _read(response, _ERROR_BYTES, cut=True)
+                    sample.error = f"HTTP {response.status}: {_short(text)}"
                     return sample
-                for chunk in self._events(response, t0):
-                    now = self.clock()
+                events = _Events()
+                async for piece in response.pieces:
+                    if self.stop.is_set():
+                        raise Stopped
+                    for chunk in events.feed(piece):
+                        now = clock()
+                        _read_usage(chunk, sample)
+                        if chunk.get("choices"):
+                            choices.append(now)
+                        text, reasoning, finish, tokens = _delta(chunk)
+                        if finish:
+                            sample.finish_reason = finish
+                        # Reasoning tokens are generated tokens too: they count for timing, not as the answer.
+                        if tokens:
+                            parts.append(text)
+                            thoughts.append(reasoning)
+                            arrivals.append(now)
+                    if events.done:
+                        break
+                for chunk in events.close():
                     _read_usage(chunk, sample)
-                    if chunk.get("choices"):
-                        choices.append(now)
-                    text, reasoning, finish, tokens = _delta(chunk)
-                    if finish:
-                        sample.finish_reason = finish
-                    # Reasoning tokens are generated tokens too: they count for timing, not as the answer.
-                    if tokens:
-                        parts.append(text)
-                        thoughts.append(reasoning)
-                        arrivals.append(now)
-        except Stopped:
+        except (Stopped, asyncio.CancelledError):
             sample.error = "interrupted"
-        except httpx.HTTPError as exc:
+        except TimeoutError:
+            sample.error = self._expired_message()
+        except http.HTTP_ERRORS as exc:
             sample.error = self._failure(exc)
         except BadStream as exc:
             sample.error = f"not an OpenAI chat completion stream: {exc}"
         except Exception as exc:  # any malformed chunk fails this request only
             sample.error = f"not an OpenAI chat completion stream: {type(exc).__name__}: {exc}"
-        ended = self.clock()
+        ended = clock()
         sample.text = "".join(parts)
         sample.reasoning = "".join(thoughts)
         _time(sample, t0, choices, arrivals)
@@ -265,7 +330,7 @@ class EngineClient:
             sample.error = usage_problem(sample, body.get("max_tokens"))
         return sample
 
-    def complete_chat(self, body: dict[str, Any]) -> RequestSample:
+    async def acomplete_chat(self, body: dict[str, Any]) -> RequestSample:
         """Send one non-streaming chat completion: E2E time, usage, the answer, and the engine's own count
         of this request's verification steps where it reports one (SGLang's meta_info.spec_verify_ct).
         No TTFT or decode interval exists without a stream. Errors are kept in the sample, not raised."""
@@ -276,15 +341,17 @@ class EngineClient:
             return sample
         t0 = self.clock()
         try:
-            status, text = self._send("POST", "/v1/chat/completions", _MAX_JSON, t0, json=body)
+            status, text = await self._send("POST", "/v1/chat/completions", _MAX_JSON, json=body)
             sample.e2e_s = self.clock() - t0
             if status != 200:
                 sample.error = f"HTTP {status}: {_short(text)}"
                 return sample
             _read_completion(json.loads(text), sample)
-        except Stopped:
+        except (Stopped, asyncio.CancelledError):
             sample.error = "interrupted"
-        except httpx.HTTPError as exc:
+        except Expired:
+            sample.error = self._expired_message()
+        except http.HTTP_ERRORS as exc:
             sample.error = self._failure(exc)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
             sample.error = f"not an OpenAI chat completion: {type(exc).__name__}: {exc}"
@@ -292,44 +359,39 @@ class EngineClient:
             sample.error = usage_problem(sample, body.get("max_tokens"))
         return sample
 
-    def _failure(self, exc: httpx.HTTPError) -> str:
-        """A request's failure in one line; reads and writes cut at the total deadline say so."""
-        if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
-            return f"no whole answer within the {self.deadline_s:g} s deadline (--timeout)"
-        return f"{type(exc).__name__}: {exc or 'no detail'}"
+    def _expired_message(self) -> str:
+        return f"no whole answer within the {self.deadline_s:g} s deadline (--timeout)"
 
-    def _events(self, response: httpx.Response, t0: float) -> Iterator[dict[str, Any]]:
-        """The stream's JSON events, stopping at the total deadline or on Ctrl-C even while the server
-        sends only keep-alive comments or trickles bytes without a line end."""
-        yield from sse_events(_lines(response.iter_raw(), self._expired(t0)))
+    def _failure(self, exc: BaseException) -> str:
+        """A request's failure in one line; reads and writes cut by the layer's own timeouts say so."""
+        return self._expired_message() if http.timed_out(exc) else http.describe(exc)
 
-    def _expired(self, t0: float) -> Callable[[], None]:
-        def check() -> None:
-            if self.stop.is_set():
-                raise Stopped
-            if self.clock() - t0 > self.deadline_s:
-                raise BadStream(f"no end after the {self.deadline_s:g} s deadline (--timeout)")
-        return check
-
-    def _get(self, path: str, limit: int) -> tuple[int, str]:
+    async def _get(self, path: str, limit: int) -> tuple[int, str]:
         """GET `path`: (status, body), within the total deadline (--timeout) however slowly the body comes,
-        and refused past `limit` bytes. Raises httpx.HTTPError or BadStream."""
-        return self._send("GET", path, limit, self.clock())
+        and refused past `limit` bytes. Raises one of http.HTTP_ERRORS, BadStream or Expired."""
+        return await self._send("GET", path, limit)
 
-    def _send(self, method: str, path: str, limit: int, t0: float, **request: Any) -> tuple[int, str]:
-        """(status, body) of one request, within the total deadline however slowly the answer comes, and
-        refused past `limit` bytes. Raises httpx.HTTPError, BadStream or Stopped."""
-        with deadline(self.deadline_s), self._http.stream(method, self.url + path, **request) as response:
-            return response.status_code, _read(response, limit, self._expired(t0))
-
-    def _get_json(self, path: str) -> Any:
+    async def _send(self, method: str, path: str, limit: int, cut: bool = False,
+                    **request: Any) -> tuple[int, str]:
+        """(status, body) of one request, within the total deadline however slowly the answer comes (its
+        headers included), and refused past `limit` bytes (`cut`: cut there). Raises one of http.HTTP_ERRORS,
+        BadStream, Stopped or Expired."""
         try:
-            status, text = self._get(path, _MAX_JSON)
-        except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.RemoteProtocolError) as exc:
-            # Past the deadline, or not HTTP (h11 refuses a status line and headers past 100 KiB).
-            raise UserError(f"{self.url}{path}: {self._failure(exc)}; is this an OpenAI-compatible engine?") from None
-        except httpx.HTTPError as exc:
+            async with asyncio.timeout(self.deadline_s), self._http.open(method, self.url + path,
+                                                                          **request) as response:
+                return response.status, await _read(response, limit, cut=cut, stop=self.stop)
+        except TimeoutError:
+            raise Expired from None
+
+    async def _get_json(self, path: str) -> Any:
+        try:
+            status, text = await self._get(path, _MAX_JSON)
+        except http.UNREACHABLE as exc:
             raise UserError(f"cannot reach {self.url}{path}: {exc or type(exc).__name__}; is the engine up?") from None
+        except _EXPIRED_OR_HTTP as exc:
+            # Past the deadline, or not HTTP (the parsers refuse over-long status and header lines).
+            why = self._expired_message() if isinstance(exc, Expired) else self._failure(exc)
+            raise UserError(f"{self.url}{path}: {why}; is this an OpenAI-compatible engine?") from None
         except BadStream as exc:
             raise UserError(f"{self.url}{path}: {exc}; is this an OpenAI-compatible engine?") from None
         if status != 200:
@@ -341,12 +403,13 @@ class EngineClient:
             raise UserError(f"{self.url}{path} did not answer JSON: {_short(text)}") from None
 
 
-def _read(response: httpx.Response, limit: int, check: Callable[[], None], cut: bool = False) -> str:
-    """The body as text, `check` run on every read; past `limit` bytes it is cut there (`cut`, an error
-    page) or refused (BadStream)."""
+async def _read(response: http.Answer, limit: int, cut: bool = False,
+                stop: threading.Event | None = None) -> str:
+    """The body as text; past `limit` bytes it is cut there (`cut`, an error page) or refused (BadStream)."""
     body = bytearray()
-    for chunk in response.iter_bytes():
-        check()
+    async for chunk in response.pieces:
+        if stop is not None and stop.is_set():
+            raise Stopped
         body += chunk
         if len(body) > limit and cut:
             break
@@ -355,42 +418,63 @@ def _read(response: httpx.Response, limit: int, check: Callable[[], None], cut: 
     return body[:limit].decode("utf-8", errors="replace")
 
 
-def _lines(raw: Iterable[bytes], check: Callable[[], None]) -> Iterator[str]:
-    """Lines of a byte stream; `check` runs on every read, so deadlines hold between line ends."""
-    buffer = b""
-    for piece in raw:
-        check()
-        buffer += piece
-        *complete, buffer = buffer.split(b"\n")
-        for line in complete:
-            yield line.rstrip(b"\r").decode("utf-8", errors="replace")
-        if len(buffer) > _MAX_LINE:
+class _Events:
+    """Decoded JSON `data:` events of a server-sent-events stream fed in raw pieces, up to `[DONE]`.
+    Comments (keep-alive pings) and the `event:`, `id:` and `retry:` fields are accepted and skipped; a
+    line past 4 MiB is refused, so a server cannot grow the buffer without end."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.done = False
+
+    def feed(self, piece: bytes) -> list[dict[str, Any]]:
+        self.buffer += piece
+        *complete, self.buffer = self.buffer.split(b"\n")
+        if len(self.buffer) > _MAX_LINE:
             raise BadStream(f"a line longer than {_MAX_LINE} bytes")
-    if buffer.strip():
-        yield buffer.decode("utf-8", errors="replace")
+        return self._decode(complete)
+
+    def close(self) -> list[dict[str, Any]]:
+        """The events of a last line without a line end."""
+        rest, self.buffer = self.buffer, b""
+        return self._decode([rest]) if rest.strip() and not self.done else []
+
+    def _decode(self, lines: list[bytes]) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        for raw in lines:
+            if self.done:
+                break
+            event = sse_event(raw.decode("utf-8", errors="replace"))
+            if event is _DONE:
+                self.done = True
+            elif event is not None:
+                events.append(event)
+        return events
 
 
-def sse_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """Decoded JSON `data:` events of a server-sent-events stream, up to `[DONE]`. Comments (keep-alive
-    pings) and the `event:`, `id:` and `retry:` fields are accepted and skipped."""
-    for raw in lines:
-        line = raw.strip()
-        if not line or line.startswith(":") or line.split(":", 1)[0] in _SSE_FIELDS:
-            continue
-        if not line.startswith("data:"):
-            raise BadStream(f"unexpected line {_short(line)!r}")
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            return
-        try:
-            event = json.loads(payload)
-        except ValueError as exc:
-            raise BadStream(f"a chunk that is not JSON ({exc}): {_short(payload)!r}") from None
-        if not isinstance(event, dict):
-            raise BadStream(f"unexpected event {_short(payload)!r}")
-        if "error" in event and "choices" not in event:
-            raise BadStream(f"server error {_short(json.dumps(event['error']))}")
-        yield event
+_DONE: dict[str, Any] = {}
+
+
+def sse_event(raw: str) -> dict[str, Any] | None:
+    """One line of a server-sent-events stream: its JSON `data:` event, `_DONE` at `[DONE]`, None for
+    blank lines, comments and the other fields."""
+    line = raw.strip()
+    if not line or line.startswith(":") or line.split(":", 1)[0] in _SSE_FIELDS:
+        return None
+    if not line.startswith("data:"):
+        raise BadStream(f"unexpected line {_short(line)!r}")
+    payload = line[5:].strip()
+    if payload == "[DONE]":
+        return _DONE
+    try:
+        event = json.loads(payload)
+    except ValueError as exc:
+        raise BadStream(f"a chunk that is not JSON ({exc}): {_short(payload)!r}") from None
+    if not isinstance(event, dict):
+        raise BadStream(f"unexpected event {_short(payload)!r}")
+    if "error" in event and "choices" not in event:
+        raise BadStream(f"server error {_short(json.dumps(event['error']))}")
+    return event
 
 
 def _read_completion(payload: Any, sample: RequestSample) -> None:

@@ -259,16 +259,26 @@ class ServingPrompt:
 
 def load_serving_prompts(path: Path) -> list[ServingPrompt]:
     """A serving workload in `vllm bench serve --dataset-name custom`'s JSONL: one object per line with
-    `prompt` (sent as the user message) and, optionally, `output_tokens`."""
+    `prompt` (sent as the user message) and, optionally, `output_tokens`; or SGLang `bench_serving --dataset-name
+    custom`'s JSONL, whose `conversations` (or `conversation`) first turn is the user message (`content` or
+    `value`), so a file written for either peer sends the same prompts here."""
     prompts = []
     for index, row in enumerate(_read_jsonl(path)):
-        prompt, tokens = row.get("prompt"), row.get("output_tokens")
+        prompt, tokens = row.get("prompt", _first_turn(row)), row.get("output_tokens")
         if not isinstance(prompt, str) or not prompt:
             raise UserError(f"{path}: line {index + 1} lacks prompt (the user message, a non-empty string)")
         if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1):
             raise UserError(f"{path}: line {index + 1}: output_tokens is {tokens!r}, not a positive token count")
         prompts.append(ServingPrompt(prompt, tokens))
     return prompts
+
+
+def _first_turn(row: Row) -> Any:
+    """The first turn's text of SGLang's custom dataset line, or None."""
+    turns = row.get("conversations", row.get("conversation"))
+    if not isinstance(turns, list) or not turns or not isinstance(turns[0], dict):
+        return None
+    return turns[0].get("content", turns[0].get("value"))
 
 
 def _read_jsonl(path: Path) -> list[Row]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 import uuid
 
+from ornith_stack.errors import UserError
+
 _WORDS = (
     "river", "mountain", "signal", "harbor", "lantern", "orbit", "meadow", "copper", "winter", "engine",
     "garden", "thunder", "silver", "canyon", "market", "violet", "planet", "summer", "anchor", "bridge",
@@ -62,7 +64,11 @@ class TokenScale:
     def __init__(self, points: list[tuple[int, int]]) -> None:
         (w1, t1), (w2, t2) = sorted(points)[:2]
         if w2 == w1 or t2 <= t1:
-            raise ValueError(f"cannot fit prompt size from {points}")
+            # An engine (or a proxy) that reports a fixed or shrinking prompt_tokens cannot be calibrated.
+            raise UserError(f"cannot size prompts: the engine reported usage.prompt_tokens {t1} for a prompt of "
+                            f"{w1} words and {t2} for one of {w2}; its prompt token count does not grow with the "
+                            "prompt. Send prompts from a file instead (--dataset-path, the serving suite), or drop "
+                            "the suites that size prompts (ttft-sweep, serving)")
         self.per_word = (t2 - t1) / (w2 - w1)
         self.base = t1 - self.per_word * w1
 

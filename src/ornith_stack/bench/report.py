@@ -309,9 +309,10 @@ def _serving_tables(result: BenchResult) -> list[str]:
         rows.append([level.load, _spread(spread.request_throughput, 2), _spread(spread.output_tok_s),
                      _spread(spread.ttft_ms_median), _spread(spread.tpot_ms_median, 2),
                      _spread(spread.itl_ms_median, 2), _num(_mid(goodput), 2) if any(goodput) else "—",
+                     _spread(spread.client_cpu_s_per_1k_tokens, 3),
                      str(level.errors) + (" (exceeds SGLang's token pool)" if level.exceeds_pool else "")])
     head = ["load", "requests/s", "output tok/s", "median TTFT ms", "median TPOT ms", "median ITL ms", "goodput req/s",
-            "failed"]
+            "client CPU s/1k tok", "failed"]
     lines += ["", *_table(head, rows)]
     for level in suite.levels:
         lines += _percentiles(level.load, level)

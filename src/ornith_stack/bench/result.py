@@ -220,6 +220,10 @@ class RunMetrics:
     itl_ms: Distribution = field(default_factory=Distribution)
     e2el_ms: Distribution = field(default_factory=Distribution)
     errors: dict[str, int] = field(default_factory=dict)
+    # The bench process's own CPU seconds over the run (time.process_time), and per 1,000 output tokens:
+    # a client near one CPU second per wall second is measuring itself, not the engine.
+    client_cpu_s: float | None = None
+    client_cpu_s_per_1k_tokens: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,6 +236,7 @@ class RunSpread:
     tpot_ms_median: Summary = field(default_factory=Summary)
     itl_ms_median: Summary = field(default_factory=Summary)
     e2el_ms_median: Summary = field(default_factory=Summary)
+    client_cpu_s_per_1k_tokens: Summary = field(default_factory=Summary)
 
 
 @dataclass(frozen=True, kw_only=True)

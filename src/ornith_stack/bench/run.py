@@ -30,7 +30,7 @@ from ornith_stack.profiles.model import Profile
 
 def run_bench(config: BenchConfig, profile: Profile | None = None, baseline: BenchResult | None = None,
               baseline_path: Path | None = None, progress: Progress | None = None,
-              transport: httpx.BaseTransport | None = None) -> BenchResult:
+              transport: httpx.AsyncBaseTransport | None = None) -> BenchResult:
     """Run the configured suites and return the result (raw samples, summaries, comparison).
 
     Engine down or not OpenAI-compatible: UserError before any suite starts. Ctrl-C: the suites stop,

@@ -13,16 +13,17 @@ every SLO per second.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import random
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ornith_stack.bench import stats
-from ornith_stack.bench.client import RequestSample
+from ornith_stack.bench.client import EngineClient, RequestSample
 from ornith_stack.bench.result import RunMetrics, RunSpread, Sample
 from ornith_stack.errors import UserError
 
@@ -85,64 +86,75 @@ def arrival_offsets(n: int, rate: float, burstiness: float, rng: random.Random) 
     return [o * scale for o in offsets]
 
 
-def run_load(send: Callable[[dict[str, Any]], RequestSample], bodies: list[dict[str, Any]], load: Load,
-             rng: random.Random, stop: threading.Event,
+def run_load(client: EngineClient, bodies: list[dict[str, Any]], load: Load, rng: random.Random,
              on_done: Callable[[RequestSample], None] | None = None) -> LoadRun:
-    """Send every body under `load` and wait for all of them. Requests run in daemon threads, so
-    Ctrl-C in the main thread ends the run at once; the samples that finished stay in the result."""
+    """Send every body under `load` and wait for all of them, each request a task on the client's event
+    loop (as `vllm bench serve` does): a request starts as soon as its arrival time has come and a slot
+    is free. Ctrl-C (or `client.stop` set) ends the run within 0.2 s; the samples that finished stay in
+    the result, the requests still in flight are dropped."""
     offsets = arrival_offsets(len(bodies), load.rate, load.burstiness, rng)
-    slots = threading.Semaphore(load.max_concurrency or len(bodies) or 1)
+    return client.run(_load(client, bodies, offsets, load.max_concurrency, on_done))
+
+
+async def _load(client: EngineClient, bodies: list[dict[str, Any]], offsets: list[float], limit: int | None,
+                on_done: Callable[[RequestSample], None] | None) -> LoadRun:
     run = LoadRun()
     done: list[RequestSample | None] = [None] * len(bodies)
-    finished = threading.Event()
-    lock = threading.Lock()
-    remaining = [len(bodies)]
+    slots = asyncio.Semaphore(limit or len(bodies) or 1)
+    finished = asyncio.Event()
+    remaining = len(bodies)
+    tasks: list[asyncio.Task[None]] = []
     start = time.perf_counter()
-    last_end = [start]
+    last_end = start
 
-    def worker(index: int, body: dict[str, Any]) -> None:
+    async def one(index: int, body: dict[str, Any]) -> None:
+        nonlocal remaining, last_end
         try:
-            sample = send(body)
+            sample = await client.astream_chat(body)
         except Exception as exc:  # a bug in one request must not hang the run
             sample = RequestSample(error=f"{type(exc).__name__}: {exc}")
-        with lock:
-            done[index] = sample
-            last_end[0] = time.perf_counter()
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                finished.set()
-        slots.release()
+        finally:
+            slots.release()
+        if client.stop.is_set():
+            return  # cut short by the stop: not a finished request
+        done[index] = sample
+        last_end = time.perf_counter()
+        remaining -= 1
+        if remaining == 0:
+            finished.set()
         if on_done is not None:
             on_done(sample)
 
-    try:
+    async def dispatch() -> None:
         for index, (body, offset) in enumerate(zip(bodies, offsets, strict=True)):
-            _sleep_until(start + offset, stop)
-            while not slots.acquire(timeout=0.2):
-                if stop.is_set():
-                    raise KeyboardInterrupt
-            threading.Thread(target=worker, args=(index, body), daemon=True).start()
-        while bodies and not finished.wait(0.2):
-            if stop.is_set():
-                raise KeyboardInterrupt
-    except KeyboardInterrupt:
-        stop.set()
+            if (wait := start + offset - time.perf_counter()) > 0:
+                await asyncio.sleep(wait)
+            await slots.acquire()
+            tasks.append(asyncio.create_task(one(index, body)))
+
+    dispatcher = asyncio.create_task(dispatch())
+    try:
+        while bodies and not finished.is_set():
+            if client.stop.is_set():
+                raise asyncio.CancelledError
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finished.wait(), 0.2)
+    except asyncio.CancelledError:  # Ctrl-C or the stop: keep what finished
+        client.stop.set()
         run.interrupted = True
     finally:
-        with lock:
-            run.duration_s = last_end[0] - start
-            run.samples = [s for s in done if s is not None]
+        run.duration_s = last_end - start
+        run.samples = [s for s in done if s is not None]
+        for task in (dispatcher, *tasks):
+            task.cancel()
+        await asyncio.gather(dispatcher, *tasks, return_exceptions=True)
     return run
 
 
-def _sleep_until(moment: float, stop: threading.Event) -> None:
-    while (left := moment - time.perf_counter()) > 0:
-        if stop.wait(min(left, 0.2)):
-            raise KeyboardInterrupt
-
-
-def serving_metrics(samples: Sequence[Sample], duration_s: float, slos: dict[str, float] | None = None) -> RunMetrics:
-    """The peers' table over one run's samples."""
+def serving_metrics(samples: Sequence[Sample], duration_s: float, slos: dict[str, float] | None = None,
+                    client_cpu_s: float | None = None) -> RunMetrics:
+    """The peers' table over one run's samples; `client_cpu_s`: the bench process's CPU time over the run
+    (time.process_time), kept per 1,000 output tokens so a client that saturates its core shows."""
     ok = [s for s in samples if not s.error]
     output = sum(s.completion_tokens or 0 for s in ok)
     prompt = sum(s.prompt_tokens or 0 for s in ok)
@@ -157,7 +169,8 @@ def serving_metrics(samples: Sequence[Sample], duration_s: float, slos: dict[str
         tpot_ms=stats.distribution(s.tpot_s * ms for s in ok if s.tpot_s is not None),
         itl_ms=stats.distribution(g * ms for s in ok for g in s.itl_s),
         e2el_ms=stats.distribution(s.e2e_s * ms for s in ok if s.e2e_s is not None),
-        errors=_error_counts(samples),
+        errors=_error_counts(samples), client_cpu_s=client_cpu_s,
+        client_cpu_s_per_1k_tokens=stats.ratio(client_cpu_s * 1000.0, output) if client_cpu_s is not None else None,
     )
 
 
@@ -168,7 +181,8 @@ def spread(runs: Sequence[RunMetrics]) -> RunSpread:
                      ttft_ms_median=stats.summary(r.ttft_ms.median for r in runs),
                      tpot_ms_median=stats.summary(r.tpot_ms.median for r in runs),
                      itl_ms_median=stats.summary(r.itl_ms.median for r in runs),
-                     e2el_ms_median=stats.summary(r.e2el_ms.median for r in runs))
+                     e2el_ms_median=stats.summary(r.e2el_ms.median for r in runs),
+                     client_cpu_s_per_1k_tokens=stats.summary(r.client_cpu_s_per_1k_tokens for r in runs))
 
 
 def _meets(sample: Sample, slos: dict[str, float]) -> bool:

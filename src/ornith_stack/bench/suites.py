@@ -335,8 +335,8 @@ class Runner:
         for level in loads:
             measured = self.task_warm_up(task_set, level)
             bodies = [self.body(p.message, cfg.task_max_tokens, speed=False) for p in measured]
-            run = run_load(self.client.stream_chat, bodies, Load(max_concurrency=level), self.rng,
-                           self.client.stop, on_done=lambda s: self.progress.advance(_note(s)))
+            run = run_load(self.client, bodies, Load(max_concurrency=level), self.rng,
+                           on_done=lambda s: self.progress.advance(_note(s)))
             throughput.append(_throughput(level, [x.record() for x in run.samples], run.duration_s))
             publish(entry(acceptance))
             if run.interrupted:
@@ -349,8 +349,7 @@ class Runner:
         warm, measured = task_set.window(level)
         self.client.flush_cache()
         bodies = [self.body(p.message, self.config.task_max_tokens, speed=False) for p in warm]
-        if bodies and run_load(self.client.stream_chat, bodies, Load(max_concurrency=level), self.rng,
-                               self.client.stop).interrupted:
+        if bodies and run_load(self.client, bodies, Load(max_concurrency=level), self.rng).interrupted:
             raise KeyboardInterrupt
         return measured
 
@@ -491,25 +490,30 @@ class Runner:
 
     def level(self, entry: L, load: Load, bodies: Callable[[], list[dict[str, Any]]],
               publish: Callable[[L], None]) -> None:
-        """One load level, published after each recorded run: the prefix cache emptied where the engine
-        allows it, unrecorded warm-up requests, then `repeats` recorded runs, each summarized as the peers
-        do, with the spread of the headline figures across runs. Ctrl-C keeps the requests of the current
-        run that finished."""
+        """One load level, published after each recorded run: unrecorded warm-up requests (`--warmup`
+        full rounds of the level's concurrency, so every batch size the level runs has run once: an
+        engine compiles or captures a new batch size on first use), then `repeats` recorded runs, each
+        after emptying the prefix cache where the engine allows it (the warm-up and the runs before may
+        have sent the same prompts) and each summarized as the peers do, with the client's own CPU time
+        and the spread of the headline figures across runs. Ctrl-C keeps the requests of the current run
+        that finished."""
         cfg = self.config
         entry = replace(entry, load=load.label, flushed_cache=self.client.flush_cache())
         publish(entry)
         warm = bodies()[: max(cfg.warmup, 0) * (load.max_concurrency or 1)]
-        if warm and run_load(self.client.stream_chat, warm, Load(max_concurrency=load.max_concurrency),
-                             self.rng, self.client.stop).interrupted:
+        if warm and run_load(self.client, warm, Load(max_concurrency=load.max_concurrency), self.rng).interrupted:
             raise KeyboardInterrupt
         runs: list[RunMetrics] = []
         samples: list[Sample] = []
         for repeat in range(cfg.repeats):
-            run = run_load(self.client.stream_chat, bodies(), load, self.rng, self.client.stop,
-                           on_done=lambda s: self.progress.advance(_note(s)))
+            sent = bodies()
+            self.client.flush_cache()
+            cpu = time.process_time()
+            run = run_load(self.client, sent, load, self.rng, on_done=lambda s: self.progress.advance(_note(s)))
+            cpu = time.process_time() - cpu
             recorded = [s.record(repeat) for s in run.samples]
             samples += recorded
-            runs.append(serving_metrics(recorded, run.duration_s, cfg.goodput))
+            runs.append(serving_metrics(recorded, run.duration_s, cfg.goodput, client_cpu_s=cpu))
             publish(summarize_level(entry, runs, samples))
             if run.interrupted:
                 raise KeyboardInterrupt

@@ -1,0 +1,212 @@
+"""GPU recording for issue 32: `ornith-stack bench --suite serving` beside SGLang's own `python3 -m sglang.bench_serving`
+on one SGLang engine (the gpu96 profile's launch args without --max-total-tokens / --max-running-requests, as
+sglang_run.py's `uncapped` variant; tiny model + DFlash draft), with the SAME prompts, alternated A B B A (ours,
+theirs, theirs, ours) at concurrency 1, 8, 32, 128 and 256, so a drift of the engine (warm-up, a batch size
+compiled on first use) weighs on both alike.
+
+The prompts: PROMPTS_PER_LEVEL[c] prompts of INPUT_TOKENS tokens each (the target's tokenizer: seeded filler words
+cut at INPUT_TOKENS tokens), OUTPUT_TOKENS out with ignore_eos, greedy. One file per level in two formats holding the
+same texts: `ours-C.jsonl` (vllm bench serve's custom dataset: `prompt`, `output_tokens`) and `sglang-C.json`
+(ShareGPT's `conversations`, which bench_serving's sharegpt dataset reads; it shuffles them, so the same set goes out
+in another order; --sharegpt-output-len fixes the output length). Both send them as the user message of a chat
+request (ours: /v1/chat/completions; theirs: --backend sglang-oai-chat), the engine applies the chat template for both.
+Each run: the prefix cache emptied first (ours: itself, before each recorded run; theirs: POST /flush_cache), then
+warm-up (ours: one full round of c requests, --warmup 1; theirs: --warmup-requests c), then the recorded run.
+
+Writes to OUT: engine.log, health.txt, launch.json, prompts, every run's output (ours-C-N/ with bench.json, bench.md
+and the log; sglang-C-N.jsonl and its log), each process's CPU seconds (getrusage of the child: ours over the whole
+process, start-up included, and our bench's own figure over the run alone in bench.json), summary.json and table.md:
+per level and figure, each tool's two runs, their spread (max-min over mean), and ours / theirs.
+
+    python3 tests/gpu/bench_peer_run.py OUT --target MODELS/target --draft MODELS/draft
+
+Budget: about 7 minutes after the engine is healthy on one H200 (the prompt counts keep every run to a few seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import sglang_run  # noqa: E402
+
+LEVELS = (1, 8, 32, 128, 256)
+# Prompts per run at each concurrency: runs of a few seconds each on the H200 (the tiny model decodes about 400
+# tok/s alone and 5,000-7,500 tok/s at 32-128 streams, issue 32), at least three rounds of c from 32 up.
+PROMPTS_PER_LEVEL = {1: 16, 8: 64, 32: 128, 128: 384, 256: 768}
+INPUT_TOKENS, OUTPUT_TOKENS = 256, 128
+ORDER = ("ours", "theirs", "theirs", "ours")
+RUN_TIMEOUT_S = 240
+# (ours: a key path in a run of bench.json's serving level; theirs: bench_serving's result key)
+FIGURES = {
+    "output tok/s": (("output_tok_s",), "output_throughput"),
+    "median TTFT ms": (("ttft_ms", "median"), "median_ttft_ms"),
+    "median TPOT ms": (("tpot_ms", "median"), "median_tpot_ms"),
+    "median ITL ms": (("itl_ms", "median"), "median_itl_ms"),
+    "median E2E ms": (("e2el_ms", "median"), "median_e2e_latency_ms"),
+}
+
+
+def write_prompts(out: Path, tokenizer_path: str) -> None:
+    from transformers import AutoTokenizer
+
+    from ornith_stack.bench.prompts import filler
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    seeds = random.Random(0)
+    texts = []
+    for _ in range(max(PROMPTS_PER_LEVEL.values())):
+        ids = tokenizer(filler(INPUT_TOKENS * 2, seed=seeds.randrange(1 << 30)), add_special_tokens=False).input_ids
+        texts.append(tokenizer.decode(ids[:INPUT_TOKENS]))
+    for level, n in PROMPTS_PER_LEVEL.items():
+        (out / f"ours-{level}.jsonl").write_text(
+            "".join(json.dumps({"prompt": t, "output_tokens": OUTPUT_TOKENS}) + "\n" for t in texts[:n]))
+        (out / f"sglang-{level}.json").write_text(json.dumps(
+            [{"id": str(i), "conversations": [{"from": "human", "value": t}, {"from": "gpt", "value": "ok"}]}
+             for i, t in enumerate(texts[:n])]))
+
+
+def _child_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(cmd: list[str], log: Path) -> tuple[int, float, float]:
+    """(exit status, wall seconds, CPU seconds of the process)."""
+    cpu, t0 = _child_cpu(), time.monotonic()
+    with open(log, "wb") as f:
+        try:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S).returncode
+        except subprocess.TimeoutExpired:
+            rc = -1
+    return rc, time.monotonic() - t0, _child_cpu() - cpu
+
+
+def ours(base: str, out: Path, level: int, n: int) -> dict:
+    run = out / f"ours-{level}-{n}"
+    cmd = [sys.executable, "-m", "ornith_stack", "bench", "--url", base, "--suite", "serving", "--out", str(run),
+           "--dataset-path", str(out / f"ours-{level}.jsonl"), "--num-prompts", str(PROMPTS_PER_LEVEL[level]),
+           "--max-concurrency", str(level), "--random-output-len", str(OUTPUT_TOKENS), "--repeats", "1",
+           "--warmup", "1", "--seed", "0"]
+    rc, wall, cpu = _run(cmd, out / f"ours-{level}-{n}.log")
+    figures: dict = {"rc": rc, "wall_s": round(wall, 1), "process_cpu_s": round(cpu, 2)}
+    try:
+        level_result = json.loads((run / "bench.json").read_text())["suites"]["serving"]["levels"][0]
+        metrics = level_result["runs"][0]
+    except (OSError, ValueError, KeyError, IndexError):
+        return figures
+    for name, (path, _) in FIGURES.items():
+        value = metrics
+        for key in path:
+            value = value[key]
+        figures[name] = value
+    figures["client_cpu_s_per_1k_tokens"] = metrics.get("client_cpu_s_per_1k_tokens")
+    figures["failed"] = metrics["failed"]
+    return figures
+
+
+def theirs(base: str, model: str, tokenizer: str, out: Path, level: int, n: int) -> dict:
+    result = out / f"sglang-{level}-{n}.jsonl"
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang-oai-chat", "--base-url", base,
+           "--model", model, "--tokenizer", tokenizer, "--dataset-name", "sharegpt",
+           "--dataset-path", str(out / f"sglang-{level}.json"), "--num-prompts", str(PROMPTS_PER_LEVEL[level]),
+           "--sharegpt-output-len", str(OUTPUT_TOKENS), "--max-concurrency", str(level), "--request-rate", "inf",
+           "--warmup-requests", str(level), "--seed", "0", "--disable-tqdm", "--output-file", str(result)]
+    # The prefix cache emptied here rather than by bench_serving's own flag, which not every version has.
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"{base}/flush_cache", method="POST"), timeout=30).close()
+    except OSError as exc:  # the run goes on; its log says the cache was not emptied
+        (out / f"sglang-{level}-{n}.flush.txt").write_text(repr(exc))
+    rc, wall, cpu = _run(cmd, out / f"sglang-{level}-{n}.log")
+    figures: dict = {"rc": rc, "wall_s": round(wall, 1), "process_cpu_s": round(cpu, 2)}
+    try:
+        row = json.loads(result.read_text().strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError):
+        return figures
+    for name, (_, key) in FIGURES.items():
+        figures[name] = row.get(key)
+    figures["failed"] = row.get("completed") is not None and row["completed"] != PROMPTS_PER_LEVEL[level]
+    return figures
+
+
+def _spread(values: list[float]) -> float | None:
+    return (max(values) - min(values)) / statistics.fmean(values) if values and statistics.fmean(values) else None
+
+
+def table(runs: dict[int, dict[str, list[dict]]]) -> tuple[str, dict]:
+    lines = ["| concurrency | figure | ours (runs) | spread | bench_serving (runs) | spread | ours / theirs |",
+             "|---|---|---|---|---|---|---|"]
+    summary: dict = {}
+    for level, sides in runs.items():
+        for name in FIGURES:
+            a = [r[name] for r in sides["ours"] if r.get(name) is not None]
+            b = [r[name] for r in sides["theirs"] if r.get(name) is not None]
+            ratio = statistics.fmean(a) / statistics.fmean(b) if a and b and statistics.fmean(b) else None
+            sa, sb = _spread(a), _spread(b)
+            summary.setdefault(str(level), {})[name] = {"ours": a, "theirs": b, "ours_spread": sa,
+                                                        "theirs_spread": sb, "ratio": ratio}
+            fmt = ", ".join
+            lines.append(f"| {level} | {name} | {fmt(f'{v:,.2f}' for v in a)} | {_pct(sa)} | "
+                         f"{fmt(f'{v:,.2f}' for v in b)} | {_pct(sb)} | {'' if ratio is None else f'{ratio:.3f}'} |")
+        cpu = [r.get("client_cpu_s_per_1k_tokens") for r in sides["ours"]]
+        summary[str(level)]["ours client CPU s per 1k tokens"] = cpu
+        summary[str(level)]["process CPU s"] = {side: [r["process_cpu_s"] for r in sides[side]] for side in sides}
+    return "\n".join(lines) + "\n", summary
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.1f}%"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--draft", required=True)
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--health-deadline-s", type=float, default=420)
+    args = parser.parse_args()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    cmd, changes = sglang_run.engine_command("gpu96", args.target, args.draft, args.port, "uncapped")
+    (out / "launch.json").write_text(json.dumps({"cmd": cmd, "changes": changes}, indent=1))
+    engine = sglang_run.Engine(cmd, out, args.port, sglang_run.ENV["uncapped"])
+    base = engine.base
+    try:
+        healthy = engine.wait_healthy(out / "health.txt", args.health_deadline_s)
+        print(f"healthy after {healthy:.0f} s", flush=True)
+        write_prompts(out, args.target)
+        model = json.loads(sglang_run._get(f"{base}/v1/models")[1])["data"][0]["id"]
+        started = time.monotonic()
+        runs: dict[int, dict[str, list[dict]]] = {}
+        for level in LEVELS:
+            runs[level] = {"ours": [], "theirs": []}
+            for n, who in enumerate(ORDER):
+                figures = (ours(base, out, level, n) if who == "ours"
+                           else theirs(base, model, args.target, out, level, n))
+                runs[level][who].append(figures)
+                print(f"[{time.monotonic() - started:5.0f} s] concurrency {level} {who}: "
+                      + json.dumps({k: v for k, v in figures.items() if k in FIGURES or k in ("rc", "wall_s")}),
+                      flush=True)
+        text, summary = table(runs)
+        (out / "table.md").write_text(text)
+        (out / "summary.json").write_text(json.dumps({"healthy_after_s": round(healthy, 1), "runs": {
+            str(k): v for k, v in runs.items()}, "figures": summary, "measured_s": round(time.monotonic() - started, 1),
+            "prompts_per_level": PROMPTS_PER_LEVEL, "input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS},
+            indent=1))
+        print(text)
+    finally:
+        engine.stop()
+
+
+if __name__ == "__main__":
+    main()
