@@ -14,6 +14,8 @@
 #   bash tests/gpu/run_sglang_h200.sh serve uncapped-tp1          # tp 1 without the KV / request caps
 #   bash tests/gpu/run_sglang_h200.sh gateway                     # two gpu96 replicas at half the memory
 #                                                                 # fraction behind the Model Gateway
+#   bash tests/gpu/run_sglang_h200.sh fit                         # the computed H200 profile as written, cold
+#                                                                 # and warm compile caches, beside uncapped
 #   bash tests/gpu/run_sglang_h200.sh bench-peer                  # ours beside sglang.bench_serving, same
 #                                                                 # prompts, A B B A at 1, 8, 32, 128, 256
 # A staged folder may also hold wheels (sglang-router for `gateway`, math-verify which the CLI imports);
@@ -126,6 +128,19 @@ gateway() {  # tests/gpu/gateway_run.py on GPU 0: two replicas, the gateway, the
     return "$rc"
 }
 
+fit() {  # tests/gpu/fit_run.py on GPU 0: the computed H200 profile as written, cold and warm, and uncapped (issue 30)
+    if [ ! -f "$W/site/.sglang-payload" ] || [ ! -f "$W/models/.done" ]; then log "not staged"; exit 1; fi
+    export CUDA_VISIBLE_DEVICES=0
+    log "fit_run.py (profiles new fit-h200 --gpu h200 --count 1; cold, warm, uncapped)"
+    timeout "${FIT_TIMEOUT_S:-585}" python3 "$REPO/tests/gpu/fit_run.py" "$W/runs/fit" --target "$W/models/target" \
+        --draft "$W/models/draft" 2>&1 | tee "$W/runs/fit-run.txt"
+    local rc=${PIPESTATUS[0]}
+    cp "$W/machine.txt" "$W/runs/" 2>/dev/null
+    tar -czf "$OUT/results-fit.tar.gz" -C "$W/runs" --exclude fit/compile-cache fit fit-run.txt machine.txt
+    log "fit done: rc=$rc"
+    return "$rc"
+}
+
 bench_peer() {  # tests/gpu/bench_peer_run.py on GPU 0: one uncapped gpu96 engine, both benches in turn (issue 32)
     if [ ! -f "$W/site/.sglang-payload" ] || [ ! -f "$W/models/.done" ]; then log "not staged"; exit 1; fi
     export CUDA_VISIBLE_DEVICES=0
@@ -144,5 +159,6 @@ case ${1:-} in
     serve) serve "$2" ;;
     gateway) gateway ;;
     bench-peer) bench_peer ;;
-    *) echo "usage: $0 stage DIR | serve tp1|tp2|uncapped-tp1 | gateway | bench-peer" >&2; exit 2 ;;
+    fit) fit ;;
+    *) echo "usage: $0 stage DIR | serve tp1|tp2|uncapped-tp1 | gateway | bench-peer | fit" >&2; exit 2 ;;
 esac
