@@ -89,6 +89,26 @@ def bench(out: Path, levels: str) -> dict[str, dict[str, float]]:
     return figures
 
 
+def alternate(args: argparse.Namespace) -> None:
+    out: Path = args.out
+    os.environ["ORNITH_PROFILE_DIR"] = str(out / "profiles")
+    cenv = cache_env(out / "compile-cache")
+    written, _ = sglang_run.engine_command(PROFILE, args.target, args.draft, PORT)
+    uncapped, _ = sglang_run.engine_command(PROFILE, args.target, args.draft, PORT, "uncapped")
+    rounds: list[dict] = []
+    for n in range(args.alternate):
+        for name, cmd, env in (("as_written", written, cenv), ("uncapped", uncapped, {**cenv, **sglang_run.ENV["uncapped"]})):
+            engine, healthy = start(cmd, out / f"alt-{n}-{name}", env)
+            try:
+                figures = bench(out / f"alt-{n}-{name}", args.levels)
+            finally:
+                engine.stop()
+            rounds.append({"round": n, "variant": name, "healthy_s": healthy, **figures})
+            print(json.dumps(rounds[-1]), flush=True)
+            time.sleep(3)
+    (out / "alternate.json").write_text(json.dumps(rounds, indent=2) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
@@ -96,7 +116,12 @@ def main() -> None:
     ap.add_argument("--draft", required=True)
     ap.add_argument("--gpu", default="h200")
     ap.add_argument("--levels", default="32")
+    ap.add_argument("--alternate", type=int, default=0, help="only N more rounds of as written / uncapped, "
+                    "A B A B on the kept caches (a second look at the throughput comparison)")
     args = ap.parse_args()
+    if args.alternate:
+        alternate(args)
+        return
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     profiles = out / "profiles"

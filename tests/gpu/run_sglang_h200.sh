@@ -133,7 +133,7 @@ fit() {  # tests/gpu/fit_run.py on GPU 0: the computed H200 profile as written, 
     export CUDA_VISIBLE_DEVICES=0
     log "fit_run.py (profiles new fit-h200 --gpu h200 --count 1; cold, warm, uncapped)"
     timeout "${FIT_TIMEOUT_S:-585}" python3 "$REPO/tests/gpu/fit_run.py" "$W/runs/fit" --target "$W/models/target" \
-        --draft "$W/models/draft" 2>&1 | tee "$W/runs/fit-run.txt"
+        --draft "$W/models/draft" ${FIT_ALTERNATE:+--alternate "$FIT_ALTERNATE"} 2>&1 | tee -a "$W/runs/fit-run.txt"
     local rc=${PIPESTATUS[0]}
     cp "$W/machine.txt" "$W/runs/" 2>/dev/null
     tar -czf "$OUT/results-fit.tar.gz" -C "$W/runs" --exclude fit/compile-cache fit fit-run.txt machine.txt
