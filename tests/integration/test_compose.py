@@ -51,7 +51,7 @@ import httpx
 import pytest
 import testinfra
 import yaml
-from containers import published_ports, remove_image, run_once
+from containers import client, published_ports, remove_image, run_once
 from images import ensure_base_images
 from ports import free_port
 
@@ -341,6 +341,19 @@ def test_status_shows_acceptance_and_decode_speed(first_up: subprocess.Completed
     acceptance, decode = float(cells[2]), float(cells[3])
     assert 1.0 <= acceptance <= 5.0, row  # 1 + accepted/steps, 4 drafted tokens at most
     assert decode > 0, row
+
+
+def test_the_exporter_image_is_the_lightest_and_carries_no_bench(first_up: subprocess.CompletedProcess[str]) -> None:
+    """The sizes of the images `up` built, printed for the CI log; the exporter's has no grader and no plots."""
+    images = {name: service["image"] for name, service in yaml.safe_load(DEMO.read_text())["services"].items()
+              if "build" in service}
+    sizes = {name: client().images.get(tag).attrs["Size"] / 1e6 for name, tag in images.items()}
+    print("image sizes: " + ", ".join(f"{name} {images[name]} {size:.0f} MB" for name, size in sorted(sizes.items())))
+    probe = "import importlib.util as u; print([m for m in ('sympy', 'math_verify', 'matplotlib', 'numpy') if u.find_spec(m)])"
+    found = run_once(images["exporter"], ["-c", probe], entrypoint="python3")
+    assert found.exit_code == 0, found.stderr
+    assert found.stdout.strip() == "[]"
+    assert sizes["exporter"] < sizes["engine"]
 
 
 # -- the cpu-demo stack ---------------------------------------------------------------------------------

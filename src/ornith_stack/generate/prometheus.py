@@ -23,7 +23,7 @@ ANSIBLE_CONFIG = "ansible/roles/monitoring/templates/prometheus.yml.j2"
 SOURCE = "src/ornith_stack/generate/prometheus.py, the metrics catalogue and the profiles"
 # Meta-monitoring: Prometheus scrapes itself and Alertmanager (failed notifications, the alert path).
 PROMETHEUS_JOB, ALERTMANAGER_JOB = "prometheus", "alertmanager"
-PROMETHEUS_SELF = "localhost:9090"
+PROMETHEUS_SELF = f"localhost:{D.PROMETHEUS_PORT}"
 # The engine job's own protection: the recorded engines send 434 to 588 samples and 53 to 97 kB per
 # scrape (tests/fixtures/engines/); ten times the most, and the exporter's body limit, stop a runaway
 # target without touching a real one.
