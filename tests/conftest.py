@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,8 +36,33 @@ def shared() -> Path:
     return SHARED
 
 
+_session_home: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The whole session (and every process it starts) sees an empty home and an empty operator profile folder.
+
+    Set here, before collection, not in a fixture: test modules list the profiles at import time to
+    parametrize over them, and one operator profile in ~/.config/ornith-stack/profiles (what `profiles new`
+    writes) made 20 tests fail on that machine. pytest-xdist's workers inherit the variables and call this
+    again, each with a home of its own."""
+    global _session_home
+    _session_home = Path(tempfile.mkdtemp(prefix="ornith-tests-home-"))
+    for name, folder in (("XDG_CONFIG_HOME", ".config"), ("XDG_CACHE_HOME", ".cache"),
+                         ("XDG_DATA_HOME", ".local/share"), ("XDG_STATE_HOME", ".local/state"),
+                         ("ORNITH_PROFILE_DIR", "operator-profiles")):
+        (_session_home / folder).mkdir(parents=True, exist_ok=True)
+        os.environ[name] = str(_session_home / folder)
+    os.environ["HOME"] = str(_session_home)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _session_home is not None:
+        shutil.rmtree(_session_home, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _no_operator_profiles(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests see the shipped profiles only, never the profiles of whoever runs them (~/.config)."""
-    if "ORNITH_PROFILE_DIR" not in os.environ:
-        monkeypatch.setenv("ORNITH_PROFILE_DIR", str(tmp_path_factory.mktemp("operator-profiles")))
+    """Each test starts with an operator profile folder of its own: a profile one test writes (`profiles new`)
+    is not seen by the next."""
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", str(tmp_path_factory.mktemp("operator-profiles")))

@@ -1,12 +1,18 @@
-"""The ornith-stack command. Sub-commands live in ornith_stack.commands.*; they parse and print only."""
+"""The ornith-stack command. Sub-commands live in ornith_stack.commands.*; they parse and print only.
+
+A command's module is imported when that command runs (or shows its help), not before: the bench alone imports
+sympy through its math grader (0.8 s), and `ornith-stack --help` took 2.2 s when every command was imported
+first. The list in the top-level help is read from the modules' source (commands/index.py).
+"""
 
 from __future__ import annotations
 
 import errno
 import functools
 import importlib
-import pkgutil
 import sys
+from importlib.util import find_spec
+from typing import Any
 
 import typer
 import typer.core
@@ -15,7 +21,61 @@ from rich.console import Console
 from rich.markup import escape
 
 from ornith_stack import commands
+from ornith_stack.commands.index import command_index
 from ornith_stack.errors import UserError, one_line
+
+err = Console(stderr=True)
+
+# Commands that need an extra of the package (pyproject.toml's optional-dependencies; tests/unit/test_cli_lazy.py
+# checks these modules against it): the bench's math grader (math-verify, which brings sympy) and its plots
+# (matplotlib) weigh about 200 MB that the exporter's image does without. Checked before the command starts, so
+# that a benchmark does not run for minutes and then fail to draw its plots.
+NEEDS_EXTRA: dict[str, tuple[str, tuple[str, ...]]] = {"bench": ("bench", ("math_verify", "matplotlib"))}
+
+
+class _LazyGroup(typer.core.TyperGroup):
+    """The top-level group: a command's module is imported when the command is looked up to run; the help
+    listing shows each command's help as its source states it, without importing it."""
+
+    _listing = False
+
+    # Typer vendors click in a private module: its Context and Command types are not named here.
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(command_index())
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        entry = command_index().get(cmd_name)
+        if entry is None:
+            return None
+        if self._listing:
+            return typer.core.TyperCommand(cmd_name, help=entry.help, hidden=entry.hidden)
+        _require_extra(cmd_name)
+        return _loaded(entry.module).get(cmd_name)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+
+def _require_extra(command: str) -> None:
+    extra, modules = NEEDS_EXTRA.get(command, ("", ()))
+    missing = [module for module in modules if find_spec(module) is None]
+    if missing:
+        raise UserError(f"`ornith-stack {command}` needs the {extra} extra ({', '.join(missing)} is not installed): "
+                        f"pip install 'ornith-stack[{extra}]' (in a checkout: pip install -e '.[{extra}]')")
+
+
+@functools.cache
+def _loaded(module: str) -> dict[str, Any]:
+    """The click commands one module registers, registered once per process: registering on every call of main()
+    made a process that calls it repeatedly (the test suite) slower with each call."""
+    sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    importlib.import_module(f"{commands.__name__}.{module}").register(sub)
+    return dict(typer.main.get_group(sub).commands)
+
 
 app = typer.Typer(
     name="ornith-stack",
@@ -24,17 +84,19 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_LazyGroup,
 )
-err = Console(stderr=True)
 
 
 @functools.cache
 def _command() -> typer.core.TyperGroup:
-    """The sub-commands, registered once per process: registering on every call made a process that calls
-    main() repeatedly (the test suite) hold every command once per call, and each call slower than the last."""
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        importlib.import_module(f"{commands.__name__}.{info.name}").register(app)
     return typer.main.get_group(app)  # the app has no completion options (add_completion=False)
+
+
+def eager_commands() -> dict[str, Any]:
+    """Every command, each module imported (what the lazy listing must agree with)."""
+    return {name: command for entry in {e.module for e in command_index().values()}
+            for name, command in _loaded(entry).items()}
 
 
 def main(argv: list[str] | None = None) -> int:

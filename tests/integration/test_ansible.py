@@ -21,6 +21,8 @@ docker/engine.Dockerfile on the local Python base (ornith-stack and the entrypoi
 restarts after the entrypoint's checks). Either way the image is saved to an archive and removed from the
 daemon before the play, so only the host's `docker load` can bring it back.
 What cannot run without a GPU: the driver, the NVIDIA container toolkit and nvidia-ctk (see ansible/README.md).
+The refusals that only read the host (no GPU, too little disk, the wrong architecture) run as local plays in the
+fast tier (tests/unit/test_ansible_refusals.py); the ones here need this host's own apt sources, the Hub or Docker.
 """
 
 from __future__ import annotations
@@ -565,30 +567,6 @@ def test_too_little_disk_fails_before_downloading(
     assert not (shared / "hf-small").exists() or not list((shared / "hf-small").rglob("blobs/*"))
 
 
-def test_preflight_refuses_a_small_disk_before_changing_anything(
-    first_run, inventory: Path, hub: HubServer, tmp_path: Path
-) -> None:
-    result = _playbook(inventory, _extra_vars(hub, tmp_path, ornith_disk_weights_gb=10_000_000))
-    assert result.returncode != 0
-    text = " ".join(result.stdout.split())
-    assert re.search(r"has [\d.]+ GB free on the disk of \S+; profile cpu-demo puts [\d.]+ GB there: weights of "
-                     r"model and draft 10000000 GB", text), text[-3000:]
-    assert _recap(result)["changed"] == 0
-
-
-def test_a_host_without_a_gpu_fails_clearly_unless_it_says_so(
-    first_run, inventory: Path, hub: HubServer, tmp_path: Path
-) -> None:
-    extra = _extra_vars(hub, tmp_path, ornith_profile="gpu96", nvidia_driver_gpu_expected=True)
-    result = _playbook(inventory, extra, "--tags", "driver")
-    assert result.returncode != 0
-    text = " ".join(result.stdout.split())
-    assert "has no NVIDIA GPU (no PCI device of vendor 0x10de, nvidia-smi finds none)" in text, text[-3000:]
-    assert "but profile gpu96 needs 1 GPU(s)" in text
-    assert "set nvidia_driver_gpu_expected: false in its inventory" in text
-    assert _recap(result)["changed"] == 0
-
-
 def test_a_conflicting_nvidia_apt_source_is_refused_before_any_change(
     first_run, inventory: Path, hub: HubServer, host: str, tmp_path: Path
 ) -> None:
@@ -610,16 +588,6 @@ def test_a_conflicting_nvidia_apt_source_is_refused_before_any_change(
     assert f"outside NVIDIA's own list file {NVIDIA_LIST}: {extra_list}" in text, text[-3000:]
     assert "Remove those files" in text
     assert _recap(result)["changed"] == 0
-
-
-def test_spark_playbook_refuses_a_host_of_the_wrong_architecture(
-    first_run, inventory: Path, hub: HubServer, tmp_path: Path
-) -> None:
-    extra = tmp_path / "spark.json"  # the spark profile's own variables, only the repository supplied
-    extra.write_text(json.dumps({"ornith_hosts": "ornith", "ornith_model_repo": MODEL_REPO}))
-    result = _playbook(inventory, extra, "--tags", "driver", playbook="provision-spark.yml")
-    assert result.returncode != 0
-    assert "Profile spark runs on aarch64" in " ".join(result.stdout.split()), result.stdout[-3000:]
 
 
 def test_an_unpullable_base_image_fails_with_the_tag_to_set(

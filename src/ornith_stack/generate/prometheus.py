@@ -26,7 +26,7 @@ ANSIBLE_CONFIG = "ansible/roles/monitoring/templates/prometheus.yml.j2"
 SOURCE = "src/ornith_stack/generate/prometheus.py, the metrics catalogue and the profiles"
 # Meta-monitoring: Prometheus scrapes itself and Alertmanager (failed notifications, the alert path).
 PROMETHEUS_JOB, ALERTMANAGER_JOB = "prometheus", "alertmanager"
-PROMETHEUS_SELF = "localhost:9090"
+PROMETHEUS_SELF = f"localhost:{D.PROMETHEUS_PORT}"
 
 
 @dataclass(frozen=True)

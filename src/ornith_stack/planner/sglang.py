@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from packaging.version import InvalidVersion, Version
+
 from ornith_stack.errors import UserError
 from ornith_stack.planner.capabilities import attention_backend_line, unrunnable
 from ornith_stack.planner.common import attention_bytes_per_token, mamba_state_bytes, tp_divisibility
@@ -108,13 +110,11 @@ def release_for(version: str | None) -> Release:
 
 
 def _version_tuple(version: str | None) -> tuple[int, ...] | None:
-    parts = []
-    for part in (version or "").split("."):
-        digits = "".join(c for c in part if c.isdigit()) if part[:1].isdigit() else ""
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts) or None
+    """The release numbers of an engine version (0.5.21rc1 and 0.5.21.post1 are 0.5.21); None when unreadable."""
+    try:
+        return Version(version).release if version else None
+    except InvalidVersion:
+        return None
 
 
 # -- defaults SGLang resolves when a flag is absent --------------------------------------------------

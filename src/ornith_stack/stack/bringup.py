@@ -258,8 +258,8 @@ def wait_exporter(address: str, timeout: float) -> None:
 
 SERVICE_PORTS = {
     "exporter": deployment.EXPORTER_PORT,
-    "prometheus": 9090,
-    "grafana": 3000,
+    "prometheus": deployment.PROMETHEUS_PORT,
+    "grafana": deployment.GRAFANA_PORT,
     "alertmanager": deployment.ALERTMANAGER_PORT,
 }
 

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ornith_stack.deployment import ENGINE_SERVICE  # noqa: F401 - the stack's callers name it from here
 from ornith_stack.errors import UserError
 from ornith_stack.stack.shell import Runner, first_line
 
 PROJECT_PREFIX = "ornith-"
-ENGINE_SERVICE = "engine"
 
 
 def find_checkout(start: Path) -> Path:
