@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -101,12 +102,24 @@ def _rate(then: dict[str, float], now: dict[str, float], name: str, elapsed: flo
     return (now[name] - then[name]) / elapsed
 
 
-def api_authenticated(base: str, models_path: str) -> bool | None:
-    """Whether the engine refuses a request without a key (None: it did not answer)."""
+def post_without_key(url: str, body: dict[str, Any]) -> int | None:
+    """The HTTP status of a POST without an Authorization header (None: nothing answered)."""
     try:
-        return httpx.get(base + models_path, timeout=10).status_code in (401, 403)
+        return httpx.post(url, json=body, timeout=300).status_code
     except httpx.HTTPError:
         return None
+
+
+def refuses(code: int | None) -> bool | None:
+    """Whether a request without the key was refused (None: nothing answered)."""
+    return None if code is None else code in (401, 403)
+
+
+def answers_ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=10).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def alerts_go_nowhere(address: str) -> bool | None:
