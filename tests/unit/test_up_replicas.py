@@ -1,0 +1,122 @@
+"""`up`, `status`, `logs` and `down` for both layouts: one engine, or replicas behind the Model Gateway.
+
+The layout's service names are checked against the compose file the template renders for a two-replica
+cpu-demo (one fact: deployment's names); the gateway probes run against the real sglang-router 0.3.2 on
+loopback, keyed and open (measured first by hand: keyed, POST /workers and a chat without the key answer
+401; open, an empty POST /workers answers 422 and adds nothing)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from ports import free_port
+
+from ornith_stack import deployment
+from ornith_stack.errors import UserError
+from ornith_stack.generate.profile_files import render_profile
+from ornith_stack.profiles import from_data, load_profile
+from ornith_stack.profiles.model import Profile
+from ornith_stack.stack.bringup import chat_body, refuse_workers
+from ornith_stack.stack.compose import layout_for, log_services
+from ornith_stack.stack.status import post_without_key, refuses
+
+
+def replica_profile(replicas: int = 2) -> Profile:
+    data = load_profile("cpu-demo").model_dump(mode="json", exclude_none=True)
+    data["name"] = "cpu-demo-x2"
+    data["serve"]["replicas"] = replicas
+    return from_data(data, Path("cpu-demo-x2.yaml"))
+
+
+def compose_services(profile: Profile) -> dict[str, dict[str, object]]:
+    return dict(yaml.safe_load(render_profile(profile, "compose.yml.j2", "compose"))["services"])
+
+
+def test_one_engine_publishes_the_api_itself() -> None:
+    profile = load_profile("cpu-demo")
+    layout = layout_for(profile)
+    assert (layout.engines, layout.gateway, layout.endpoint) == (("engine",), None, "engine")
+    assert layout.health_path == "/health"
+    assert "ports" in compose_services(profile)["engine"]
+
+
+def test_replicas_publish_the_api_through_the_gateway_the_compose_file_names() -> None:
+    profile = replica_profile()
+    layout = layout_for(profile)
+    services = compose_services(profile)
+    assert layout.engines == ("engine-0", "engine-1") and layout.endpoint == "gateway"
+    assert layout.health_path == deployment.GATEWAY_HEALTH_PATH
+    api = f":{profile.serve.port}"
+    publishing = sorted(name for name, s in services.items() if any(str(p).endswith(api) for p in s.get("ports", [])))
+    assert publishing == [layout.endpoint]
+    assert {name for name in services if name.startswith("engine")} == set(layout.engines)
+    # On CPU the replicas share the cores: no GPU reservation, no device ids.
+    assert all("deploy" not in services[name] for name in layout.engines)
+
+
+def test_logs_engine_means_every_replica_and_an_unknown_name_lists_the_services() -> None:
+    known = ["alertmanager", "engine-0", "engine-1", "exporter", "gateway"]
+    layout = layout_for(replica_profile())
+    assert log_services(known, layout, "engine") == ["engine-0", "engine-1"]
+    assert log_services(known, layout, "engine-1") == ["engine-1"]
+    assert log_services(known, layout, None) == []
+    with pytest.raises(UserError, match=r"no service 'engine-7' in this stack; its services: alertmanager, engine-0"):
+        log_services(known, layout, "engine-7")
+    # Without the compose file nothing is known: compose itself answers for the name.
+    assert log_services([], layout, "engine-7") == ["engine-7"]
+    assert log_services(["engine", "exporter"], layout_for(load_profile("cpu-demo")), "engine") == ["engine"]
+
+
+@contextmanager
+def gateway(*args: str) -> Iterator[str]:
+    """The real Model Gateway with no workers on loopback ports; its base URL."""
+    pytest.importorskip("sglang_router", reason="pip install 'sglang-router==0.3.2' (the dev extra)")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", *args, "--host", "127.0.0.1",
+                             "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                             str(free_port())], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"the gateway exited with {proc.returncode}"
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "the gateway did not answer /health in 60 s"
+                time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_keyed_gateway_refuses_workers_and_chat_without_the_key() -> None:
+    with gateway("--api-key", "k-for-the-test") as base:
+        refuse_workers(base)  # no error: 401
+        assert refuses(post_without_key(base + "/v1/chat/completions", chat_body("ornith", "ping", 1))) is True
+        added = httpx.post(base + deployment.GATEWAY_WORKERS_PATH, json={},
+                           headers={"Authorization": "Bearer k-for-the-test"}, timeout=10)
+        assert added.status_code != 401  # the key opens it: the probe tells keyed from broken
+
+
+def test_an_open_gateway_is_named_and_the_probe_adds_no_worker() -> None:
+    with gateway() as base:
+        with pytest.raises(UserError, match=r"/workers answered HTTP 422 without the API key \(expected 401\): "
+                                            r"anyone who reaches the gateway can add or remove its workers"):
+            refuse_workers(base)
+        assert refuses(post_without_key(base + deployment.GATEWAY_WORKERS_PATH, {})) is False
+        assert httpx.get(base + deployment.GATEWAY_WORKERS_PATH, timeout=10).json()["total"] == 0
+
+
+def test_nothing_listening_is_not_answering() -> None:
+    assert refuses(post_without_key(f"http://127.0.0.1:{free_port()}/v1/chat/completions", {})) is None
