@@ -21,9 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from containers import remove_image
-from images import ensure_base_images
-from ports import free_port
+from up_env import up_environment
 
 pytestmark = pytest.mark.integration
 
@@ -48,24 +46,11 @@ def project_objects() -> list[str]:
 
 @pytest.fixture(scope="module")
 def up_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    if subprocess.run(["docker", "compose", "version"], capture_output=True, check=False).returncode != 0:
-        pytest.skip("Compose v2 (`docker compose`) is not installed: run scripts/install-compose-v2.sh")
-    bases = ensure_base_images("python", "prometheus")
-    grafana = f"ornith-it/grafana-standin:up-{os.getpid()}"
-    subprocess.run(["docker", "build", "-q", "-t", grafana, "-"], check=True, capture_output=True, text=True,
-                   input=f'FROM {bases["python"]}\nCMD ["python3", "-m", "http.server", "3000", "-d", "/tmp"]\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORNITH_", "GRAFANA_", "HF_TOKEN"))}
-    env.update(
-        ORNITH_PYTHON_BASE_IMAGE=bases["python"], ORNITH_PROMETHEUS_IMAGE=bases["prometheus"],
-        ORNITH_ALERTMANAGER_IMAGE=bases["prometheus"], ORNITH_GRAFANA_IMAGE=grafana,
-        **{f"ORNITH_{name}_PORT": str(free_port())
-           for name in ("ENGINE", "EXPORTER", "PROMETHEUS", "GRAFANA", "ALERTMANAGER")},
-    )
-    env["ORNITH_TEST_ENV_FILE"] = str(tmp_path_factory.mktemp("up") / "compose.env")
-    yield env
-    subprocess.run(["docker", "compose", "-p", PROJECT, "down", "--volumes", "--remove-orphans"],
-                   capture_output=True, check=False, timeout=300)
-    remove_image(grafana)
+    with up_environment(f"up-{os.getpid()}") as env:
+        env["ORNITH_TEST_ENV_FILE"] = str(tmp_path_factory.mktemp("up") / "compose.env")
+        yield env
+        subprocess.run(["docker", "compose", "-p", PROJECT, "down", "--volumes", "--remove-orphans"],
+                       capture_output=True, check=False, timeout=300)
 
 
 @pytest.fixture(scope="module")

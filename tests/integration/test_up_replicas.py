@@ -27,9 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from containers import remove_image
-from images import ensure_base_images
-from ports import free_port
+from up_env import up_environment
 
 from ornith_stack.generate.core import render
 from ornith_stack.generate.profile_files import operator_files
@@ -84,33 +82,22 @@ def project_objects() -> list[str]:
 
 @pytest.fixture(scope="module")
 def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    if subprocess.run(["docker", "compose", "version"], capture_output=True, check=False).returncode != 0:
-        pytest.skip("Compose v2 (`docker compose`) is not installed: run scripts/install-compose-v2.sh")
-    bases = ensure_base_images("python", "prometheus")
-    grafana = f"ornith-it/grafana-standin:x2-{os.getpid()}"
-    subprocess.run(["docker", "build", "-q", "-t", grafana, "-"], check=True, capture_output=True, text=True,
-                   input=f'FROM {bases["python"]}\nCMD ["python3", "-m", "http.server", "3000", "-d", "/tmp"]\n')
     folder = tmp_path_factory.mktemp("profiles")
     kept = tmp_path_factory.mktemp("kept") / ".env"
-    if ENV_FILE.exists():  # a developer's own key: set aside, put back afterwards
-        shutil.move(ENV_FILE, kept)
-    write_profile(folder)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORNITH_", "GRAFANA_", "HF_TOKEN"))}
-    env.update(ORNITH_PROFILE_DIR=str(folder), ORNITH_PYTHON_BASE_IMAGE=bases["python"],
-               ORNITH_PROMETHEUS_IMAGE=bases["prometheus"], ORNITH_ALERTMANAGER_IMAGE=bases["prometheus"],
-               ORNITH_GRAFANA_IMAGE=grafana)
-    for service in ("ENGINE", "EXPORTER", "PROMETHEUS", "GRAFANA", "ALERTMANAGER"):
-        env[f"ORNITH_{service}_PORT"] = str(free_port())
-    try:
-        yield env
-    finally:
-        subprocess.run(["docker", "compose", "-p", PROJECT, "-f", str(COMPOSE_FILE), "down", "--volumes",
-                        "--remove-orphans"], capture_output=True, check=False, timeout=300)
-        COMPOSE_FILE.unlink(missing_ok=True)
-        ENV_FILE.unlink(missing_ok=True)
-        if kept.exists():
-            shutil.move(kept, ENV_FILE)
-        remove_image(grafana)
+    with up_environment(f"x2-{os.getpid()}") as env:
+        if ENV_FILE.exists():  # a developer's own key: set aside, put back afterwards
+            shutil.move(ENV_FILE, kept)
+        write_profile(folder)
+        env["ORNITH_PROFILE_DIR"] = str(folder)
+        try:
+            yield env
+        finally:
+            subprocess.run(["docker", "compose", "-p", PROJECT, "-f", str(COMPOSE_FILE), "down", "--volumes",
+                            "--remove-orphans"], capture_output=True, check=False, timeout=300)
+            COMPOSE_FILE.unlink(missing_ok=True)
+            ENV_FILE.unlink(missing_ok=True)
+            if kept.exists():
+                shutil.move(kept, ENV_FILE)
 
 
 @pytest.fixture(scope="module")
