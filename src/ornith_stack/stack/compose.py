@@ -146,9 +146,7 @@ def layout_for(profile: Profile) -> Layout:
 def service_environment(run: Runner, stack: Stack, service: str) -> dict[str, str]:
     """A service's environment as compose resolves it now (the env file and the caller's variables in)."""
     services = compose_json(run, stack, "config", "--format", "json").get("services", {})
-    environment = (services.get(service) or {}).get("environment") or {}
-    if isinstance(environment, list):  # compose files may list NAME=VALUE; `config` writes a mapping
-        environment = {name: value for name, _, value in (str(item).partition("=") for item in environment)}
+    environment = (services.get(service) or {}).get("environment") or {}  # `config` writes a mapping
     return {str(k): "" if v is None else str(v) for k, v in environment.items()}
 
 
