@@ -7,6 +7,7 @@ loopback, keyed and open (measured first by hand: keyed, POST /workers and a cha
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from docker_replay import Replay, recorded
 from ports import free_port
 
 from ornith_stack import deployment
@@ -25,7 +27,14 @@ from ornith_stack.generate.profile_files import render_profile
 from ornith_stack.profiles import from_data, load_profile
 from ornith_stack.profiles.model import Profile
 from ornith_stack.stack.bringup import chat_body, refuse_workers
-from ornith_stack.stack.compose import layout_for, log_services
+from ornith_stack.stack.compose import (
+    Stack,
+    gateway_keyed,
+    layout_for,
+    log_services,
+    service_environment,
+    stack_services,
+)
 from ornith_stack.stack.status import post_without_key, refuses
 
 
@@ -120,3 +129,36 @@ def test_an_open_gateway_is_named_and_the_probe_adds_no_worker() -> None:
 
 def test_nothing_listening_is_not_answering() -> None:
     assert refuses(post_without_key(f"http://127.0.0.1:{free_port()}/v1/chat/completions", {})) is None
+
+
+CONFIG = ("docker", "compose", "-p", "up-x2-5305")
+
+
+def recorded_stack() -> Stack:
+    """The stack the recordings in tests/fixtures/docker/replicas/ came from (its compose file elsewhere)."""
+    return Stack("it-replicas-5305", "up-x2-5305", Path("/nonexistent/compose/it-replicas-5305.yml"), None)
+
+
+def test_the_services_and_environment_compose_resolved_for_two_replicas(tmp_path: Path) -> None:
+    replay = Replay({CONFIG: recorded("replicas/compose-config")})
+    stack = recorded_stack()
+    layout = layout_for(replica_profile())
+    # Without its compose file nothing is known (compose answers for a name itself); with it, its services.
+    assert stack_services(replay, stack) == []
+    present = Stack(stack.profile, stack.project, tmp_path / "x2.yml", None)
+    present.compose_file.write_text("services: {}\n")
+    assert stack_services(replay, present) == ["alertmanager", "alertmanager-config", "engine-0", "engine-1",
+                                               "exporter", "gateway", "grafana", "prometheus"]
+    assert service_environment(replay, stack, "engine-1")["ORNITH_API_KEY"] == "recorded-placeholder-key"
+    # Today's template gives the gateway no key: its /workers routes are not expected to refuse.
+    assert service_environment(replay, stack, "gateway") == {} and not gateway_keyed(replay, stack, layout)
+
+
+def test_a_gateway_with_the_key_in_its_environment_is_keyed() -> None:
+    config = json.loads(recorded("replicas/compose-config").stdout)
+    config["services"]["gateway"]["environment"] = {"ORNITH_API_KEY": "recorded-placeholder-key"}
+    keyed = subprocess.CompletedProcess([], 0, json.dumps(config), "")
+    assert gateway_keyed(Replay({CONFIG: keyed}), recorded_stack(), layout_for(replica_profile()))
+    config["services"]["gateway"]["environment"] = {"ORNITH_API_KEY": None}  # `--no-api-key`: set, empty
+    empty = subprocess.CompletedProcess([], 0, json.dumps(config), "")
+    assert not gateway_keyed(Replay({CONFIG: empty}), recorded_stack(), layout_for(replica_profile()))
