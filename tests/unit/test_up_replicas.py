@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -22,11 +24,12 @@ from docker_replay import Replay, recorded
 from ports import free_port
 
 from ornith_stack import deployment
+from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.generate.profile_files import render_profile
 from ornith_stack.profiles import from_data, load_profile
 from ornith_stack.profiles.model import Profile
-from ornith_stack.stack.bringup import chat_body, refuse_workers
+from ornith_stack.stack.bringup import chat_body, refuse_workers, wait_healthy
 from ornith_stack.stack.compose import (
     Stack,
     gateway_keyed,
@@ -35,6 +38,7 @@ from ornith_stack.stack.compose import (
     service_environment,
     stack_services,
 )
+from ornith_stack.stack.shell import Result
 from ornith_stack.stack.status import post_without_key, refuses
 
 
@@ -162,3 +166,78 @@ def test_a_gateway_with_the_key_in_its_environment_is_keyed() -> None:
     config["services"]["gateway"]["environment"] = {"ORNITH_API_KEY": None}  # `--no-api-key`: set, empty
     empty = subprocess.CompletedProcess([], 0, json.dumps(config), "")
     assert not gateway_keyed(Replay({CONFIG: empty}), recorded_stack(), layout_for(replica_profile()))
+
+
+class Recorded:
+    """The Docker CLI as it answered about the running two-replica stack: `compose ps`, `docker inspect`
+    (a replica's State replaced where a test says so) and the replicas' logs."""
+
+    def __init__(self, states: dict[str, dict[str, object]] | None = None) -> None:
+        self.inspect = json.loads(recorded("replicas/inspect").stdout)
+        for container in self.inspect:
+            service = container["Config"]["Labels"]["com.docker.compose.service"]
+            container["State"].update((states or {}).get(service, {}))
+
+    def __call__(self, argv: Sequence[str], timeout: float = 600.0, on_line: object = None) -> Result:
+        if argv[:2] == ["docker", "inspect"]:
+            return subprocess.CompletedProcess(argv, 0, json.dumps(self.inspect), "")
+        if "ps" in argv:
+            return recorded("replicas/compose-ps-quiet")
+        if "logs" in argv:
+            return recorded("replicas/engine-logs")
+        raise AssertionError(f"no recording for {argv}")
+
+
+class Notes:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def step(self, title: str) -> None:
+        self.seen.append(title)
+
+    def note(self, text: str) -> None:
+        self.seen.append(text)
+
+
+@contextmanager
+def endpoint(status: int) -> Iterator[str]:
+    """A real HTTP server on loopback answering every GET with `status` (the gateway's /readiness)."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def wait(run: Recorded, base: str, timeout_s: float = 0.0) -> Notes:
+    notes = Notes()
+    profile = replica_profile()
+    wait_healthy(run, recorded_stack(), layout_for(profile), adapter_for(profile), base, timeout_s, notes)
+    return notes
+
+
+def test_up_waits_for_every_replica_and_the_gateway_and_shows_the_start_phases() -> None:
+    with endpoint(200) as base:
+        notes = wait(Recorded(), base)
+    # vLLM on CPU captures no CUDA graphs; every other phase is in the replicas' recorded logs, in order.
+    assert notes.seen == ["weights loaded", "KV pool sized", "API up"]
+
+
+def test_a_replica_still_starting_keeps_up_waiting_though_the_gateway_is_ready() -> None:
+    with endpoint(200) as base, pytest.raises(UserError, match=r"^engine-1 did not become healthy within 0 s; the last lines: "):
+        wait(Recorded({"engine-1": {"Health": {"Status": "starting"}}}), base)
+
+
+def test_a_replica_that_exited_is_named_with_its_last_lines() -> None:
+    with endpoint(503) as base, pytest.raises(UserError, match=r"^replica engine-1 stopped \(exit 137\); its last lines: "):
+        wait(Recorded({"engine-1": {"Status": "exited", "ExitCode": 137, "Running": False}}), base, timeout_s=60)

@@ -220,9 +220,9 @@ def wait_healthy(run: Runner, stack: Stack, layout: Layout, adapter: EngineAdapt
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            late = ", ".join(waiting) or layout.endpoint
-            raise UserError(f"{late} did not become ready ({layout.health_path} on the endpoint, each replica's "
-                            f"healthcheck) within {timeout_s:.0f} s; the last lines: {log_tail(log)} "
+            late = (f"{', '.join(waiting)} did not become healthy" if waiting
+                    else f"the {layout.endpoint} did not answer {layout.health_path}")
+            raise UserError(f"{late} within {timeout_s:.0f} s; the last lines: {log_tail(log)} "
                             f"(`ornith-stack logs {deployment.ENGINE_SERVICE}` shows more)")
         time.sleep(POLL_S)
 
