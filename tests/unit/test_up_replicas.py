@@ -29,7 +29,7 @@ from ornith_stack.errors import UserError
 from ornith_stack.generate.profile_files import render_profile
 from ornith_stack.profiles import from_data, load_profile
 from ornith_stack.profiles.model import Profile
-from ornith_stack.stack.bringup import chat_body, refuse_workers, wait_healthy
+from ornith_stack.stack.bringup import refuse_workers, wait_healthy
 from ornith_stack.stack.compose import (
     Stack,
     gateway_keyed,
@@ -39,7 +39,7 @@ from ornith_stack.stack.compose import (
     stack_services,
 )
 from ornith_stack.stack.shell import Result
-from ornith_stack.stack.status import post_without_key, refuses
+from ornith_stack.stack.status import chat_body, endpoint_access, post_without_key, refuses
 
 
 def replica_profile(replicas: int = 2) -> Profile:
@@ -117,6 +117,9 @@ def test_a_keyed_gateway_refuses_workers_and_chat_without_the_key() -> None:
     with gateway("--api-key", "k-for-the-test") as base:
         refuse_workers(base)  # no error: 401
         assert refuses(post_without_key(base + "/v1/chat/completions", chat_body("ornith", "ping", 1))) is True
+        # What `status` prints from: both refused; not ready, as no replica serves behind it.
+        seen = endpoint_access(base, layout_for(replica_profile()), "/v1/chat/completions", "ornith")
+        assert (seen.api, seen.workers, seen.gateway_ready) == (True, True, False)
         added = httpx.post(base + deployment.GATEWAY_WORKERS_PATH, json={},
                            headers={"Authorization": "Bearer k-for-the-test"}, timeout=10)
         assert added.status_code != 401  # the key opens it: the probe tells keyed from broken
@@ -127,7 +130,7 @@ def test_an_open_gateway_is_named_and_the_probe_adds_no_worker() -> None:
         with pytest.raises(UserError, match=r"/workers answered HTTP 422 without the API key \(expected 401\): "
                                             r"anyone who reaches the gateway can add or remove its workers"):
             refuse_workers(base)
-        assert refuses(post_without_key(base + deployment.GATEWAY_WORKERS_PATH, {})) is False
+        assert endpoint_access(base, layout_for(replica_profile()), "/v1/chat/completions", "ornith").workers is False
         assert httpx.get(base + deployment.GATEWAY_WORKERS_PATH, timeout=10).json()["total"] == 0
 
 

@@ -18,7 +18,7 @@ from rich.table import Table
 from ornith_stack import deployment
 from ornith_stack.engines import adapter_for
 from ornith_stack.profiles import load_profile
-from ornith_stack.stack.bringup import Outcome, UpOptions, chat_body, up
+from ornith_stack.stack.bringup import Outcome, UpOptions, up
 from ornith_stack.stack.compose import (
     find_checkout,
     layout_for,
@@ -28,7 +28,7 @@ from ornith_stack.stack.compose import (
     stack_services,
 )
 from ornith_stack.stack.shell import run
-from ornith_stack.stack.status import alerts_go_nowhere, answers_ready, engine_status, post_without_key, refuses
+from ornith_stack.stack.status import alerts_go_nowhere, endpoint_access, engine_status
 
 out = Console(highlight=False, soft_wrap=True)
 ProjectOption = Annotated[str | None, typer.Option(
@@ -147,17 +147,14 @@ def register(app: typer.Typer) -> None:
                       f"`ornith-stack logs {layout.endpoint}`")
         else:
             base = f"http://{endpoint}"
-            model = profile.serve.served_name or profile.model.repo or ""
-            # A chat request as a user's curl without the header sends it (a gateway's /v1/models is open
-            # even with a key): refused before any generation when the API is keyed.
-            chat = post_without_key(base + adapter_for(profile).chat_path, chat_body(model, "ping", max_tokens=1))
+            access = endpoint_access(base, layout, adapter_for(profile).chat_path,
+                                     profile.serve.served_name or profile.model.repo or "")
             front = "" if layout.gateway is None else f" ({layout.gateway} in front of {', '.join(layout.engines)})"
-            out.print(f"API {base}/v1{front}: {AUTH_NOTE[refuses(chat)]}")
+            out.print(f"API {base}/v1{front}: {AUTH_NOTE[access.api]}")
             if layout.gateway is not None:
-                workers = post_without_key(base + deployment.GATEWAY_WORKERS_PATH, {})
                 out.print(f"{layout.gateway} {deployment.GATEWAY_WORKERS_PATH} (adds and removes replicas): "
-                          f"{AUTH_NOTE[refuses(workers)]}")
-                gateway_up = answers_ready(base + layout.health_path)
+                          f"{AUTH_NOTE[access.workers]}")
+                gateway_up = access.gateway_ready
         alertmanager = published(run, stack, deployment.ALERTMANAGER_SERVICE, deployment.ALERTMANAGER_PORT)
         if alertmanager is not None and alerts_go_nowhere(alertmanager):
             out.print("alerts go NOWHERE: Alertmanager sends to the placeholder webhook; set "

@@ -34,7 +34,7 @@ from ornith_stack.stack.compose import (
 from ornith_stack.stack.envfile import ApiKey, api_key, read_env, set_env
 from ornith_stack.stack.preflight import preflight
 from ornith_stack.stack.shell import Runner, first_line
-from ornith_stack.stack.status import post_without_key
+from ornith_stack.stack.status import chat_body, post_without_key
 
 # How long the engine may take to answer its health route after `up -d`: the compose healthchecks'
 # start periods (900 s on GPUs: a cold load took 440 s on a Spark, then compile and graph capture;
@@ -234,12 +234,6 @@ def engine_states(run: Runner, stack: Stack, layout: Layout) -> dict[str, dict[s
 
 def _which(layout: Layout, service: str) -> str:
     return "the engine" if layout.gateway is None else f"replica {service}"
-
-
-def chat_body(model: str, prompt: str, max_tokens: int = 32) -> dict[str, Any]:
-    """A chat request with thinking on (Ornith/Qwen3.5 then answer in `reasoning_content` first)."""
-    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "chat_template_kwargs": {"enable_thinking": True}}
 
 
 def smoke(base: str, adapter: EngineAdapter, model: str, key: str, layout: Layout) -> str:
