@@ -32,9 +32,12 @@ from ornith_stack.profiles.model import Profile
 from ornith_stack.stack.bringup import refuse_workers, wait_healthy
 from ornith_stack.stack.compose import (
     Stack,
+    compose_json,
     gateway_keyed,
     layout_for,
     log_services,
+    pick_stack,
+    published,
     service_environment,
     stack_services,
 )
@@ -172,11 +175,13 @@ def test_a_gateway_with_the_key_in_its_environment_is_keyed() -> None:
 
 
 class Recorded:
-    """The Docker CLI as it answered about the running two-replica stack: `compose ps`, `docker inspect`
-    (a replica's State replaced where a test says so) and the replicas' logs."""
+    """The Docker CLI as it answered about the running two-replica stack at one moment (`inspect`: the
+    recording of `docker inspect`, a replica's State replaced where a test says so): `compose ps`,
+    `docker inspect` and the replicas' logs."""
 
-    def __init__(self, states: dict[str, dict[str, object]] | None = None) -> None:
-        self.inspect = json.loads(recorded("replicas/inspect").stdout)
+    def __init__(self, inspect: str, states: dict[str, dict[str, object]] | None = None) -> None:
+        self.inspect = json.loads(recorded(f"replicas/{inspect}").stdout)
+        self.logs = "engine-logs-" + inspect.partition("-")[2]
         for container in self.inspect:
             service = container["Config"]["Labels"]["com.docker.compose.service"]
             container["State"].update((states or {}).get(service, {}))
@@ -187,7 +192,7 @@ class Recorded:
         if "ps" in argv:
             return recorded("replicas/compose-ps-quiet")
         if "logs" in argv:
-            return recorded("replicas/engine-logs")
+            return recorded(f"replicas/{self.logs}")
         raise AssertionError(f"no recording for {argv}")
 
 
@@ -231,16 +236,57 @@ def wait(run: Recorded, base: str, timeout_s: float = 0.0) -> Notes:
 
 def test_up_waits_for_every_replica_and_the_gateway_and_shows_the_start_phases() -> None:
     with endpoint(200) as base:
-        notes = wait(Recorded(), base)
+        notes = wait(Recorded("inspect-healthy"), base)
     # vLLM on CPU captures no CUDA graphs; every other phase is in the replicas' recorded logs, in order.
     assert notes.seen == ["weights loaded", "KV pool sized", "API up"]
 
 
-def test_a_replica_still_starting_keeps_up_waiting_though_the_gateway_is_ready() -> None:
-    with endpoint(200) as base, pytest.raises(UserError, match=r"^engine-1 did not become healthy within 0 s; the last lines: "):
-        wait(Recorded({"engine-1": {"Health": {"Status": "starting"}}}), base)
+def test_replicas_not_healthy_yet_keep_up_waiting_though_the_endpoint_answers() -> None:
+    # Recorded 7 minutes after `up -d` on two loaded cores: both replicas past their start period, loading.
+    with endpoint(200) as base, pytest.raises(UserError, match=r"^engine-0, engine-1 did not become healthy within "
+                                                               r"0 s; the last lines: "):
+        wait(Recorded("inspect-starting"), base)
 
 
 def test_a_replica_that_exited_is_named_with_its_last_lines() -> None:
-    with endpoint(503) as base, pytest.raises(UserError, match=r"^replica engine-1 stopped \(exit 137\); its last lines: "):
-        wait(Recorded({"engine-1": {"Status": "exited", "ExitCode": 137, "Running": False}}), base, timeout_s=60)
+    with endpoint(503) as base, pytest.raises(UserError, match=r"^replica engine-1 stopped \(exit 137\); its last "
+                                                               r"lines: "):
+        wait(Recorded("inspect-starting", {"engine-1": {"Status": "exited", "ExitCode": 137, "Running": False}}),
+             base, timeout_s=60)
+
+
+def test_the_replicas_publish_no_port_and_the_gateway_publishes_the_api() -> None:
+    """Why `up` of a replica profile failed with "publishes no port": it asked for the engine's."""
+    stack = recorded_stack()
+    replay = Replay({(*CONFIG, "port", "gateway"): recorded("replicas/compose-port-gateway"),
+                     (*CONFIG, "port", "engine-0"): recorded("replicas/compose-port-engine-0")})
+    layout = layout_for(replica_profile())
+    assert published(replay, stack, layout.endpoint, 8000) == "127.0.0.1:53605"
+    assert published(replay, stack, layout.engines[0], 8000) is None
+
+
+def test_compose_ps_json_in_either_shape_lists_every_container() -> None:
+    """Compose 2.21+ writes one object per line (this recording, 2.26.1); older ones one JSON array."""
+    lines = recorded("replicas/compose-ps")
+    array = subprocess.CompletedProcess([], 0, "[" + ",".join(lines.stdout.split()) + "]", "")
+    stack = recorded_stack()
+    for answer in (lines, array):
+        found = compose_json(Replay({CONFIG: answer}), stack, "ps", "--all", "--format", "json")
+        assert sorted(c["Service"] for c in found) == ["alertmanager", "alertmanager-config", "engine-0", "engine-1",
+                                                        "exporter", "gateway", "grafana", "prometheus"]
+
+
+def test_a_replica_stack_is_found_among_projects_of_other_checkouts(tmp_path: Path) -> None:
+    """`compose ls` as recorded: this project and another engineer's cpu-demo, each from its own checkout."""
+    listing = recorded("replicas/compose-ls").stdout
+    for checkout in ("/work/wt/replicas", "/work/wt/house"):
+        moved = tmp_path / Path(checkout).name
+        (moved / "compose").mkdir(parents=True)
+        (moved / "compose" / ".env.example").write_text("")
+        listing = listing.replace(checkout, str(moved))
+    replay = Replay({("docker", "compose", "ls"): subprocess.CompletedProcess([], 0, listing, "")})
+    with pytest.raises(UserError, match=r"several projects run \(ornith-it-24521, up-x2-5305\): pass --project NAME"):
+        pick_stack(replay, None)
+    stack = pick_stack(replay, "up-x2-5305")
+    assert (stack.profile, stack.compose_file) == ("it-replicas-5305", tmp_path / "replicas" / "compose" /
+                                                   "it-replicas-5305.yml")
