@@ -49,8 +49,9 @@ def ornith(env: dict[str, str], *args: str, timeout: float) -> subprocess.Comple
 
 
 def git_status() -> str:
-    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True,
-                          text=True, check=True).stdout
+    """`git status` of compose/, the folder `up` writes into (the rest of the checkout may change meanwhile)."""
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", "compose"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout
 
 
 def write_profile(folder: Path) -> Path:
@@ -133,7 +134,7 @@ def test_the_printed_curl_reaches_the_gateway_200_with_the_key_and_401_without(
 
 def test_up_leaves_git_status_as_it_was(first_up: subprocess.CompletedProcess[str], status_before: str) -> None:
     assert ENV_FILE.stat().st_mode & 0o777 == 0o600 and "ORNITH_API_KEY=" in ENV_FILE.read_text()
-    assert git_status() == status_before
+    assert git_status() == status_before == f"?? compose/{NAME}.yml\n"  # the test's own file only
 
 
 def test_status_shows_each_replica_and_the_gateway(first_up: subprocess.CompletedProcess[str],
@@ -159,7 +160,8 @@ def test_status_shows_each_replica_and_the_gateway(first_up: subprocess.Complete
 def test_logs_take_a_replica_name(first_up: subprocess.CompletedProcess[str], stack_env: dict[str, str]) -> None:
     result = ornith(stack_env, "logs", "engine-1", "--project", PROJECT, "--tail", "all", timeout=120)
     assert result.returncode == 0, result.stderr
-    assert re.search(r"^engine-1-1\s+\|.*Application startup complete", result.stdout, re.MULTILINE)
+    # Compose starts each line with its service's container name (after a terminal erase-line sequence).
+    assert re.search(r"^(\x1b\[2K)?engine-1-1\s+\|.*Application startup complete", result.stdout, re.MULTILINE)
     assert "engine-0-1 " not in result.stdout
     wrong = ornith(stack_env, "logs", "engine-7", "--project", PROJECT, timeout=120)
     assert wrong.returncode == 2 and "error: no service 'engine-7' in this stack" in wrong.stderr + wrong.stdout
