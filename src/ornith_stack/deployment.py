@@ -82,11 +82,20 @@ GATEWAY_HEALTH_PATH = "/readiness"
 # Its default, 60 s, leaves a dead replica in rotation for 3 minutes when no traffic opens its circuit
 # breaker (10 failed requests do: measured, it then retried them on the other replica, none failed).
 GATEWAY_HEALTH_CHECK_INTERVAL_S = 10
+# The gateway's worker-management route (POST adds a worker, GET lists them): keyed, it answers 401
+# without the key; `up` and `status` probe it with an empty body, which an open gateway refuses with 422
+# (measured on sglang-router 0.3.2), so the probe never adds a worker.
+GATEWAY_WORKERS_PATH = "/workers"
 
 
 def engine_services(replicas: int) -> list[str]:
     """Service names of the engines: `engine` alone, `engine-0`, `engine-1`, ... behind a gateway."""
     return [ENGINE_SERVICE] if replicas == 1 else [f"{ENGINE_SERVICE}-{i}" for i in range(replicas)]
+
+
+def gateway_service(replicas: int) -> str | None:
+    """The Model Gateway's service name in front of more than one replica; None for one engine."""
+    return GATEWAY_SERVICE if replicas > 1 else None
 
 
 def gateway_args(worker_urls: list[str], port: int, host: str = "0.0.0.0", metrics_host: str = "0.0.0.0",

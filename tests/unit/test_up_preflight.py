@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from docker_replay import Replay, recorded
 
 from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
@@ -27,30 +28,7 @@ from ornith_stack.stack.envfile import api_key, read_env, set_env
 from ornith_stack.stack.shell import Result, run
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "tests" / "fixtures" / "docker"
 ENGINE_LOGS = REPO / "tests" / "fixtures" / "engines"
-
-
-def recorded(name: str, returncode: int = 0) -> Result:
-    """A recorded command's stdout (`name.out` or `name.json`) and stderr (`name.err`, if any)."""
-    out = next(FIXTURES / f"{name}{ext}" for ext in (".out", ".json") if (FIXTURES / f"{name}{ext}").exists())
-    err = FIXTURES / f"{name}.err"
-    return subprocess.CompletedProcess([], returncode, out.read_text(), err.read_text() if err.exists() else "")
-
-
-class Replay:
-    """Answers each command with its recording; a command without one fails the test."""
-
-    def __init__(self, answers: dict[tuple[str, ...], Result]) -> None:
-        self.answers = answers
-        self.calls: list[tuple[str, ...]] = []
-
-    def __call__(self, argv: Sequence[str], timeout: float = 600.0, on_line: object = None) -> Result:
-        self.calls.append(tuple(argv))
-        for prefix, result in self.answers.items():
-            if tuple(argv[: len(prefix)]) == prefix:
-                return result
-        raise AssertionError(f"no recording for {argv}")
 
 
 INFO = ("docker", "info")

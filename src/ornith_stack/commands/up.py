@@ -22,9 +22,16 @@ from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError, shown
 from ornith_stack.profiles import load_profile
 from ornith_stack.stack.bringup import Outcome, UpOptions, up
-from ornith_stack.stack.compose import ENGINE_SERVICE, find_checkout, pick_stack, published
+from ornith_stack.stack.compose import (
+    find_checkout,
+    layout_for,
+    log_services,
+    pick_stack,
+    published,
+    stack_services,
+)
 from ornith_stack.stack.shell import run
-from ornith_stack.stack.status import alerts_go_nowhere, api_authenticated, engine_status
+from ornith_stack.stack.status import alerts_go_nowhere, endpoint_access, engine_status
 
 out = Console(highlight=False, soft_wrap=True)
 # Compose's own rule for a project name; checked here so that a bad one is refused before Docker is called.
@@ -108,6 +115,14 @@ def print_access(outcome: Outcome) -> None:
             out.print(f"{label}: http://{access.addresses[name]}")
 
 
+AUTH_NOTE = {True: "requires the API key", False: "UNAUTHENTICATED: anyone who reaches it can use it",
+             None: "not answering"}
+
+
+def _health(up: bool) -> str:
+    return "up" if up else "[red]down[/]"
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -146,15 +161,24 @@ def register(app: typer.Typer) -> None:
         _seconds("--interval", interval, 3600)
         stack = pick_stack(run, project)
         profile = load_profile(stack.profile)
-        adapter = adapter_for(profile)
+        layout = layout_for(profile)
         exporter = published(run, stack, deployment.EXPORTER_SERVICE, deployment.EXPORTER_PORT)
-        engine = published(run, stack, ENGINE_SERVICE, profile.serve.port)
+        endpoint = published(run, stack, layout.endpoint, profile.serve.port)
         out.print(f"project {stack.project} (profile {stack.profile})")
-        if engine is not None:
-            auth = api_authenticated(f"http://{engine}", adapter.models_path)
-            note = {True: "requires the API key", False: "UNAUTHENTICATED: anyone who reaches it can use it",
-                    None: "not answering"}[auth]
-            out.print(f"API http://{engine}/v1: {note}")
+        gateway_up = None
+        if endpoint is None:
+            out.print(f"the {layout.endpoint} service publishes no port {profile.serve.port}: "
+                      f"`ornith-stack logs {layout.endpoint}`")
+        else:
+            base = f"http://{endpoint}"
+            access = endpoint_access(base, layout, adapter_for(profile).chat_path,
+                                     profile.serve.served_name or profile.model.repo or "")
+            front = "" if layout.gateway is None else f" ({layout.gateway} in front of {', '.join(layout.engines)})"
+            out.print(f"API {base}/v1{front}: {AUTH_NOTE[access.api]}")
+            if layout.gateway is not None:
+                out.print(f"{layout.gateway} {deployment.GATEWAY_WORKERS_PATH} (adds and removes replicas): "
+                          f"{AUTH_NOTE[access.workers]}")
+                gateway_up = access.gateway_ready
         alertmanager = published(run, stack, deployment.ALERTMANAGER_SERVICE, deployment.ALERTMANAGER_PORT)
         if alertmanager is not None and alerts_go_nowhere(alertmanager):
             out.print("alerts go NOWHERE: Alertmanager sends to the placeholder webhook; set "
@@ -166,16 +190,20 @@ def register(app: typer.Typer) -> None:
         table = Table("engine", "health", "acceptance", "decode tok/s", "running", "waiting", "KV use")
         for row in rows:
             name = f"{row.target} {row.info.get('engine', '')} {row.info.get('version', '')}".strip()
-            table.add_row(name, "up" if row.up else "[red]down[/]", _fmt(row.acceptance_length, ".2f"),
+            table.add_row(name, _health(row.up), _fmt(row.acceptance_length, ".2f"),
                           _fmt(row.decode_tok_s, ".1f"), _fmt(row.running, ".0f"), _fmt(row.waiting, ".0f"),
                           "-" if row.kv_usage is None else f"{row.kv_usage:.1%}")
+        if layout.gateway is not None:
+            table.add_row(f"{layout.gateway} (Model Gateway, {layout.health_path})", _health(bool(gateway_up)),
+                          *["-"] * 5)
         # A pipe or a log gets every row on one line, however narrow rich guesses the terminal is.
         (out if out.is_terminal else Console(highlight=False, width=200)).print(table)
-        if not rows or not all(row.up for row in rows):
+        if not rows or not all(row.up for row in rows) or gateway_up is False:
             raise typer.Exit(1)
 
     @app.command("logs")
-    def logs_cmd(service: Annotated[str | None, typer.Argument(help="engine, exporter, prometheus, ...")] = None,
+    def logs_cmd(service: Annotated[str | None, typer.Argument(
+                     help="engine (every replica), engine-0, gateway, exporter, prometheus, ...")] = None,
                  project: ProjectOption = None,
                  follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
                  tail: Annotated[str, typer.Option(help="Lines from the end of each log, or all.")] = "200") -> None:
@@ -183,7 +211,8 @@ def register(app: typer.Typer) -> None:
         if tail != "all" and not (tail.isascii() and tail.isdigit()):
             raise UserError(f"--tail must be a number of lines or all, not {shown(tail)}")
         stack = pick_stack(run, project)
-        argv = stack.compose("logs", "--tail", tail, *(["--follow"] if follow else []), *([service] if service else []))
+        services = log_services(stack_services(run, stack), layout_for(load_profile(stack.profile)), service)
+        argv = stack.compose("logs", "--tail", tail, *(["--follow"] if follow else []), *services)
         raise typer.Exit(subprocess.call(argv))
 
     @app.command("down")

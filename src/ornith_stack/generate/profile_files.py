@@ -51,22 +51,23 @@ def with_placeholders(profile: Profile, style: str) -> Profile:
 def replica_sets(profile: Profile, tp: int) -> list[dict[str, Any]]:
     """Each engine service: its name and, behind a gateway, the GPU ids it is pinned to (tp of them)."""
     services = deployment.engine_services(profile.serve.replicas)
-    if len(services) == 1:
-        return [{"service": services[0], "device_ids": None}]
+    if len(services) == 1 or not profile.gpu_count:
+        # Replicas on CPU (a two-replica cpu-demo) share the host's cores: nothing to pin.
+        return [{"service": s, "device_ids": None} for s in services]
     if profile.gpu_count < tp * len(services):
         raise UserError(f"profile {profile.name!r}: {len(services)} replicas x tp {tp} need {tp * len(services)} "
                         f"GPUs, hardware.gpu.count is {profile.gpu_count}")
-    return [{"service": s, "device_ids": [str(i * tp + k) for k in range(tp)] if profile.gpu_count else None}
-            for i, s in enumerate(services)]
+    return [{"service": s, "device_ids": [str(i * tp + k) for k in range(tp)]} for i, s in enumerate(services)]
 
 
 def gateway(profile: Profile, replicas: list[dict[str, Any]], running_limit: int | None) -> dict[str, Any] | None:
     """The Model Gateway in front of more than one replica: its image pin and argv; None for one engine."""
-    if len(replicas) == 1:
+    service = deployment.gateway_service(len(replicas))
+    if service is None:
         return None
     port = profile.serve.port
     urls = [f"http://{r['service']}:{port}" for r in replicas]
-    return {"service": deployment.GATEWAY_SERVICE, "pin": images()["gateway"],
+    return {"service": service, "pin": images()["gateway"],
             "args": deployment.gateway_args(urls, port, balance_threshold=running_limit),
             # Helm: the gateway finds the engine pods itself (service discovery), no worker list.
             "args_discovered": deployment.gateway_args([], port, balance_threshold=running_limit)}

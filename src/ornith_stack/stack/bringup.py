@@ -21,10 +21,20 @@ from ornith_stack.engines import EngineAdapter, adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.profiles.model import Profile
 from ornith_stack.stack.artifacts import download_weights, ensure_images, hub_models
-from ornith_stack.stack.compose import ENGINE_SERVICE, Stack, containers, published, service_of, stack_for
+from ornith_stack.stack.compose import (
+    Layout,
+    Stack,
+    containers,
+    gateway_keyed,
+    layout_for,
+    published,
+    service_of,
+    stack_for,
+)
 from ornith_stack.stack.envfile import ApiKey, api_key, read_env, set_env
 from ornith_stack.stack.preflight import preflight
 from ornith_stack.stack.shell import Runner, first_line
+from ornith_stack.stack.status import chat_body, post_without_key
 
 # How long the engine may take to answer its health route after `up -d`: the compose healthchecks'
 # start periods (900 s on GPUs: a cold load took 440 s on a Spark, then compile and graph capture;
@@ -116,18 +126,25 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
         changed.append(f"started {stack.project} ({stack.compose_file.name})")
 
     adapter = adapter_for(profile)
-    engine = published(run, stack, ENGINE_SERVICE, profile.serve.port)
-    if engine is None:
-        raise UserError(f"the engine of {stack.project} publishes no port {profile.serve.port}: "
-                        "`ornith-stack logs engine` shows why it stopped")
-    reporter.step("engine health")
+    layout = layout_for(profile)
+    endpoint = published(run, stack, layout.endpoint, profile.serve.port)
+    if endpoint is None:
+        raise UserError(f"the {layout.endpoint} service of {stack.project} publishes no port {profile.serve.port}: "
+                        f"`ornith-stack logs {layout.endpoint}` shows why it stopped")
+    reporter.step("engine health" if layout.gateway is None else f"health of {len(layout.engines)} replicas")
     timeout = options.start_timeout_s or (START_TIMEOUT_GPU_S if profile.hardware.gpu else START_TIMEOUT_CPU_S)
-    wait_healthy(run, stack, adapter, f"http://{engine}", timeout, reporter)
+    wait_healthy(run, stack, layout, adapter, f"http://{endpoint}", timeout, reporter)
 
     reporter.step("smoke request")
     model = profile.serve.served_name or profile.model.repo or ""
-    access = Access(f"http://{engine}/v1", model, key, addresses=addresses(run, stack))
-    access.thinking_field = smoke(f"http://{engine}", adapter, model, key.value)
+    access = Access(f"http://{endpoint}/v1", model, key, addresses=addresses(run, stack))
+    access.thinking_field = smoke(f"http://{endpoint}", adapter, model, key.value, layout)
+    if key.value and layout.gateway is not None:
+        if gateway_keyed(run, stack, layout):
+            refuse_workers(f"http://{endpoint}")
+        else:
+            reporter.note(f"the {layout.gateway} service gets no API key: its {deployment.GATEWAY_WORKERS_PATH} "
+                          "routes are open to anyone who reaches its port")
     exporter = access.addresses.get("exporter")
     if exporter:
         wait_exporter(exporter, timeout=120.0)
@@ -175,8 +192,8 @@ def _current(run: Runner, container: dict[str, Any]) -> bool:
     return tag.returncode == 0 and tag.stdout.strip() == container.get("Image")
 
 
-def engine_log(run: Runner, stack: Stack, lines: int = 400) -> str:
-    result = run(stack.compose("logs", "--no-color", "--no-log-prefix", "--tail", str(lines), ENGINE_SERVICE))
+def engine_log(run: Runner, stack: Stack, services: tuple[str, ...] | list[str], lines: int = 400) -> str:
+    result = run(stack.compose("logs", "--no-color", "--no-log-prefix", "--tail", str(lines), *services))
     return result.stdout + result.stderr
 
 
@@ -188,56 +205,81 @@ def log_tail(text: str, lines: int = LOG_TAIL) -> str:
     return " | ".join(line.strip() for line in ANSI.sub("", text).strip().splitlines()[-lines:])
 
 
-def wait_healthy(run: Runner, stack: Stack, adapter: EngineAdapter, base: str, timeout_s: float,
+def wait_healthy(run: Runner, stack: Stack, layout: Layout, adapter: EngineAdapter, base: str, timeout_s: float,
                  reporter: Reporter) -> None:
-    """Until the engine answers its (unauthenticated) health route, showing its start phases as they
-    appear in its log; a container that exits or restarts, or the timeout, is the error with its last lines."""
+    """Until the endpoint answers its (unauthenticated) health route and, behind a gateway, every replica's
+    container is healthy (the gateway is ready once one is), showing the start phases as they appear in the
+    engines' logs; an engine that exits or restarts, or the timeout, is the error with its last lines."""
     deadline = time.monotonic() + timeout_s
     seen: set[str] = set()
     while True:
-        log = engine_log(run, stack)
+        log = engine_log(run, stack, layout.engines)
         for phase, pattern in adapter.start_phases:
             if phase not in seen and re.search(pattern, log):
                 seen.add(phase)
                 reporter.note(phase)
-        state: dict[str, Any] = next((c.get("State", {}) for c in containers(run, stack) if service_of(c) == ENGINE_SERVICE), {})
-        if state.get("Status") in ("exited", "dead") or int(state.get("RestartCount", 0) or 0) > 0 or (
-                state.get("Restarting")):
-            raise UserError(f"the engine stopped (exit {state.get('ExitCode')}); its last lines: {log_tail(log)}")
+        states = engine_states(run, stack, layout)
+        for service, state in states.items():
+            if state.get("Status") in ("exited", "dead") or int(state.get("RestartCount", 0) or 0) > 0 or (
+                    state.get("Restarting")):
+                last = log_tail(engine_log(run, stack, [service]))
+                raise UserError(f"{_which(layout, service)} stopped (exit {state.get('ExitCode')}); its last lines: {last}")
+        waiting = [s for s in layout.engines if layout.gateway and
+                   (states.get(s, {}).get("Health") or {}).get("Status") != "healthy"]
         try:
-            if httpx.get(base + adapter.health_path, timeout=5).status_code == 200:
+            if not waiting and httpx.get(base + layout.health_path, timeout=5).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise UserError(f"the engine did not answer {adapter.health_path} within {timeout_s:.0f} s; its last "
-                            f"lines: {log_tail(log)} (`ornith-stack logs engine` shows more)")
+            late = (f"{', '.join(waiting)} did not become healthy" if waiting
+                    else f"the {layout.endpoint} did not answer {layout.health_path}")
+            raise UserError(f"{late} within {timeout_s:.0f} s; the last lines: {log_tail(log)} "
+                            f"(`ornith-stack logs {deployment.ENGINE_SERVICE}` shows more)")
         time.sleep(POLL_S)
 
 
-def chat_body(model: str, prompt: str, max_tokens: int = 32) -> dict[str, Any]:
-    """A chat request with thinking on (Ornith/Qwen3.5 then answer in `reasoning_content` first)."""
-    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "chat_template_kwargs": {"enable_thinking": True}}
+def engine_states(run: Runner, stack: Stack, layout: Layout) -> dict[str, dict[str, Any]]:
+    """Each engine service's container state (`docker inspect`'s State: Status, RestartCount, Health)."""
+    return {service_of(c): c.get("State", {}) for c in containers(run, stack) if service_of(c) in layout.engines}
 
 
-def smoke(base: str, adapter: EngineAdapter, model: str, key: str) -> str:
-    """One chat request with the key (and, with a key, one without it, which must be refused); returns
-    the message field the answer came in."""
+def _which(layout: Layout, service: str) -> str:
+    return "the engine" if layout.gateway is None else f"replica {service}"
+
+
+def smoke(base: str, adapter: EngineAdapter, model: str, key: str, layout: Layout) -> str:
+    """One chat request with the key (and, with a key, the same request without it, which must be refused,
+    as a user's curl without the header is); returns the message field the answer came in."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = chat_body(model, SMOKE_PROMPT)
     try:
-        answer = httpx.post(base + adapter.chat_path, json=chat_body(model, SMOKE_PROMPT), headers=headers,
-                            timeout=300)
-        unauthenticated = httpx.get(base + adapter.models_path, timeout=30).status_code if key else None
+        answer = httpx.post(base + adapter.chat_path, json=body, headers=headers, timeout=300)
     except httpx.HTTPError as exc:
         raise UserError(f"the smoke request to {base} failed: {type(exc).__name__}: {exc}") from None
     if answer.status_code != 200:
         raise UserError(f"the smoke request answered HTTP {answer.status_code}: {answer.text[:200]}")
-    if unauthenticated is not None and unauthenticated != 401:
-        raise UserError(f"{base}{adapter.models_path} answered HTTP {unauthenticated} without the API key "
-                        "(expected 401): the engine did not take ORNITH_API_KEY; `ornith-stack logs engine`")
+    unauthenticated = post_without_key(base + adapter.chat_path, body) if key else None
+    if key and unauthenticated != 401:
+        raise UserError(f"{base}{adapter.chat_path} answered {_answer(unauthenticated)} without the API key "
+                        f"(expected 401): the {layout.endpoint} did not take ORNITH_API_KEY; "
+                        f"`ornith-stack logs {layout.endpoint}`")
     message = answer.json()["choices"][0]["message"]
     return "reasoning_content" if message.get("reasoning_content") else "content"
+
+
+def refuse_workers(base: str) -> None:
+    """A keyed gateway's worker-management route refuses a request without the key (an empty body: an open
+    gateway refuses it as invalid, so the probe adds no worker)."""
+    code = post_without_key(base + deployment.GATEWAY_WORKERS_PATH, {})
+    if code != 401:
+        raise UserError(f"{base}{deployment.GATEWAY_WORKERS_PATH} answered {_answer(code)} without the API key "
+                        "(expected 401): anyone who reaches the gateway can add or remove its workers; "
+                        "`ornith-stack logs gateway`")
+
+
+def _answer(code: int | None) -> str:
+    return "nothing" if code is None else f"HTTP {code}"
 
 
 def wait_exporter(address: str, timeout: float) -> None:

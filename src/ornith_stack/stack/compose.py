@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ornith_stack.deployment import ENGINE_SERVICE  # noqa: F401 - the stack's callers name it from here
+from ornith_stack import deployment
+from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
+from ornith_stack.profiles.model import Profile
+from ornith_stack.stack.envfile import KEY_VAR
 from ornith_stack.stack.shell import Runner, first_line
 
 PROJECT_PREFIX = "ornith-"
@@ -107,3 +110,66 @@ def published(run: Runner, stack: Stack, service: str, port: int) -> str | None:
         return None
     host, _, host_port = address.rpartition(":")
     return f"{'127.0.0.1' if host in ('0.0.0.0', '::', '[::]') else host}:{host_port}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The services of a stack that serve the model: one engine, or replicas behind the Model Gateway."""
+
+    engines: tuple[str, ...]
+    gateway: str | None
+    health_path: str  # the route the published endpoint answers 200 on once it can serve
+
+    @property
+    def endpoint(self) -> str:
+        """The service that publishes the API port: the gateway in front of replicas, else the engine."""
+        return self.gateway or self.engines[0]
+
+    @property
+    def services(self) -> tuple[str, ...]:
+        return (*self.engines, *([self.gateway] if self.gateway else []))
+
+    def named(self, name: str) -> list[str]:
+        """The services `name` means: `engine` is every replica (the name one engine has and the prefix
+        of theirs, so `ornith-stack logs engine` reads the same in both layouts), any other name itself."""
+        return list(self.engines) if name == deployment.ENGINE_SERVICE else [name]
+
+
+def layout_for(profile: Profile) -> Layout:
+    """The serving services compose/PROFILE.yml has (the template names them from the same facts)."""
+    engines = tuple(deployment.engine_services(profile.serve.replicas))
+    gateway = deployment.gateway_service(len(engines))
+    health = deployment.GATEWAY_HEALTH_PATH if gateway else adapter_for(profile).health_path
+    return Layout(engines, gateway, health)
+
+
+def service_environment(run: Runner, stack: Stack, service: str) -> dict[str, str]:
+    """A service's environment as compose resolves it now (the env file and the caller's variables in)."""
+    services = compose_json(run, stack, "config", "--format", "json").get("services", {})
+    environment = (services.get(service) or {}).get("environment") or {}  # `config` writes a mapping
+    return {str(k): "" if v is None else str(v) for k, v in environment.items()}
+
+
+def gateway_keyed(run: Runner, stack: Stack, layout: Layout) -> bool:
+    """Whether the stack's gateway gets the API key (its launcher reads it from the environment): only then
+    are its worker-management routes expected to refuse a request without it."""
+    return layout.gateway is not None and bool(service_environment(run, stack, layout.gateway).get(KEY_VAR))
+
+
+def stack_services(run: Runner, stack: Stack) -> list[str]:
+    """The services of the stack's compose file, as compose resolves it (none known without the file)."""
+    if not stack.compose_file.is_file():
+        return []
+    return sorted(compose_json(run, stack, "config", "--format", "json").get("services", {}))
+
+
+def log_services(known: list[str], layout: Layout, name: str | None) -> list[str]:
+    """The services `logs NAME` reads (none: every one); a name the stack does not have is one error listing
+    those it has (`known` empty: not checked, compose answers for itself)."""
+    if name is None:
+        return []
+    wanted = layout.named(name)
+    unknown = [s for s in wanted if known and s not in known]
+    if unknown:
+        raise UserError(f"no service {name!r} in this stack; its services: {', '.join(known)}")
+    return wanted

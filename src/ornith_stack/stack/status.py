@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,6 +15,7 @@ from ornith_stack import deployment
 from ornith_stack.engines import SpecCounters, acceptance_length
 from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
+from ornith_stack.stack.compose import Layout
 
 Reading = dict[str, dict[str, float]]  # target -> series name -> value
 INFO_LABELS = ("engine", "version", "model", "profile")
@@ -101,12 +103,30 @@ def _rate(then: dict[str, float], now: dict[str, float], name: str, elapsed: flo
     return (now[name] - then[name]) / elapsed
 
 
-def api_authenticated(base: str, models_path: str) -> bool | None:
-    """Whether the engine refuses a request without a key (None: it did not answer)."""
+def chat_body(model: str, prompt: str, max_tokens: int = 32) -> dict[str, Any]:
+    """A chat request with thinking on (Ornith/Qwen3.5 then answer in `reasoning_content` first)."""
+    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "chat_template_kwargs": {"enable_thinking": True}}
+
+
+def post_without_key(url: str, body: dict[str, Any]) -> int | None:
+    """The HTTP status of a POST without an Authorization header (None: nothing answered)."""
     try:
-        return httpx.get(base + models_path, timeout=10).status_code in (401, 403)
+        return httpx.post(url, json=body, timeout=300).status_code
     except httpx.HTTPError:
         return None
+
+
+def refuses(code: int | None) -> bool | None:
+    """Whether a request without the key was refused (None: nothing answered)."""
+    return None if code is None else code in (401, 403)
+
+
+def answers_ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=10).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def alerts_go_nowhere(address: str) -> bool | None:
@@ -119,3 +139,22 @@ def alerts_go_nowhere(address: str) -> bool | None:
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None
     return isinstance(loaded, str) and deployment.ALERT_WEBHOOK_PLACEHOLDER in loaded
+
+
+@dataclass(frozen=True)
+class EndpointAccess:
+    """What answers at the published endpoint without the API key."""
+
+    api: bool | None  # a chat request without the key is refused (None: nothing answered)
+    workers: bool | None  # a gateway's /workers refuses it (None: no gateway, or nothing answered)
+    gateway_ready: bool | None  # the gateway's readiness route answers 200 (None: no gateway)
+
+
+def endpoint_access(base: str, layout: Layout, chat_path: str, model: str) -> EndpointAccess:
+    """Probes of the endpoint at `base` as a caller without the key (a gateway's /v1/models is open even
+    with a key, so a chat request decides; keyed, it is refused before any generation)."""
+    api = refuses(post_without_key(base + chat_path, chat_body(model, "ping", max_tokens=1)))
+    if layout.gateway is None:
+        return EndpointAccess(api, None, None)
+    workers = refuses(post_without_key(base + deployment.GATEWAY_WORKERS_PATH, {}))
+    return EndpointAccess(api, workers, answers_ready(base + layout.health_path))
