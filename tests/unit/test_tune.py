@@ -24,7 +24,7 @@ from ornith_stack.profiles.model import Profile
 from ornith_stack.tune import measure as measure_module
 from ornith_stack.tune.candidates import axes_for, build, parse_tries, planner_verdict
 from ornith_stack.tune.measure import Engine, LoadPlan, local_launcher
-from ornith_stack.tune.report import plot, table, write_winner
+from ornith_stack.tune.report import plot, speculation_note, table, write_winner
 from ornith_stack.tune.run import Limits, tune
 from ornith_stack.tune.spec import Slo, Workload, parse_budget, parse_rates, parse_slo, parse_workload
 from ornith_stack.tune.state import LevelResult, load_state
@@ -243,6 +243,8 @@ def test_table_plot_and_winner_profile_are_written(tmp_path: Path, monkeypatch: 
     text = table(outcome.records, SLO, winner)  # type: ignore[attr-defined]
     row = next(line for line in text.splitlines() if "(winner)" in line)
     assert "1,024.0" in row and "| 32 |" in row
+    note = speculation_note(outcome.records, "spec-tokens", 4, winner)  # type: ignore[attr-defined]
+    assert note.startswith("speculative depth changed the winner: spec-tokens=8 gives 1,024.0 tok/s against 512.0")
     png = plot(outcome.records, SLO, winner, tmp_path / "pareto.png")  # type: ignore[attr-defined]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     profiles = tmp_path / "profiles"

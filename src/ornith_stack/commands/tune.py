@@ -19,7 +19,7 @@ from ornith_stack.profiles import load_profile
 from ornith_stack.tune.candidates import axes_for, build, parse_tries
 from ornith_stack.tune.compose import compose_launcher
 from ornith_stack.tune.measure import LoadPlan, check_engine_importable, local_launcher
-from ornith_stack.tune.report import plot, start_commands, table, write_winner
+from ornith_stack.tune.report import plot, speculation_note, start_commands, table, write_winner
 from ornith_stack.tune.run import Limits, result_json, tune
 from ornith_stack.tune.spec import parse_budget, parse_rates, parse_slo, parse_workload
 from ornith_stack.tune.state import load_state
@@ -104,5 +104,7 @@ def register(app: typer.Typer) -> None:
         for path in write_winner(tuned, winner, winner_name, command, target):
             out.print(f"wrote {path}", markup=False)
         out.print(f"winner: {winner.name}: {winner.goodput_tok_s:,.1f} output tok/s under the SLO", markup=False)
+        for axis in (a for a in axes if a.speculative):
+            out.print(speculation_note(outcome.records, axis.name, axis.current(base), winner), markup=False)
         for line in start_commands(winner_name):
             out.print(f"start it: {line}", markup=False)

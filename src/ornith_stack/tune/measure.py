@@ -217,7 +217,7 @@ def _level_line(level: LevelResult) -> str:
 
     verdict = "meets the SLO" if level.meets else (f"misses ({level.failed} failed)" if level.failed else
                                                      f"misses by {level.miss:.0%}")
-    return (f"  rate {level.rate:g}/s: {level.output_tok_s or 0:,.1f} tok/s, p99 TTFT {ms(level.ttft_p99_ms)}, "
+    return (f"  rate {level.rate:g}{'' if math.isinf(level.rate) else '/s'}: {level.output_tok_s or 0:,.1f} tok/s, p99 TTFT {ms(level.ttft_p99_ms)}, "
             f"p99 TPOT {ms(level.tpot_p99_ms)}: {verdict}")
 
 

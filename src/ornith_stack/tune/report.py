@@ -130,3 +130,19 @@ def write_winner(profile: Profile, winner: Record, name: str, command: str, slo:
 def start_commands(name: str) -> list[str]:
     """How to start the winner: with the compose stack, or its engine command on this machine."""
     return [f"ornith-stack up {shlex.quote(name)}", f"$(ornith-stack launch-args {shlex.quote(name)})"]
+
+
+def speculation_note(records: list[Record], axis: str, own_depth: object, winner: Record) -> str:
+    """Whether the speculative depth changed the winner: the winner's depth against the best candidate that
+    kept the profile's depth."""
+    tried = sorted({str(r.settings[axis]) for r in records if axis in r.settings and r.status == "measured"})
+    if not tried:
+        return f"speculative depth: only the profile's ({own_depth}) was measured"
+    kept = [r for r in records if axis not in r.settings and r.status == "measured"]
+    best_kept = max((r.goodput_tok_s for r in kept), default=0.0)
+    if axis not in winner.settings:
+        return (f"speculative depth did not change the winner: the profile's {own_depth} stayed best "
+                f"(also measured: {', '.join(tried)})")
+    depth = winner.settings[axis]
+    return (f"speculative depth changed the winner: {axis}={depth} gives {winner.goodput_tok_s:,.1f} tok/s against "
+            f"{best_kept:,.1f} for the best candidate at the profile's {own_depth}")
