@@ -23,7 +23,7 @@ from ornith_stack.profiles import load_profile
 from ornith_stack.profiles.model import Profile
 from ornith_stack.tune import measure as measure_module
 from ornith_stack.tune.candidates import axes_for, build, parse_tries, planner_verdict
-from ornith_stack.tune.measure import Engine, LoadPlan, local_launcher
+from ornith_stack.tune.measure import Engine, LoadPlan, Measured, local_launcher
 from ornith_stack.tune.report import plot, speculation_note, table, write_winner
 from ornith_stack.tune.run import Limits, tune
 from ornith_stack.tune.spec import Slo, Workload, parse_budget, parse_rates, parse_slo, parse_workload
@@ -140,7 +140,7 @@ class Lab:
         yield Engine("http://127.0.0.1:9", "m", profile, lambda: True, lambda: "")
 
     @staticmethod
-    def load(engine: Engine, plan: LoadPlan, workdir: Path, say: object) -> tuple[LevelResult, ...]:
+    def load(engine: Engine, plan: LoadPlan, workdir: Path, say: object) -> Measured:
         limit = sustained_rate(engine.profile)
         levels = []
         for rate in plan.rates:
@@ -150,7 +150,7 @@ class Lab:
                                       meets=miss == 0, miss=miss))
             if miss:
                 break
-        return tuple(levels)
+        return Measured(tuple(levels), acceptance_length=None)
 
 
 HOUR = Limits(3600)

@@ -52,7 +52,8 @@ def register(app: typer.Typer) -> None:
         num_prompts: Annotated[int, typer.Option(min=1, help="Requests per rate.")] = 64,
         max_concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight at most.")] = 256,
         repeats: Annotated[int, typer.Option(min=1, help="Recorded runs per rate (the median is used).")] = 1,
-        warmup_prompts: Annotated[int, typer.Option(min=0, help="Unrecorded requests first, all at once.")] = 16,
+        warmup: Annotated[int, typer.Option(min=0, help="The bench's warm-up before each rate: unrecorded requests "
+                                            "per concurrency slot.")] = 1,
         max_candidates: Annotated[int | None, typer.Option(min=1, help="Start at most this many engines.")] = None,
         start_timeout: Annotated[float, typer.Option(min=1, help="Seconds an engine may take to be healthy.")] = 900.0,
         name: Annotated[str | None, typer.Option(help="Name of the winner's operator profile (default "
@@ -71,7 +72,7 @@ def register(app: typer.Typer) -> None:
         overrides = parse_sets(sets)
         base = load_profile(profile, overrides)
         axes = axes_for(base, parse_tries(tries))
-        plan = LoadPlan(target, load, parse_rates(rates), num_prompts, max_concurrency, repeats, warmup_prompts,
+        plan = LoadPlan(target, load, parse_rates(rates), num_prompts, max_concurrency, repeats, warmup,
                         level_timeout_s=max(300.0, start_timeout))
         if launch == "local":
             check_engine_importable(base)

@@ -73,8 +73,14 @@ class LoadPlan:
     num_prompts: int = 64
     max_concurrency: int = 256
     repeats: int = 1
-    warmup_prompts: int = 16
+    warmup: int = 1  # the bench's --warmup: unrecorded requests per concurrency slot before each level
     level_timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
+class Measured:
+    levels: tuple[LevelResult, ...]
+    acceptance_length: float | None  # the engine's, over every level (None: no speculation)
 
 
 def free_port() -> int:
@@ -150,23 +156,32 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def bench_level(engine: Engine, plan: LoadPlan, rate: float, num_prompts: int, out: Path) -> dict[str, Any]:
-    """One serving level through `ornith-stack bench`'s command line; the level's figures from bench.json:
-    the median over its recorded runs of output tok/s, p99 and median TTFT and p99 TPOT, and failures."""
+def bench_levels(engine: Engine, plan: LoadPlan, out: Path) -> list[dict[str, Any]]:
+    """Every rate of the plan in one `ornith-stack bench --suite serving` call (the bench warms each level up
+    itself); per level, from bench.json: the median over its recorded runs of output tok/s, p99 and median
+    TTFT and p99 TPOT, and its failed requests. One call, not one per rate: a process start of the bench
+    costs seconds on a loaded machine, and the high rates, past the first that misses, take the least time."""
+    rates = ",".join("inf" if math.isinf(rate) else f"{rate:g}" for rate in plan.rates)
     argv = [sys.executable, "-m", "ornith_stack", "bench", "--url", engine.base_url, "--model", engine.model,
-            "--suite", "serving", "--request-rate", "inf" if math.isinf(rate) else f"{rate:g}",
-            "--max-concurrency", str(plan.max_concurrency), "--num-prompts", str(num_prompts),
-            "--repeats", str(plan.repeats), "--goodput", f"ttft:{plan.slo.ttft_p99_ms:g} tpot:{plan.slo.tpot_p99_ms:g}",
-            "--out", str(out), *plan.workload.bench_args()]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=plan.level_timeout_s, check=False)
+            "--suite", "serving", "--request-rate", rates, "--max-concurrency", str(plan.max_concurrency),
+            "--num-prompts", str(plan.num_prompts), "--repeats", str(plan.repeats), "--warmup", str(plan.warmup),
+            "--goodput", f"ttft:{plan.slo.ttft_p99_ms:g} tpot:{plan.slo.tpot_p99_ms:g}", "--out", str(out),
+            *plan.workload.bench_args()]
+    timeout = plan.level_timeout_s * len(plan.rates)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     (out / "bench.log").write_text(done.stdout + done.stderr)
     try:
         levels = json.loads((out / "bench.json").read_text())["suites"]["serving"]["levels"]
-        runs = levels[0]["runs"]
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        found = [_figures(level["runs"]) for level in levels]
+    except (OSError, ValueError, KeyError, TypeError):
+        found = []
+    if len(found) != len(plan.rates):
         last = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
-        raise EngineCrash(f"the bench wrote no serving result: {last[0]}", engine.log_tail()) from None
+        raise EngineCrash(f"the bench wrote no serving result for every rate: {last[0]}", engine.log_tail())
+    return found
 
+
+def _figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     def median(read: Callable[[dict[str, Any]], Any]) -> float | None:
         values = [v for v in (read(r) for r in runs) if isinstance(v, (int, float))]
         return statistics.median(values) if values else None
@@ -190,25 +205,19 @@ def spec_counters(engine: Engine) -> SpecCounters | None:
         return None
 
 
-def measure(engine: Engine, plan: LoadPlan, workdir: Path, say: Callable[[str], None]) -> tuple[LevelResult, ...]:
-    """Warm the engine, then climb the rates until a level misses the SLO (or fails requests)."""
-    if plan.warmup_prompts:
-        bench_level(engine, plan, math.inf, plan.warmup_prompts, _fresh(workdir / "warmup"))
-    levels: list[LevelResult] = []
-    for rate in plan.rates:
-        before = spec_counters(engine)
-        figures = bench_level(engine, plan, rate, plan.num_prompts, _fresh(workdir / f"rate-{rate:g}"))
-        after = spec_counters(engine)
-        if not engine.alive():
-            raise EngineCrash(f"the engine exited during the level at rate {rate:g}/s", engine.log_tail())
-        miss = plan.slo.misses(figures["ttft_p99_ms"], figures["tpot_p99_ms"])
-        level = LevelResult(rate=rate, **figures, miss=miss, meets=miss == 0 and figures["failed"] == 0,
-                            acceptance_length=acceptance_length(before, after) if after else None)
-        levels.append(level)
-        say(_level_line(level))
-        if not level.meets:
-            break
-    return tuple(levels)
+def measure(engine: Engine, plan: LoadPlan, workdir: Path, say: Callable[[str], None]) -> Measured:
+    """The rising rates on a healthy engine; each level against the SLO; the acceptance length over them."""
+    before = spec_counters(engine)
+    figures = bench_levels(engine, plan, _fresh(workdir / "bench"))
+    after = spec_counters(engine)
+    if not engine.alive():
+        raise EngineCrash("the engine exited while it was loaded", engine.log_tail())
+    levels = []
+    for rate, level in zip(plan.rates, figures, strict=True):
+        miss = plan.slo.misses(level["ttft_p99_ms"], level["tpot_p99_ms"])
+        levels.append(LevelResult(rate=rate, **level, miss=miss, meets=miss == 0 and level["failed"] == 0))
+        say(_level_line(levels[-1]))
+    return Measured(tuple(levels), acceptance_length(before, after) if after else None)
 
 
 def _level_line(level: LevelResult) -> str:
@@ -222,6 +231,7 @@ def _level_line(level: LevelResult) -> str:
 
 
 def _fresh(path: Path) -> Path:
+    """The bench's folder, emptied of an interrupted run's results (never read as this run's)."""
     path.mkdir(parents=True, exist_ok=True)
     for old in path.glob("bench.*"):
         old.unlink()

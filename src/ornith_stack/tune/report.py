@@ -40,7 +40,7 @@ def table(records: list[Record], slo: Slo, winner: Record | None) -> str:
         shown = best or (min(r.levels, key=lambda lv: lv.miss) if r.levels else None)
         status = r.status if r.status != "measured" else ("meets" if best else f"misses by {r.closest_miss:.0%}")
         name = f"**{r.name}** (winner)" if winner is not None and r.key == winner.key else r.name
-        acceptance = f"{shown.acceptance_length:.2f}" if shown and shown.acceptance_length else "-"
+        acceptance = f"{r.acceptance_length:.2f}" if r.acceptance_length else "-"
         start = f"{r.start_s:.0f}" if r.start_s is not None else "-"
         top = f"{max(lv.rate for lv in r.levels):g}" if r.levels else "-"
         lines.append(

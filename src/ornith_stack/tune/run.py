@@ -10,13 +10,13 @@ from pathlib import Path
 
 from ornith_stack.profiles.model import Profile
 from ornith_stack.tune.candidates import Axis, Candidate, planner_verdict
-from ornith_stack.tune.measure import Engine, EngineCrash, Launcher, LoadPlan, measure
+from ornith_stack.tune.measure import Engine, EngineCrash, Launcher, LoadPlan, Measured, measure
 from ornith_stack.tune.search import rank, search
-from ornith_stack.tune.state import LevelResult, Record, State, save_state
+from ornith_stack.tune.state import Record, State, save_state
 
 Say = Callable[[str], None]
 # Loads a healthy engine and returns its levels (measure.measure: the bench's serving suite at rising rates).
-Measure = Callable[[Engine, LoadPlan, Path, Say], tuple[LevelResult, ...]]
+Measure = Callable[[Engine, LoadPlan, Path, Say], Measured]
 
 
 @dataclass(frozen=True)
@@ -82,11 +82,12 @@ def _measure(candidate: Candidate, planner: str, plan: LoadPlan, launcher: Launc
         with launcher(candidate.profile, workdir) as engine:
             start_s = clock() - began
             say(f"  healthy after {start_s:.0f} s")
-            levels = load(engine, plan, workdir, say)
+            measured = load(engine, plan, workdir, say)
     except EngineCrash as crash:
         return _record(candidate, "crashed", planner, reason=crash.reason, log_tail=crash.log_tail,
                        duration_s=clock() - began, start_s=start_s)
-    return _record(candidate, "measured", planner, duration_s=clock() - began, start_s=start_s, levels=levels)
+    return _record(candidate, "measured", planner, duration_s=clock() - began, start_s=start_s,
+                   levels=measured.levels, acceptance_length=measured.acceptance_length)
 
 
 def _record(candidate: Candidate, status: str, planner: str, **fields: object) -> Record:

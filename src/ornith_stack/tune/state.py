@@ -30,7 +30,6 @@ class LevelResult:
     tpot_p99_ms: float | None
     ttft_median_ms: float | None = None
     failed: int = 0
-    acceptance_length: float | None = None
     meets: bool = False
     miss: float = math.inf  # relative excess over the SLO (0: met)
 
@@ -50,12 +49,17 @@ class Record:
     duration_s: float = 0.0
     start_s: float | None = None
     levels: tuple[LevelResult, ...] = ()
+    acceptance_length: float | None = None  # the engine's, over every level
 
     @property
     def goodput(self) -> LevelResult | None:
-        """The highest-rate level that met the SLO, if any."""
-        met = [lv for lv in self.levels if lv.meets]
-        return max(met, key=lambda lv: lv.rate) if met else None
+        """The highest rate that met the SLO with every lower rate meeting it too, if any."""
+        best = None
+        for level in sorted(self.levels, key=lambda lv: lv.rate):
+            if not level.meets:
+                break
+            best = level
+        return best
 
     @property
     def goodput_tok_s(self) -> float:
