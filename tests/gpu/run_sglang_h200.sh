@@ -139,7 +139,7 @@ tune() {  # `ornith-stack tune gpu96 --launch local` on GPU 0, within the device
         --set serve.args.grammar-backend=none --set serve.args.disable-prefill-cuda-graph=true \
         --slo 'ttft_p99:500 tpot_p99:20' --workload random:256:128 --rates 8,32,128,inf --num-prompts 64 \
         --warmup 1 --try max-running-requests=default --try max-total-tokens=default \
-        --try spec-block=off,8 --max-candidates 5 --budget "${TUNE_BUDGET_MIN:-7}" --start-timeout 240 \
+        --try spec-block=off,8 --max-candidates 4 --budget "${TUNE_BUDGET_MIN:-7}" --start-timeout 240 \
         --name gpu96-tuned --out "$W/runs/tune" 2>&1 | tee "$W/runs/tune-run.txt"
     local rc=${PIPESTATUS[0]}
     cp -r "${ORNITH_PROFILE_DIR:-$HOME/.config/ornith-stack/profiles}" "$W/runs/tune/profiles" 2>/dev/null

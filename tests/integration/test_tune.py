@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +22,21 @@ from ornith_stack.profiles import load_profile
 
 pytestmark = pytest.mark.integration
 
-LIMIT_S = 300.0
+# The brief's bound on two idle cores. A machine shared with other work may set ORNITH_TUNE_LIMIT_S higher: each
+# of the three engines here took 160 s to start with the load average at 10 (three processes importing vLLM).
+LIMIT_S = float(os.environ.get("ORNITH_TUNE_LIMIT_S", "300"))
+
+
+def run_tune(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """The command, stopped with SIGTERM when it overruns, so that it stops its engine before the test fails."""
+    with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=120)
+            pytest.fail(f"tune ran over {timeout_s:.0f} s:\n{stderr}")
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
 def test_tune_cpu_demo_picks_the_highest_goodput_and_a_resumed_run_measures_nothing(tiny_models, tmp_path: Path,
@@ -33,10 +48,10 @@ def test_tune_cpu_demo_picks_the_highest_goodput_and_a_resumed_run_measures_noth
     argv = [sys.executable, "-m", "ornith_stack", "tune", "cpu-demo", "--launch", "local",
             "--set", f"model.repo={tiny_models.qwen3_moe}", "--set", "serve.args.enforce-eager=true",
             "--slo", "ttft_p99:3000 tpot_p99:300", "--workload", "random:64:24", "--rates", "4,inf",
-            "--num-prompts", "16", "--warmup", "0", "--try", "max-num-seqs=2", "--try", "spec-tokens=off",
+            "--num-prompts", "12", "--warmup", "0", "--try", "max-num-seqs=2", "--try", "spec-tokens=off",
             "--max-candidates", "3", "--budget", "20", "--start-timeout", "240", "--out", str(out)]
     began = time.monotonic()
-    first = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=LIMIT_S + 120)
+    first = run_tune(argv, tmp_path, env, LIMIT_S + 120)
     took = time.monotonic() - began
     assert first.returncode in (0, 1), first.stdout + first.stderr
     result = json.loads((out / "tune.json").read_text())
@@ -60,7 +75,7 @@ def test_tune_cpu_demo_picks_the_highest_goodput_and_a_resumed_run_measures_noth
         assert result["winner"] is None and "closest" in first.stderr
 
     logs = {p: p.stat().st_mtime for p in out.glob("candidates/*/engine.log")}
-    second = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    second = run_tune(argv, tmp_path, env, 120)
     assert second.returncode == first.returncode, second.stderr
     assert "engines started by this run: 0" in second.stdout
     assert second.stderr.count("measured before") == 3

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +30,20 @@ from ornith_stack.tune.state import load_state
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 LAUNCHES = ("local", "up")
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM (`timeout`, a job scheduler) ends the run as Ctrl-C does: the running engine is stopped and the
+    state keeps what was measured. Without this the engine, in a process group of its own, would outlive us."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def register(app: typer.Typer) -> None:
@@ -82,7 +99,7 @@ def register(app: typer.Typer) -> None:
                     "repeats": repeats, "launch": launch}
         command = shlex.join(["ornith-stack", "tune", *sys.argv[2:]]) if sys.argv[1:2] == ["tune"] else \
             f"ornith-stack tune {profile} --slo {shlex.quote(slo)}"
-        with output_dir(out_dir):
+        with output_dir(out_dir), stop_on_sigterm():
             state = load_state(out_dir, question)
             outcome = tune(base, axes, plan, launcher, state, out_dir, Limits(budget_s, max_candidates),
                            lambda line: err.print(line, markup=False))
