@@ -42,6 +42,7 @@ class _Quiet:
 def compose_launcher(start_timeout_s: float) -> Launcher:
     @contextlib.contextmanager
     def launch(profile: Profile, workdir: Path) -> Iterator[Engine]:
+        root = find_checkout(Path.cwd())  # compose needs the checkout's build contexts: refuse before writing
         digest = hashlib.sha256(profile.model_dump_json().encode()).hexdigest()[:8]
         name = f"tune-{digest}"
         candidate = profile.model_copy(update={"name": name})
@@ -51,7 +52,6 @@ def compose_launcher(start_timeout_s: float) -> Launcher:
         data = candidate.model_dump(mode="json", exclude_none=True)
         data["engine"] = {"kind": profile.engine.kind, "version": profile.engine.version}
         profile_file.write_text(yaml.safe_dump(data, sort_keys=False))
-        root = find_checkout(Path.cwd())
         written = render(root, operator_files(candidate, profile_file, "ornith-stack tune --launch up"))
         options = UpOptions(root=root, profile=name, project=f"ornith-{name}", with_key=False,
                             start_timeout_s=start_timeout_s)
