@@ -77,6 +77,8 @@ def plot(records: list[Record], slo: Slo, winner: Record | None, path: Path) -> 
         ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="black", linestyle=":",
                 linewidth=1, label="Pareto front")
     ax.axvline(slo.ttft_p99_ms, color="red", linestyle="--", label=f"SLO p99 TTFT {slo.ttft_p99_ms:g} ms")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)  # from zero: a 2% difference must not look like a factor of two
     ax.set_xlabel("p99 TTFT (ms)")
     ax.set_ylabel("output tok/s")
     ax.set_title(f"tune: each candidate at rising request rates (SLO also p99 TPOT <= {slo.tpot_p99_ms:g} ms)")
