@@ -18,6 +18,8 @@
 #                                                                 # and warm compile caches, beside uncapped
 #   bash tests/gpu/run_sglang_h200.sh bench-peer                  # ours beside sglang.bench_serving, same
 #                                                                 # prompts, A B B A at 1, 8, 32, 128, 256
+#   bash tests/gpu/run_sglang_h200.sh tune                        # `ornith-stack tune gpu96 --launch local`:
+#                                                                 # seed caps, SGLang's defaults, DFlash depth
 # A staged folder may also hold wheels (sglang-router for `gateway`, math-verify which the CLI imports);
 # they are unpacked into $W/wheels.
 #
@@ -154,11 +156,34 @@ bench_peer() {  # tests/gpu/bench_peer_run.py on GPU 0: one uncapped gpu96 engin
     return "$rc"
 }
 
+tune() {  # `ornith-stack tune gpu96 --launch local` on GPU 0, within the device's 10-minute call (issue 32)
+    if [ ! -f "$W/site/.sglang-payload" ] || [ ! -f "$W/models/.done" ]; then log "not staged"; exit 1; fi
+    export CUDA_VISIBLE_DEVICES=0
+    # The candidates: the seed (4 running requests, 40,960 KV tokens, DFlash block 16), SGLang's own defaults (both
+    # caps removed), then the DFlash block 8 and speculation off from the better of those two. The --set flags are
+    # sglang_run.py's common overrides for the tiny model, plus no prefill CUDA graphs (80 of the 150 s start-up).
+    log "tune gpu96 (budget ${TUNE_BUDGET_MIN:-7} min)"
+    timeout 560 python3 -m ornith_stack tune gpu96 --launch local \
+        --set "model.repo=$W/models/target" --set "draft.repo=$W/models/draft" \
+        --set serve.args.attention-backend=triton --set serve.args.sampling-backend=pytorch \
+        --set serve.args.grammar-backend=none --set serve.args.disable-prefill-cuda-graph=true \
+        --slo 'ttft_p99:500 tpot_p99:20' --workload random:256:128 --rates 8,32,128,inf --num-prompts 64 \
+        --warmup 1 --try max-running-requests=default --try max-total-tokens=default \
+        --try spec-block=off,8 --max-candidates 4 --budget "${TUNE_BUDGET_MIN:-7}" --start-timeout 240 \
+        --name gpu96-tuned --out "$W/runs/tune" 2>&1 | tee "$W/runs/tune-run.txt"
+    local rc=${PIPESTATUS[0]}
+    cp -r "${ORNITH_PROFILE_DIR:-$HOME/.config/ornith-stack/profiles}" "$W/runs/tune/profiles" 2>/dev/null
+    tar -czf "$OUT/results-tune.tar.gz" -C "$W/runs" tune tune-run.txt
+    log "tune done: rc=$rc"
+    return "$rc"
+}
+
 case ${1:-} in
     stage) stage "$2" ;;
     serve) serve "$2" ;;
     gateway) gateway ;;
     bench-peer) bench_peer ;;
     fit) fit ;;
-    *) echo "usage: $0 stage DIR | serve tp1|tp2|uncapped-tp1 | gateway | bench-peer | fit" >&2; exit 2 ;;
+    tune) tune ;;
+    *) echo "usage: $0 stage DIR | serve tp1|tp2|uncapped-tp1 | gateway | bench-peer | fit | tune" >&2; exit 2 ;;
 esac
