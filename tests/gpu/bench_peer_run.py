@@ -28,7 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -167,15 +169,43 @@ def _pct(value: float | None) -> str:
     return "" if value is None else f"{100 * value:.1f}%"
 
 
+RUN_LINE = re.compile(r"^\[\s*\d+ s\] concurrency (\d+) (ours|theirs): (\{.*\})$", re.M)
+
+
+def write_table(out: Path, runs: dict[int, dict[str, list[dict]]], extra: dict) -> str:
+    """table.md and summary.json over the levels measured so far (a run cut short keeps what it measured)."""
+    text, summary = table(runs)
+    (out / "table.md").write_text(text)
+    (out / "summary.json").write_text(json.dumps({**extra, "runs": {str(k): v for k, v in runs.items()},
+        "figures": summary, "prompts_per_level": PROMPTS_PER_LEVEL, "input_tokens": INPUT_TOKENS,
+        "output_tokens": OUTPUT_TOKENS}, indent=1))  # fmt: skip
+    return text
+
+
+def runs_from_log(log: Path) -> dict[int, dict[str, list[dict]]]:
+    """The runs a recording printed (its per-run lines), for a recording that ended before its table."""
+    runs: dict[int, dict[str, list[dict]]] = {}
+    for level, who, figures in RUN_LINE.findall(log.read_text()):
+        runs.setdefault(int(level), {"ours": [], "theirs": []})[who].append({"process_cpu_s": None, **json.loads(figures)})
+    return runs
+
+
 def main() -> None:
+    # `timeout` stops this script with SIGTERM: leave through `finally`, so the engine goes with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--target", required=True)
     parser.add_argument("--draft", required=True)
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--health-deadline-s", type=float, default=420)
+    parser.add_argument("--table-from", type=Path, help="only write table.md and summary.json from a recording's "
+                        "printed runs (its bench-peer-run.txt)")
     args = parser.parse_args()
     out: Path = args.out
+    if args.table_from:
+        print(write_table(out, runs_from_log(args.table_from), {"from": args.table_from.name}))
+        return
     out.mkdir(parents=True, exist_ok=True)
     cmd, changes = sglang_run.engine_command("gpu96", args.target, args.draft, args.port, "uncapped")
     (out / "launch.json").write_text(json.dumps({"cmd": cmd, "changes": changes}, indent=1))
@@ -197,12 +227,8 @@ def main() -> None:
                 print(f"[{time.monotonic() - started:5.0f} s] concurrency {level} {who}: "
                       + json.dumps({k: v for k, v in figures.items() if k in FIGURES or k in ("rc", "wall_s")}),
                       flush=True)
-        text, summary = table(runs)
-        (out / "table.md").write_text(text)
-        (out / "summary.json").write_text(json.dumps({"healthy_after_s": round(healthy, 1), "runs": {
-            str(k): v for k, v in runs.items()}, "figures": summary, "measured_s": round(time.monotonic() - started, 1),
-            "prompts_per_level": PROMPTS_PER_LEVEL, "input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS},
-            indent=1))
+            text = write_table(out, runs, {"healthy_after_s": round(healthy, 1),
+                                           "measured_s": round(time.monotonic() - started, 1)})
         print(text)
     finally:
         engine.stop()
