@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -110,6 +111,8 @@ def alternate(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    # `timeout` stops this script with SIGTERM: leave through `finally`, so the engine goes with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--target", required=True)
