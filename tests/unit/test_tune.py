@@ -3,7 +3,7 @@
 The search tests load each candidate with `engine_model`, a rule that says which request rates a set of
 flags sustains, so what is asserted is the tuner's own logic (which candidates it starts, which it skips,
 what it picks, what a resumed run does); the real engine and the real bench are in
-tests/integration/test_tune.py.
+tests/integration/test_tune_cpu_demo.py.
 """
 
 from __future__ import annotations

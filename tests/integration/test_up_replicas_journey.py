@@ -4,7 +4,7 @@ journey: `up`, the printed curl (200 with the key, 401 without), `status` per re
 `logs engine-1`, `down`; and after `up` the checkout's `git status` is as it was (the key file compose/.env
 is ignored).
 
-Run: pytest -m integration tests/integration/test_up_replicas.py
+Run: pytest -m integration tests/integration/test_up_replicas_journey.py
 The layout is an operator profile, as `ornith-stack profiles new` makes one for GPUs: cpu-demo with
 `serve.replicas: 2` in a profile folder of its own (ORNITH_PROFILE_DIR), its compose file written into the
 checkout's compose/ by the same function `profiles new` uses (and removed afterwards). The images are those
@@ -66,7 +66,7 @@ def write_profile(folder: Path) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     os.environ["ORNITH_PROFILE_DIR"] = str(folder)  # load_profile below and the CLI read the same folder
     try:
-        files = [f for f in operator_files(load_profile(NAME), path, "test_up_replicas.py")
+        files = [f for f in operator_files(load_profile(NAME), path, "test_up_replicas_journey.py")
                  if f.path == f"compose/{NAME}.yml"]
         render(REPO, files)
     finally:
