@@ -54,7 +54,13 @@ TTFT_SWEEP_FACTOR = 1.5  # alert above 1.5x the profile's slowest published TTFT
 KV_CACHE_FULL_RATIO = 0.95
 MAMBA_SLOTS_FULL_RATIO = 0.95
 QUEUE_BACKLOG_REQUESTS = 5
-START_BUDGET = "20m"  # longer than the slowest model load (15 minutes): down this long pages anyway
+START_BUDGET_MINUTES = 20  # longer than the slowest model load (15 minutes): down this long pages anyway
+START_BUDGET = f"{START_BUDGET_MINUTES}m"
+# OrnithEngineDown looks this much further back than the start budget, so that it still fires when
+# OrnithEngineDownLong takes over (which inhibits it): ending exactly at the budget, it stopped up to a
+# scrape interval before the other began, and a hung engine had no alert for one evaluation (issue 33).
+DOWN_HANDOVER_MINUTES = 5
+DOWN_WINDOW = f"{START_BUDGET_MINUTES + DOWN_HANDOVER_MINUTES}m"
 FLAP_WINDOW = "1h"
 FLAP_FAILED_SHARE = 0.2  # failed scrapes of the hour: a planned 15-minute restart is 25% but only 2 changes
 FLAP_CHANGES = 6  # up/down changes within the hour: three outages (a planned restart makes two)
@@ -139,11 +145,15 @@ class Alert:
 
 UP = C.ENGINE_UP.series
 ON = f"on ({TARGET_LABELS})"
-WAS_UP = f"max_over_time({UP}[{START_BUDGET}]) == 1"  # up at some point within the start budget
+def _was_up(window: str) -> str:
+    return f"max_over_time({UP}[{window}]) == 1"  # up at some point within `window`
+
+
+WAS_UP = _was_up(START_BUDGET)
 REFUSED = f'increase({C.SCRAPE_ERRORS.series}{{reason="connect"}}[2m]) > 0'  # nothing listens: (re)loading
 YOUNG = f"({UP} unless {ON} {UP} offset {START_BUDGET})"  # first scraped less than the start budget ago
 STARTING = f"{UP} == 0 and {ON} (({WAS_UP} and {ON} {REFUSED}) or {YOUNG})"
-DOWN = f"{UP} == 0 and {ON} {WAS_UP} unless {ON} {REFUSED}"
+DOWN = f"{UP} == 0 and {ON} {_was_up(DOWN_WINDOW)} unless {ON} {REFUSED}"
 FLAPPING = (f"avg_over_time({UP}[{FLAP_WINDOW}]) < {1 - FLAP_FAILED_SHARE:g} "
             f"and changes({UP}[{FLAP_WINDOW}]) >= {FLAP_CHANGES}")
 NOTIFICATIONS_FAILED = "sum by (integration) (rate(alertmanager_notifications_failed_total[5m])) > 0"
@@ -228,8 +238,9 @@ ALERTS: tuple[Alert, ...] = (
     Alert("OrnithEngineDown", DOWN, "2m", "critical",
           "Engine {{ $labels.target }} was up and is now down",
           f"The exporter could not scrape and parse {{{{ $labels.target }}}}/metrics for 2 minutes after it was up "
-          f"within the last {START_BUDGET}, while the engine still accepts connections: it hangs, fails or "
-          "answers garbage. (An engine that refuses connections is reloading: OrnithEngineStarting.)",
+          f"within the last {DOWN_WINDOW} (past {START_BUDGET} OrnithEngineDownLong takes over), while "
+          "the engine still accepts connections: it hangs, fails or answers garbage. (An engine that refuses "
+          "connections is reloading: OrnithEngineStarting.)",
           ("`ornith_exporter_scrape_errors_total{target=...}`: the reason (timeout, http_status, truncated, "
            "not_exposition, duplicate).",
            "The engine's logs (`docker compose logs engine`, `kubectl logs`): CUDA errors, OOM, NCCL timeouts.",
