@@ -36,7 +36,7 @@ from ornith_stack.engines import ADAPTERS, adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.generate.core import GeneratedFile, with_header
-from ornith_stack.profiles import Profile, load_all
+from ornith_stack.profiles import Profile, load_shipped
 from ornith_stack.profiles.model import Slo
 
 RUNBOOK_DIR = "monitoring/runbooks"
@@ -463,7 +463,7 @@ def threshold_rules() -> list[dict[str, Any]]:
     """Constant series per profile: its lowest published acceptance length and the floor the acceptance
     alert reads (a share of it, or the floor of a drafting profile without one), its TTFT threshold."""
     rules = []
-    for profile in load_all():
+    for profile in load_shipped():
         per_task = profile.expected.acceptance_length if profile.expected else {}
         if per_task and profile.expected:
             task = min(per_task, key=per_task.__getitem__)
@@ -487,7 +487,7 @@ def recording_rules() -> list[dict[str, Any]]:
     """The rules the alerts alone read: each replica's own acceptance level, the SLOs' burn rates."""
     median = {"record": ACCEPTANCE_MEDIAN,
               "expr": f"quantile_over_time(0.5, {ACCEPTANCE_5M}[{ACCEPTANCE_OWN_WINDOW}])"}
-    return [median, *slo_rules(load_all())]
+    return [median, *slo_rules(load_shipped())]
 
 
 def alert_rules(helm: bool = False) -> dict[str, Any]:

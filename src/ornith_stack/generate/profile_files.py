@@ -115,7 +115,7 @@ def source(name: str, template: str) -> str:
 
 def _builder(name: str, template: str, style: str) -> Callable[[], str]:
     def build() -> str:
-        return with_header(source(name, template), render_profile(load_profile(name), template, style), "yaml")
+        return with_header(source(name, template), render_profile(load_profile(name, shipped=True), template, style), "yaml")
 
     return build
 
