@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ornith_stack.cli import main
 
@@ -210,3 +211,50 @@ def test_a_process_that_calls_the_command_again_and_again_keeps_one_copy_of_each
     assert len(cli.app.registered_commands) == count
     assert sorted({c.name for c in cli.app.registered_commands if c.name}) == sorted(
         c.name for c in cli.app.registered_commands if c.name)
+
+
+@pytest.mark.parametrize("folder, says", [
+    ("ops}x", "contains '}'"), ("ops$x", "contains '$'"), ("ops:x", "contains ':'"), ("ops\nx", "contains '\\n'"),
+])
+def test_a_profile_folder_compose_cannot_mount_is_refused_before_any_write(
+        refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, folder: str, says: str) -> None:
+    """ORNITH_PROFILE_DIR is pasted into compose's volume line `${VAR:-PATH}:DEST:ro`: `}` ended the default,
+    `$` was interpolated, `:` split the mount, a newline made invalid YAML, and each said "wrote"."""
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", str(tmp_path / folder))
+    assert says in refused("profiles", "new", "mine", "--gpu", "h200", "--out", "out")
+
+
+@pytest.mark.parametrize("folder", ["relative-profiles", "ops #not a comment", 'quote"d'])
+def test_a_profile_folder_compose_can_mount_is_mounted_as_itself(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, folder: str) -> None:
+    """A relative folder is mounted by its absolute path (relative, compose took it for a named volume); ` #` and
+    quotes stay in the path instead of cutting the line."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", folder)
+    assert main(["profiles", "new", "mine", "--gpu", "h200", "--out", "out"]) == 0
+    engine = yaml.safe_load((tmp_path / "out" / "compose" / "mine.yml").read_text())["services"]["engine"]
+    mount = next(v for v in engine["volumes"] if v.endswith("/mine.yaml:ro"))
+    assert mount == f"${{ORNITH_PROFILE_FILE:-{tmp_path / folder / 'mine.yaml'}}}:/etc/ornith-stack/profiles/mine.yaml:ro"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["profiles", "new", "mine", "--gpu", "h200\n"], "--gpu 'h200\\n': a GPU table key or NVML name"),
+    (["profiles", "new", "a" * 65, "--gpu", "h200"], "a profile name is letters, digits"),
+    (["profiles", "new", "a" * 100, "--gpu", "h200"], "a profile name is letters, digits"),
+    (["profiles", "new", "mine", "--gpu", "h200", "--out", ""], "--out '': name the folder"),
+])
+def test_profiles_new_refuses_what_profiles_show_could_not_read(
+        refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, argv: list[str],
+        says: str) -> None:
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", str(tmp_path / "ops"))
+    assert says in refused(*argv)
+
+
+def test_profiles_new_refuses_the_profile_file_before_writing_the_others(
+        refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A folder where the profile file goes: refused before the compose file, Helm values and Ansible
+    variables are written (they were written, then the command said "nothing was written")."""
+    (tmp_path / "ops" / "mine.yaml").mkdir(parents=True)
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", str(tmp_path / "ops"))
+    assert "in the way of a generated file" in refused("profiles", "new", "mine", "--gpu", "h200", "--force",
+                                                       "--out", "out")

@@ -68,11 +68,19 @@ def profile_names() -> list[str]:
     return sorted(_names_in(SHIPPED_DIR) | _names_in(user_profile_dir()))
 
 
+def check_name(name: str, known: bool = True) -> str:
+    """`name` if it can name a profile file (what `profiles new` may write, `profiles show` can read);
+    `known`: the refusal lists the profiles (`profiles new`'s folder may not exist yet)."""
+    if not NAME.fullmatch(name):
+        listed = f"; known profiles: {', '.join(profile_names())}" if known else ""
+        raise UserError(f"profile {shown(name)}: a profile name is letters, digits, '.', '_' and '-' "
+                        f"(at most 64, no path){listed}")
+    return name
+
+
 def profile_path(name: str, shipped: bool = False) -> Path:
     """The file of profile `name`: the operator's, else the shipped one; `shipped`: the shipped one only."""
-    if not NAME.fullmatch(name):
-        raise UserError(f"profile {shown(name)}: a profile name is letters, digits, '.', '_' and '-' "
-                        f"(at most 64, no path); known profiles: {', '.join(profile_names())}")
+    check_name(name)
     for folder in ((SHIPPED_DIR,) if shipped else (user_profile_dir(), SHIPPED_DIR)):
         path = folder / f"{name}.yaml"
         # Anything there is the reader's to refuse (a FIFO, a device, a folder), never skipped silently.
