@@ -149,9 +149,19 @@ def test_engine_urls_are_validated_once_for_the_exporter_and_the_bench(
 ) -> None:
     target = refused("exporter", "--target", url, "--listen", "127.0.0.1:1")
     bench = refused("bench", "--url", url, "--out", "out", "--suite", "decode")
+    # A gateway's URL was listed at /sd/gateways unchecked: `http://[::1` made every answer there an HTTP 500.
+    gateway = refused("exporter", "--target", "http://127.0.0.1:8000", "--gateway", url, "--listen", "127.0.0.1:1")
     assert target.startswith("error: --target") and bench.startswith("error: --url")
+    assert gateway.startswith("error: --gateway")
     assert target.removeprefix("error: --target") == bench.removeprefix("error: --url").replace(
-        "--url", "--target")
+        "--url", "--target") == gateway.removeprefix("error: --gateway").replace("--gateway", "--target")
+
+
+@pytest.mark.parametrize("name", ["\udcff\udcfe", "engine\nup 1", "tab\there"])
+def test_a_target_name_is_printable_utf8(refused: Callable[..., str], name: str) -> None:
+    """Invalid UTF-8 on the command line (surrogates to Python) made every /metrics answer an HTTP 500."""
+    assert "--target-name" in refused("exporter", "--target", "http://127.0.0.1:8000", "--target-name", name,
+                                      "--listen", "127.0.0.1:1")
 
 
 @pytest.mark.parametrize("argv, says", [
