@@ -268,3 +268,17 @@ def test_profiles_new_refuses_the_profile_file_before_writing_the_others(
     monkeypatch.setenv("ORNITH_PROFILE_DIR", str(tmp_path / "ops"))
     assert "in the way of a generated file" in refused("profiles", "new", "mine", "--gpu", "h200", "--force",
                                                        "--out", "out")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["plan", "gpu96", "--model-config", "~nosuchuser"], "no home directory for that ~user"),
+    (["plan", "gpu96", "--draft-config", "~nosuchuser/config.json"], "no home directory for that ~user"),
+    (["plan", "gpu96", "--num-speculative-tokens", str(2**63)], "--num-speculative-tokens must be at most 256"),
+    (["plan", "gpu96", "--tp", str(10**30)], "--tp must be at most 576"),
+    (["plan", "gpu96", "--gpu-count", str(2**40)], "--gpu-count must be at most 576"),
+])
+def test_plan_refuses_what_it_planned_with_negative_figures(refused: Callable[..., str], argv: list[str],
+                                                              says: str) -> None:
+    """`~nosuchuser` was a RuntimeError traceback; 2^63 draft tokens and tp 10^30 were planned, with negative
+    memory figures."""
+    assert says in refused(*argv)
