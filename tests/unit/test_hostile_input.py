@@ -282,3 +282,19 @@ def test_plan_refuses_what_it_planned_with_negative_figures(refused: Callable[..
     """`~nosuchuser` was a RuntimeError traceback; 2^63 draft tokens and tp 10^30 were planned, with negative
     memory figures."""
     assert says in refused(*argv)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--request-rate", "1e-300"], "--request-rate '1e-300': expected rates of at least 0.001"),
+    (["--request-rate", "nan"], "--request-rate 'nan': expected rates of at least 0.001"),
+    (["--timeout", "inf"], "--timeout inf: seconds from 1 to"),
+    (["--concurrency", str(10**12)], "--concurrency '1000000000000': at most 100,000"),
+    (["--max-concurrency", str(10**12)], "--max-concurrency '1000000000000': at most 100,000"),
+    (["--model", ""], "--model '': name a served model"),
+    (["--model", "  "], "--model '': name a served model"),
+])
+def test_bench_refuses_a_run_that_cannot_be_what_was_meant(refused: Callable[..., str], argv: list[str],
+                                                          says: str) -> None:
+    """1e-300 requests a second hung, 10^12 streams was a MemoryError, `--timeout inf` waited forever on a
+    stuck engine, `--model ''` silently used the first model."""
+    assert says in refused("bench", "--url", "http://127.0.0.1:1", "--out", "out", "--suite", "serving", *argv)
