@@ -40,20 +40,37 @@ class Outage:
     inhibited: tuple[Fired, ...] = ()  # firing beside the page at `late`, inhibited by Alertmanager
     late: int | None = None
     beside: tuple[Fired, ...] = ()  # firing beside the page already at `by`, inhibited by Alertmanager
+    # At every evaluation (`every` seconds: the shipped Prometheus' interval) from `by` to the input's
+    # end some critical alert with these labels fires (no evaluation where the outage has no alert) ...
+    covered: dict[str, str] | None = None
+    every: int = 60
+    # ... and at these minutes exactly these alerts fire (one of them not inhibited by another: one page).
+    phases: tuple[tuple[int, tuple[Fired, ...]], ...] = ()
 
     def test(self) -> dict[str, Any]:
         length = max(len(v) for v in self.series.values())
         checks = [{"expr": PAGING, "eval_time": f"{m}m", "exp_samples": []} for m in self.quiet]
+        if self.covered:
+            about = ", ".join(f'{k}="{v}"' for k, v in self.covered.items())
+            checks += [{"expr": f'max(ALERTS{{alertstate="firing", severity="critical", {about}}})',
+                        "eval_time": f"{s}s", "exp_samples": [{"labels": "{}", "value": 1}]}
+                       for s in range(self.by * 60, (length - 1) * 60 + 1, self.every)]
+        checks += [{"expr": PAGING, "eval_time": f"{m}m", "exp_samples": [f.sample() for f in fired]}
+                   for m, fired in self.phases]
         if self.page:
             checks.append({"expr": PAGING, "eval_time": f"{self.by}m",
                            "exp_samples": [f.sample() for f in (self.page, *self.beside)]})
         if self.late is not None:
             fired = [f for f in (self.page, *self.inhibited) if f]
             checks.append({"expr": PAGING, "eval_time": f"{self.late}m", "exp_samples": [f.sample() for f in fired]})
-        assert all(int(c["eval_time"][:-1]) < length for c in checks), f"{self.name}: a check past the input"
+        assert all(_seconds(c["eval_time"]) < length * 60 for c in checks), f"{self.name}: a check past the input"
         return {"name": self.name, "interval": "1m",
                 "input_series": [{"series": s, "values": _values(v)} for s, v in self.series.items()],
                 "promql_expr_test": checks}
+
+
+def _seconds(duration: str) -> int:
+    return int(duration[:-1]) * (60 if duration.endswith("m") else 1)
 
 
 def _values(values: Values) -> str:
@@ -160,6 +177,23 @@ def engine_refusing() -> Outage:
                                    {"target": "http://engine:30000", "profile": "a100x2"}),), late=90)
 
 
+def engine_hung(every: int) -> Outage:
+    # One of two replicas hangs after an hour (it accepts connections, every scrape times out) and stays
+    # hung: OrnithEngineDown pages, OrnithEngineDownLong takes over at the start budget (20 minutes) and
+    # inhibits it. The other replica serves, so no profile-wide alert explains it.
+    hung, healthy = REPLICAS
+    target = f'target="{hung}", profile="gpu96"'
+    series = {**_engines_up("gpu96", (hung,), gauge((1, 61), (0, 60))),
+              **_engines_up("gpu96", (healthy,), steady(1, 121)),
+              f'ornith_exporter_scrape_errors_total{{{target}, reason="timeout"}}':
+                  counter([0.0] * 60 + [4 / 60] * 60)}
+    labels = {"target": hung, "profile": "gpu96"}
+    down, long = Fired("OrnithEngineDown", "critical", labels), Fired("OrnithEngineDownLong", "critical", labels)
+    return Outage("one replica hung for an hour: always an alert, one page at a time", series, down, by=63,
+                  quiet=(30, 60), covered=labels, every=every,
+                  phases=((70, (down,)), (81, (down, long)), (90, (long,)), (120, (long,))))
+
+
 def planned_restart_in_a_lull() -> Outage:
     # A planned restart of the single engine (3 minutes refusing connections) while nobody sends requests:
     # counters flat, so every SLO share is empty, and the outage is shorter than a page's wait.
@@ -217,5 +251,5 @@ COMPOSE: tuple[Callable[[], Outage], ...] = (
     lambda: acceptance_decay(6.1), lambda: acceptance_decay(5.0), acceptance_collapse_unpublished)
 
 
-def promtool_file(outages: Sequence[Outage], rule_files: Sequence[str]) -> dict[str, Any]:
-    return {"rule_files": list(rule_files), "evaluation_interval": "1m", "tests": [o.test() for o in outages]}
+def promtool_file(outages: Sequence[Outage], rule_files: Sequence[str], evaluation: str = "1m") -> dict[str, Any]:
+    return {"rule_files": list(rule_files), "evaluation_interval": evaluation, "tests": [o.test() for o in outages]}

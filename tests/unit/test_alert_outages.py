@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from outages import COMPOSE, Fired, Outage, exporter_gone_from_discovery, promtool_file
+from outages import COMPOSE, Fired, Outage, engine_hung, exporter_gone_from_discovery, promtool_file
 from test_helm import NAMESPACE, find, rendered
 
+from ornith_stack import deployment as D
 from ornith_stack.generate import alertmanager, alerts
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,9 +25,9 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not insta
 _MATCHER = re.compile(r'(?P<name>\w+)(?P<op>=~|=)"(?P<value>[^"]*)"')
 
 
-def run_promtool(tmp_path: Path, outages: list[Outage], rule_files: list[Path]) -> None:
+def run_promtool(tmp_path: Path, outages: list[Outage], rule_files: list[Path], evaluation: str = "1m") -> None:
     path = tmp_path / "outages.test.yml"
-    path.write_text(yaml.safe_dump(promtool_file(outages, [str(f) for f in rule_files]), width=10_000))
+    path.write_text(yaml.safe_dump(promtool_file(outages, [str(f) for f in rule_files], evaluation), width=10_000))
     assert PROMTOOL
     result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
@@ -35,6 +36,24 @@ def run_promtool(tmp_path: Path, outages: list[Outage], rule_files: list[Path]) 
 @needs_promtool
 def test_every_compose_outage_pages_once_in_time_and_a_restart_or_lull_pages_nobody(tmp_path: Path) -> None:
     run_promtool(tmp_path, [build() for build in COMPOSE], sorted(RULES.glob("*.yml")))
+
+
+SHIPPED_EVALUATION_S = int(D.SCRAPE_INTERVAL.removesuffix("s"))
+
+
+@needs_promtool
+def test_a_hung_engine_has_an_alert_at_every_evaluation_and_one_page_at_a_time(tmp_path: Path) -> None:
+    """Evaluated every 15 s, as the shipped Prometheus does: OrnithEngineDown (up within the start budget)
+    must still fire when OrnithEngineDownLong (down for the start budget) takes over, not stop an
+    evaluation before it."""
+    run_promtool(tmp_path, [engine_hung(SHIPPED_EVALUATION_S)], sorted(RULES.glob("*.yml")), D.SCRAPE_INTERVAL)
+
+
+def test_a_hung_engine_pages_once_at_each_phase() -> None:
+    """Where OrnithEngineDown and OrnithEngineDownLong overlap, Alertmanager inhibits one of them."""
+    for minute, fired in engine_hung(SHIPPED_EVALUATION_S).phases:
+        paging = [f for f in fired if not any(inhibited(other, f) for other in fired if other != f)]
+        assert len(paging) == 1, f"minute {minute}: {[f.alert for f in paging]} page"
 
 
 @needs_promtool

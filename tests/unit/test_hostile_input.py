@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ornith_stack.cli import main
 
@@ -148,9 +149,19 @@ def test_engine_urls_are_validated_once_for_the_exporter_and_the_bench(
 ) -> None:
     target = refused("exporter", "--target", url, "--listen", "127.0.0.1:1")
     bench = refused("bench", "--url", url, "--out", "out", "--suite", "decode")
+    # A gateway's URL was listed at /sd/gateways unchecked: `http://[::1` made every answer there an HTTP 500.
+    gateway = refused("exporter", "--target", "http://127.0.0.1:8000", "--gateway", url, "--listen", "127.0.0.1:1")
     assert target.startswith("error: --target") and bench.startswith("error: --url")
+    assert gateway.startswith("error: --gateway")
     assert target.removeprefix("error: --target") == bench.removeprefix("error: --url").replace(
-        "--url", "--target")
+        "--url", "--target") == gateway.removeprefix("error: --gateway").replace("--gateway", "--target")
+
+
+@pytest.mark.parametrize("name", ["\udcff\udcfe", "engine\nup 1", "tab\there"])
+def test_a_target_name_is_printable_utf8(refused: Callable[..., str], name: str) -> None:
+    """Invalid UTF-8 on the command line (surrogates to Python) made every /metrics answer an HTTP 500."""
+    assert "--target-name" in refused("exporter", "--target", "http://127.0.0.1:8000", "--target-name", name,
+                                      "--listen", "127.0.0.1:1")
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -210,3 +221,80 @@ def test_a_process_that_calls_the_command_again_and_again_keeps_one_copy_of_each
     assert len(cli.app.registered_commands) == count
     assert sorted({c.name for c in cli.app.registered_commands if c.name}) == sorted(
         c.name for c in cli.app.registered_commands if c.name)
+
+
+@pytest.mark.parametrize("folder, says", [
+    ("ops}x", "contains '}'"), ("ops$x", "contains '$'"), ("ops:x", "contains ':'"), ("ops\nx", "contains '\\n'"),
+])
+def test_a_profile_folder_compose_cannot_mount_is_refused_before_any_write(
+        refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, folder: str, says: str) -> None:
+    """ORNITH_PROFILE_DIR is pasted into compose's volume line `${VAR:-PATH}:DEST:ro`: `}` ended the default,
+    `$` was interpolated, `:` split the mount, a newline made invalid YAML, and each said "wrote"."""
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", str(tmp_path / folder))
+    assert says in refused("profiles", "new", "mine", "--gpu", "h200", "--out", "out")
+
+
+@pytest.mark.parametrize("folder", ["relative-profiles", "ops #not a comment", 'quote"d'])
+def test_a_profile_folder_compose_can_mount_is_mounted_as_itself(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, folder: str) -> None:
+    """A relative folder is mounted by its absolute path (relative, compose took it for a named volume); ` #` and
+    quotes stay in the path instead of cutting the line."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", folder)
+    assert main(["profiles", "new", "mine", "--gpu", "h200", "--out", "out"]) == 0
+    engine = yaml.safe_load((tmp_path / "out" / "compose" / "mine.yml").read_text())["services"]["engine"]
+    mount = next(v for v in engine["volumes"] if v.endswith("/mine.yaml:ro"))
+    assert mount == f"${{ORNITH_PROFILE_FILE:-{tmp_path / folder / 'mine.yaml'}}}:/etc/ornith-stack/profiles/mine.yaml:ro"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["profiles", "new", "mine", "--gpu", "h200\n"], "--gpu 'h200\\n': a GPU table key or NVML name"),
+    (["profiles", "new", "a" * 65, "--gpu", "h200"], "a profile name is letters, digits"),
+    (["profiles", "new", "a" * 100, "--gpu", "h200"], "a profile name is letters, digits"),
+    (["profiles", "new", "mine", "--gpu", "h200", "--out", ""], "--out '': name the folder"),
+])
+def test_profiles_new_refuses_what_profiles_show_could_not_read(
+        refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, argv: list[str],
+        says: str) -> None:
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", str(tmp_path / "ops"))
+    assert says in refused(*argv)
+
+
+def test_profiles_new_refuses_the_profile_file_before_writing_the_others(
+        refused: Callable[..., str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A folder where the profile file goes: refused before the compose file, Helm values and Ansible
+    variables are written (they were written, then the command said "nothing was written")."""
+    (tmp_path / "ops" / "mine.yaml").mkdir(parents=True)
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", str(tmp_path / "ops"))
+    assert "in the way of a generated file" in refused("profiles", "new", "mine", "--gpu", "h200", "--force",
+                                                       "--out", "out")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["plan", "gpu96", "--model-config", "~nosuchuser"], "no home directory for that ~user"),
+    (["plan", "gpu96", "--draft-config", "~nosuchuser/config.json"], "no home directory for that ~user"),
+    (["plan", "gpu96", "--num-speculative-tokens", str(2**63)], "--num-speculative-tokens must be at most 256"),
+    (["plan", "gpu96", "--tp", str(10**30)], "--tp must be at most 576"),
+    (["plan", "gpu96", "--gpu-count", str(2**40)], "--gpu-count must be at most 576"),
+])
+def test_plan_refuses_what_it_planned_with_negative_figures(refused: Callable[..., str], argv: list[str],
+                                                              says: str) -> None:
+    """`~nosuchuser` was a RuntimeError traceback; 2^63 draft tokens and tp 10^30 were planned, with negative
+    memory figures."""
+    assert says in refused(*argv)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--request-rate", "1e-300"], "--request-rate '1e-300': expected rates of at least 0.001"),
+    (["--request-rate", "nan"], "--request-rate 'nan': expected rates of at least 0.001"),
+    (["--timeout", "inf"], "--timeout inf: seconds from 1 to"),
+    (["--concurrency", str(10**12)], "--concurrency '1000000000000': at most 100,000"),
+    (["--max-concurrency", str(10**12)], "--max-concurrency '1000000000000': at most 100,000"),
+    (["--model", ""], "--model '': name a served model"),
+    (["--model", "  "], "--model '': name a served model"),
+])
+def test_bench_refuses_a_run_that_cannot_be_what_was_meant(refused: Callable[..., str], argv: list[str],
+                                                          says: str) -> None:
+    """1e-300 requests a second hung, 10^12 streams was a MemoryError, `--timeout inf` waited forever on a
+    stuck engine, `--model ''` silently used the first model."""
+    assert says in refused("bench", "--url", "http://127.0.0.1:1", "--out", "out", "--suite", "serving", *argv)

@@ -231,3 +231,21 @@ def test_compose_requires_the_model_the_seed_does_not_name(repo: Path) -> None:
     command = _compose(repo, "spark")["services"]["engine"]["command"]
     model = command[command.index("--model") + 1]
     assert model.startswith("${ORNITH_MODEL_REPO:?") and "seed 003" in model
+
+
+def test_render_reads_the_shipped_profiles_never_the_operators(
+    checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator's gpu96.yaml (and a binary profile beside it) must neither make `render --check` report
+    drift nor make `render` rewrite the tracked files from it."""
+    private = tmp_path / "operator-profiles"
+    private.mkdir()
+    shipped = (profiles.SHIPPED_DIR / "gpu96.yaml").read_text()
+    (private / "gpu96.yaml").write_text(shipped.replace("description: Ornith", "description: Private Ornith", 1))
+    (private / "binary.yaml").write_bytes(b"\xff\xfe\x00garbage\x00")
+    monkeypatch.setenv("ORNITH_PROFILE_DIR", str(private))
+    assert load_profile("gpu96").description.startswith("Private")  # the operator's profile is there ...
+    before = (checkout / "compose" / "gpu96.yml").read_bytes()
+    assert main(["render", "--check", "--root", str(checkout)]) == 0, capsys.readouterr()
+    assert main(["render", "--root", str(checkout)]) == 0
+    assert (checkout / "compose" / "gpu96.yml").read_bytes() == before  # ... and render ignores it

@@ -20,7 +20,7 @@ from ornith_stack.bench.result import load_result
 from ornith_stack.bench.sandbox import UNSAFE_FLAG, Limits, require_sandbox
 from ornith_stack.bench.serving import parse_goodput
 from ornith_stack.bench.suites import DEFAULT_CONCURRENCY, DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_LENGTHS
-from ornith_stack.errors import UserError
+from ornith_stack.errors import UserError, shown
 from ornith_stack.profiles import load_profile
 from ornith_stack.urls import engine_url
 
@@ -60,13 +60,23 @@ def parse_suites(value: str) -> tuple[str, ...]:
     return tuple(n for n in SUITES if n in names)
 
 
-def parse_ints(flag: str, value: str) -> tuple[int, ...]:
+# Bounds past which a run cannot be what was meant: 10^12 streams was a MemoryError, a rate of 1e-300
+# requests a second a wait past the end of the universe (a hang), an infinite timeout a hang on a stuck engine.
+MAX_STREAMS = 100_000
+MAX_PROMPT_TOKENS = 100_000_000
+MIN_REQUEST_RATE = 0.001  # one request every 1,000 s
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def parse_ints(flag: str, value: str, high: int = MAX_STREAMS) -> tuple[int, ...]:
     try:
         numbers = tuple(int(v.replace("_", "")) for v in value.split(",") if v.strip())
     except ValueError:
-        raise UserError(f"{flag} {value!r}: expected comma-separated whole numbers, e.g. 512,2048") from None
+        raise UserError(f"{flag} {shown(value)}: expected comma-separated whole numbers, e.g. 512,2048") from None
     if not numbers or min(numbers) < 1:
-        raise UserError(f"{flag} {value!r}: expected positive numbers")
+        raise UserError(f"{flag} {shown(value)}: expected positive numbers")
+    if max(numbers) > high:
+        raise UserError(f"{flag} {shown(value)}: at most {high:,}")
     return numbers
 
 
@@ -74,9 +84,11 @@ def parse_rates(value: str) -> tuple[float, ...]:
     try:
         rates = tuple(float(v) for v in value.split(",") if v.strip())
     except ValueError:
-        raise UserError(f"--request-rate {value!r}: expected requests per second, comma-separated, or inf") from None
-    if not rates or min(rates) <= 0:
-        raise UserError(f"--request-rate {value!r}: expected positive rates or inf")
+        raise UserError(f"--request-rate {shown(value)}: expected requests per second, comma-separated, "
+                        "or inf") from None
+    if not rates or any(not r >= MIN_REQUEST_RATE for r in rates):  # `not >=`: NaN too
+        raise UserError(f"--request-rate {shown(value)}: expected rates of at least {MIN_REQUEST_RATE:g} "
+                        "requests per second, or inf")
     return rates
 
 
@@ -159,10 +171,14 @@ def register(app: typer.Typer) -> None:
             UNSAFE_FLAG, help="Run model-written code unconfined where bubblewrap cannot isolate it.")] = False,
     ) -> None:
         """Measure decode, TTFT, task accuracy and acceptance, and throughput; write JSON, Markdown and plots."""
+        if not 1 <= timeout <= MAX_TIMEOUT_S:  # typer's min=1 lets inf through
+            raise UserError(f"--timeout {timeout:g}: seconds from 1 to {MAX_TIMEOUT_S:g}")
+        if model is not None and not model.strip():
+            raise UserError("--model '': name a served model, or leave it out for the first in /v1/models")
         chosen = load_profile(profile) if profile else None
         config = BenchConfig(
             url=engine_url(url, "--url"), suites=parse_suites(suite), model=model, max_tokens=max_tokens, samples=samples,
-            warmup=warmup, prompt_lengths=parse_ints("--prompt-lengths", prompt_lengths),
+            warmup=warmup, prompt_lengths=parse_ints("--prompt-lengths", prompt_lengths, MAX_PROMPT_TOKENS),
             concurrency=parse_ints("--concurrency", concurrency), task_limit=task_limit,
             task_max_tokens=task_max_tokens, tasks_dir=tasks_dir,
             sampling=chosen.serve.sampling if chosen else None, ignore_eos=ignore_eos, timeout_s=timeout,

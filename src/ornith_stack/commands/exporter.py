@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ornith_stack.deployment import EXPORTER_LISTEN_HOST
-from ornith_stack.errors import UserError
+from ornith_stack.errors import UserError, shown
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.scrape import Target
 from ornith_stack.exporter.server import Settings, check_timeout, normalise_target, parse_listen, serve
@@ -56,15 +56,19 @@ def register(app: typer.Typer) -> None:
         unique = {Target(url).public: url for url in bases}
         if target_name is not None and (len(unique) != 1 or not target_name.strip()):
             raise UserError("--target-name names one target: pass exactly one --target with it, and a non-empty name")
+        if target_name is not None and not target_name.isprintable():
+            # A label value: invalid UTF-8 (surrogates here) made every /metrics answer an HTTP 500.
+            raise UserError(f"--target-name {shown(target_name)}: printable UTF-8 text, no control characters")
         targets = [Target(url, profile or "", draft, (target_name or "").strip(), api_key) for url in unique.values()]
         if len(targets) > C.MAX_TARGETS:
             raise UserError(f"--target: {len(targets)} targets, at most {C.MAX_TARGETS} per exporter (Prometheus' "
                             "sample limit for the exporter job is sized for them); run another exporter for the rest")
+        # Checked before serving: an unclosed [IPv6 bracket made every /sd/gateways answer an HTTP 500.
+        gateways = [Target(normalise_target(engine_url(url, "--gateway")), profile or "") for url in gateway or []]
         host, port = parse_listen(listen)
         typer.echo(f"ornith-stack exporter on {host or '*'}:{port}/metrics, "
                    f"{len(targets)} target(s): {', '.join(t.public for t in targets)}", err=True)
         try:
-            gateways = [Target(normalise_target(url), profile or "") for url in gateway or []]
             serve(Settings(targets, host, port, timeout=timeout, canary=canary, canary_interval=canary_interval,
                            gateways=gateways))
         except KeyboardInterrupt:

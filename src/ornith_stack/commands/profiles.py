@@ -13,12 +13,19 @@ from rich.console import Console
 from rich.table import Table
 
 from ornith_stack.engines import launch_args, shell_join
-from ornith_stack.errors import UserError
+from ornith_stack.errors import UserError, shown
 from ornith_stack.generate.core import find_root
-from ornith_stack.generate.profile_files import save_computed
+from ornith_stack.generate.profile_files import mountable, save_computed
 from ornith_stack.gpus import GpuModel, describe, gpu_table, identify, lookup
 from ornith_stack.planner.layout import DEFAULT_RECIPE, RECIPES, compute_layout, layout_lines
-from ornith_stack.profiles import DEFAULT_PROFILE, load_all, load_profile, shipped_profile_names, user_profile_dir
+from ornith_stack.profiles import (
+    DEFAULT_PROFILE,
+    check_name,
+    load_all,
+    load_profile,
+    shipped_profile_names,
+    user_profile_dir,
+)
 
 out = Console()
 
@@ -83,7 +90,7 @@ def register(app: typer.Typer) -> None:
         gpu: Annotated[str, typer.Option(help="GPU table key (e.g. h100-sxm) or NVML name (e.g. 'NVIDIA H200').")],
         count: Annotated[int, typer.Option(help="GPUs on the host.")] = 1,
         model: Annotated[str, typer.Option(help=f"Recipe: {', '.join(RECIPES)}.")] = DEFAULT_RECIPE,
-        out: Annotated[Path | None, typer.Option(help="Where compose/, helm/ and ansible/ files go (default: the "
+        out: Annotated[str | None, typer.Option(help="Where compose/, helm/ and ansible/ files go (default: the "
                                                       "ornith-stack checkout around the current folder, where "
                                                       "compose finds its build contexts; else the profile "
                                                       "folder's NAME/).")] = None,
@@ -102,8 +109,10 @@ def register(app: typer.Typer) -> None:
         """Compute a profile for COUNT x GPU from a seed's recipe and the planner; write it to the operator's
         profile folder (ORNITH_PROFILE_DIR, default ~/.config/ornith-stack/profiles) with its compose file,
         Helm values and Ansible variables."""
+        if out == "":
+            raise UserError("--out '': name the folder for the compose, Helm and Ansible files, or leave it out")
         folder = user_profile_dir(to_write=True)
-        profile_file = folder / f"{name}.yaml"
+        profile_file = mountable(folder / f"{check_name(name, known=False)}.yaml")  # before the folder is made
         if name in shipped_profile_names():
             raise UserError(f"{name!r} is a shipped profile; choose another name")
         if profile_file.exists() and not force:
@@ -125,8 +134,7 @@ def register(app: typer.Typer) -> None:
             if value is not None:
                 words += [option, f"{value:g}" if isinstance(value, float) else value]
         command = shlex.join(words)
-        out = out or _checkout_or(folder / name)
-        written = save_computed(layout, folder, out, command)
+        written = save_computed(layout, folder, Path(out) if out else _checkout_or(folder / name), command)
         plan = layout.plan
         typer.echo(f"{name}: {layout.replicas} replica(s) x tp {layout.tp} on {layout.count}x {layout.gpu.name}; "
                    f"planner: {plan.verdict}, {plan.kv_cache_tokens:,} KV tokens and {layout.caps.running} running "
@@ -157,6 +165,10 @@ def register(app: typer.Typer) -> None:
 def _card(gpu: str, count: int, memory_gib: float | None, compute_capability: str | None,
           bandwidth_gbps: float | None) -> GpuModel:
     """The table's GPU, or a card the operator describes (both --memory-gib and --compute-capability)."""
+    if not gpu.isprintable() or gpu != gpu.strip():
+        # It is written into the profile's command line and file: a newline there breaks every profile.
+        raise UserError(f"--gpu {shown(gpu)}: a GPU table key or NVML name, without line breaks or surrounding "
+                        "spaces")
     if memory_gib is None and compute_capability is None:
         if bandwidth_gbps is not None:
             raise UserError("--bandwidth-gbps describes a card the table lacks: give --memory-gib and "

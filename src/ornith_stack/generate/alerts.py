@@ -36,7 +36,7 @@ from ornith_stack.engines import ADAPTERS, adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.generate.core import GeneratedFile, with_header
-from ornith_stack.profiles import Profile, load_all
+from ornith_stack.profiles import Profile, load_shipped
 from ornith_stack.profiles.model import Slo
 
 RUNBOOK_DIR = "monitoring/runbooks"
@@ -54,7 +54,13 @@ TTFT_SWEEP_FACTOR = 1.5  # alert above 1.5x the profile's slowest published TTFT
 KV_CACHE_FULL_RATIO = 0.95
 MAMBA_SLOTS_FULL_RATIO = 0.95
 QUEUE_BACKLOG_REQUESTS = 5
-START_BUDGET = "20m"  # longer than the slowest model load (15 minutes): down this long pages anyway
+START_BUDGET_MINUTES = 20  # longer than the slowest model load (15 minutes): down this long pages anyway
+START_BUDGET = f"{START_BUDGET_MINUTES}m"
+# OrnithEngineDown looks this much further back than the start budget, so that it still fires when
+# OrnithEngineDownLong takes over (which inhibits it): ending exactly at the budget, it stopped up to a
+# scrape interval before the other began, and a hung engine had no alert for one evaluation (issue 33).
+DOWN_HANDOVER_MINUTES = 5
+DOWN_WINDOW = f"{START_BUDGET_MINUTES + DOWN_HANDOVER_MINUTES}m"
 FLAP_WINDOW = "1h"
 FLAP_FAILED_SHARE = 0.2  # failed scrapes of the hour: a planned 15-minute restart is 25% but only 2 changes
 FLAP_CHANGES = 6  # up/down changes within the hour: three outages (a planned restart makes two)
@@ -139,11 +145,15 @@ class Alert:
 
 UP = C.ENGINE_UP.series
 ON = f"on ({TARGET_LABELS})"
-WAS_UP = f"max_over_time({UP}[{START_BUDGET}]) == 1"  # up at some point within the start budget
+def _was_up(window: str) -> str:
+    return f"max_over_time({UP}[{window}]) == 1"  # up at some point within `window`
+
+
+WAS_UP = _was_up(START_BUDGET)
 REFUSED = f'increase({C.SCRAPE_ERRORS.series}{{reason="connect"}}[2m]) > 0'  # nothing listens: (re)loading
 YOUNG = f"({UP} unless {ON} {UP} offset {START_BUDGET})"  # first scraped less than the start budget ago
 STARTING = f"{UP} == 0 and {ON} (({WAS_UP} and {ON} {REFUSED}) or {YOUNG})"
-DOWN = f"{UP} == 0 and {ON} {WAS_UP} unless {ON} {REFUSED}"
+DOWN = f"{UP} == 0 and {ON} {_was_up(DOWN_WINDOW)} unless {ON} {REFUSED}"
 FLAPPING = (f"avg_over_time({UP}[{FLAP_WINDOW}]) < {1 - FLAP_FAILED_SHARE:g} "
             f"and changes({UP}[{FLAP_WINDOW}]) >= {FLAP_CHANGES}")
 NOTIFICATIONS_FAILED = "sum by (integration) (rate(alertmanager_notifications_failed_total[5m])) > 0"
@@ -228,8 +238,9 @@ ALERTS: tuple[Alert, ...] = (
     Alert("OrnithEngineDown", DOWN, "2m", "critical",
           "Engine {{ $labels.target }} was up and is now down",
           f"The exporter could not scrape and parse {{{{ $labels.target }}}}/metrics for 2 minutes after it was up "
-          f"within the last {START_BUDGET}, while the engine still accepts connections: it hangs, fails or "
-          "answers garbage. (An engine that refuses connections is reloading: OrnithEngineStarting.)",
+          f"within the last {DOWN_WINDOW} (past {START_BUDGET} OrnithEngineDownLong takes over), while "
+          "the engine still accepts connections: it hangs, fails or answers garbage. (An engine that refuses "
+          "connections is reloading: OrnithEngineStarting.)",
           ("`ornith_exporter_scrape_errors_total{target=...}`: the reason (timeout, http_status, truncated, "
            "not_exposition, duplicate).",
            "The engine's logs (`docker compose logs engine`, `kubectl logs`): CUDA errors, OOM, NCCL timeouts.",
@@ -452,7 +463,7 @@ def threshold_rules() -> list[dict[str, Any]]:
     """Constant series per profile: its lowest published acceptance length and the floor the acceptance
     alert reads (a share of it, or the floor of a drafting profile without one), its TTFT threshold."""
     rules = []
-    for profile in load_all():
+    for profile in load_shipped():
         per_task = profile.expected.acceptance_length if profile.expected else {}
         if per_task and profile.expected:
             task = min(per_task, key=per_task.__getitem__)
@@ -476,7 +487,7 @@ def recording_rules() -> list[dict[str, Any]]:
     """The rules the alerts alone read: each replica's own acceptance level, the SLOs' burn rates."""
     median = {"record": ACCEPTANCE_MEDIAN,
               "expr": f"quantile_over_time(0.5, {ACCEPTANCE_5M}[{ACCEPTANCE_OWN_WINDOW}])"}
-    return [median, *slo_rules(load_all())]
+    return [median, *slo_rules(load_shipped())]
 
 
 def alert_rules(helm: bool = False) -> dict[str, Any]:

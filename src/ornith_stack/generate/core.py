@@ -94,6 +94,14 @@ def render(root: Path, files: Iterable[GeneratedFile], check: bool = False) -> l
     return [stale.get(rel, Outcome(rel, "unchanged")) for rel, _ in built]
 
 
+def require_targets(root: Path, rels: list[str]) -> None:
+    """Refuse now, as `render` would, targets it could not write: for a caller that writes another set of
+    files first (`profiles new` writes the compose file, Helm values and Ansible variables, then the profile)."""
+    for rel in rels:
+        _read(root / rel)
+    _require_writable(root, rels)
+
+
 def _read(path: Path) -> str | None:
     if path.exists() and not path.is_file():
         raise UserError(f"{path} is in the way of a generated file: not a regular file; move it; nothing was written")

@@ -183,7 +183,7 @@ def _scenario_source(scenario: Scenario) -> str:
 
 def _scenario_builder(scenario: Scenario) -> Callable[[], str]:
     def build() -> str:
-        profile = load_profile(scenario.profile, scenario.overrides)
+        profile = load_profile(scenario.profile, scenario.overrides, shipped=True)
         values = deep_merge(yaml.safe_load(render_profile(profile, "helm-values.yaml.j2", "helm")),
                             {"projectImages": {"registry": SCENARIO_REGISTRY}})
         values = deep_merge(values, scenario.values)

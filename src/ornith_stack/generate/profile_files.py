@@ -8,8 +8,8 @@ from typing import Any
 
 from ornith_stack import deployment
 from ornith_stack.engines import adapter_for
-from ornith_stack.errors import UserError
-from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, render, with_header
+from ornith_stack.errors import UserError, shown
+from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, render, require_targets, with_header
 from ornith_stack.planner.disk import disk_need
 from ornith_stack.planner.layout import Layout, profile_document
 from ornith_stack.profiles import images, load_profile, shipped_profile_names
@@ -115,14 +115,32 @@ def source(name: str, template: str) -> str:
 
 def _builder(name: str, template: str, style: str) -> Callable[[], str]:
     def build() -> str:
-        return with_header(source(name, template), render_profile(load_profile(name), template, style), "yaml")
+        return with_header(source(name, template), render_profile(load_profile(name, shipped=True), template, style), "yaml")
 
     return build
+
+
+# Characters a profile file's path cannot carry into compose's volume line `${VAR:-PATH}:DEST:ro`: compose
+# interpolates `$`, ends the default at `}`, splits the mount at `:`; control characters (a newline) have
+# no place in a path an operator means. Everything else (spaces, ` #`, quotes) the line's YAML quoting holds.
+_UNMOUNTABLE = frozenset("$}:") | frozenset(map(chr, (*range(32), 127)))
+
+
+def mountable(profile_file: Path) -> Path:
+    """`profile_file` made absolute (a relative one would be a named volume to compose), or refused."""
+    path = profile_file.absolute()
+    bad = sorted(set(str(path)) & _UNMOUNTABLE)
+    if bad:
+        raise UserError(f"the profile folder {shown(str(path.parent))} contains {', '.join(map(repr, bad))}, which "
+                        "compose cannot mount (interpolation, the volume separator); set ORNITH_PROFILE_DIR to a "
+                        "folder without them")
+    return path
 
 
 def operator_files(profile: Profile, profile_file: Path, command: str) -> list[GeneratedFile]:
     """The compose file, Helm values and Ansible variables of an operator's profile (`profiles new`), laid
     out as in a checkout; their header names the profile file and the command that wrote them."""
+    profile_file = mountable(profile_file)
     found = []
     for pattern, template, style in TARGETS:
         text = f"{profile_file} and src/ornith_stack/templates/{template}"
@@ -146,6 +164,7 @@ def save_computed(layout: Layout, folder: Path, out: Path, command: str) -> list
     profile folder and its compose file, Helm values and Ansible variables under `out`; the paths written."""
     profile_file = folder / f"{layout.profile.name}.yaml"
     document = profile_document(layout, command)
+    require_targets(folder, [profile_file.name])  # refused after the other files were written: half a profile
     written = render(out, operator_files(layout.profile, profile_file, command))
     render(folder, [GeneratedFile(profile_file.name, command, lambda: document)])
     return [profile_file, *(out / outcome.path for outcome in written)]

@@ -23,6 +23,10 @@ RESERVE_REFERENCE_HIDDEN = 2048
 # The largest memory one GPU can report: no NVIDIA part has more than 1 TiB (GB300: 288 GB; a DGX Spark's
 # unified memory: 128 GB). Bounding it keeps every product with GIB well inside float and int range.
 MAX_GPU_MEMORY_GIB = 1024.0
+# A plan is for one deployment: no engine splits a model over more GPUs than a large NVLink domain
+# (NVL576) holds, and no drafter proposes more than a few dozen tokens a step (DFlash's block is 16).
+MAX_GPUS = 576
+MAX_SPECULATIVE_TOKENS = 256
 MIN_GPU_MEMORY_GIB = 1 / 1024  # 1 MiB: below it every ratio against the GPU's memory leaves float range
 
 

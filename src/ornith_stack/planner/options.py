@@ -12,8 +12,15 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ornith_stack.engines.base import ServeSettings
-from ornith_stack.errors import UserError
-from ornith_stack.planner.model import MAX_GPU_MEMORY_GIB, MIN_GPU_MEMORY_GIB, PlanRequest, check_number
+from ornith_stack.errors import UserError, shown
+from ornith_stack.planner.model import (
+    MAX_GPU_MEMORY_GIB,
+    MAX_GPUS,
+    MAX_SPECULATIVE_TOKENS,
+    MIN_GPU_MEMORY_GIB,
+    PlanRequest,
+    check_number,
+)
 from ornith_stack.planner.profile_request import request_for_profile
 from ornith_stack.planner.shapes import load_shape
 from ornith_stack.profiles import load_profile
@@ -57,6 +64,11 @@ class PlanOptions:
         check_number("--reserve-gib", self.reserve_gib, low=0, high=MAX_GPU_MEMORY_GIB, low_inclusive=True)
         if self.gpu_count is not None and self.gpu_count < 1:
             raise UserError(f"--gpu-count must be at least 1, got {self.gpu_count}")
+        # Past these the figures overflowed into negative plans (2^63 draft tokens, tp 10^30).
+        for name, value, high in (("--gpu-count", self.gpu_count, MAX_GPUS), ("--tp", self.tp, MAX_GPUS),
+                                  ("--num-speculative-tokens", self.num_speculative_tokens, MAX_SPECULATIVE_TOKENS)):
+            if value is not None and value > high:  # too low: each has its own message further on
+                raise UserError(f"{name} must be at most {high}, got {shown(value)}")
 
     def setting_overrides(self) -> dict[str, Any]:
         """The engine flags given, as ServeSettings fields (DFlash's block follows the draft tokens)."""

@@ -224,7 +224,10 @@ def shipped_shapes() -> list[str]:
 
 def resolve_config_path(path_or_name: str | Path) -> Path:
     """A path to a config.json (or a checkpoint folder holding one), or a shipped shape's name."""
-    path = Path(path_or_name).expanduser()
+    try:
+        path = Path(path_or_name).expanduser()
+    except RuntimeError:  # `~nosuchuser`: no such home directory
+        raise UserError(f"model config {str(path_or_name)!r}: no home directory for that ~user") from None
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserError(f"model config {str(path_or_name)!r} is a folder without a config.json file")

@@ -68,11 +68,20 @@ def profile_names() -> list[str]:
     return sorted(_names_in(SHIPPED_DIR) | _names_in(user_profile_dir()))
 
 
-def profile_path(name: str) -> Path:
+def check_name(name: str, known: bool = True) -> str:
+    """`name` if it can name a profile file (what `profiles new` may write, `profiles show` can read);
+    `known`: the refusal lists the profiles (`profiles new`'s folder may not exist yet)."""
     if not NAME.fullmatch(name):
+        listed = f"; known profiles: {', '.join(profile_names())}" if known else ""
         raise UserError(f"profile {shown(name)}: a profile name is letters, digits, '.', '_' and '-' "
-                        f"(at most 64, no path); known profiles: {', '.join(profile_names())}")
-    for folder in (user_profile_dir(), SHIPPED_DIR):
+                        f"(at most 64, no path){listed}")
+    return name
+
+
+def profile_path(name: str, shipped: bool = False) -> Path:
+    """The file of profile `name`: the operator's, else the shipped one; `shipped`: the shipped one only."""
+    check_name(name)
+    for folder in ((SHIPPED_DIR,) if shipped else (user_profile_dir(), SHIPPED_DIR)):
         path = folder / f"{name}.yaml"
         # Anything there is the reader's to refuse (a FIFO, a device, a folder), never skipped silently.
         if path.exists() or path.is_symlink():
@@ -81,9 +90,10 @@ def profile_path(name: str) -> Path:
     raise UserError(f"unknown profile {name!r}; known profiles: {known} (operator profiles: {user_profile_dir()})")
 
 
-def load_profile(name: str, overrides: dict[str, str] | None = None) -> Profile:
-    """Read, merge and validate profile `name`; `overrides` maps dotted keys to values (--set)."""
-    path = profile_path(name)
+def load_profile(name: str, overrides: dict[str, str] | None = None, shipped: bool = False) -> Profile:
+    """Read, merge and validate profile `name`; `overrides` maps dotted keys to values (--set);
+    `shipped`: the shipped profile even where the operator has one of that name (what `render` reads)."""
+    path = profile_path(name, shipped)
     data = _resolve_extends(_read_yaml(path), path)
     data.setdefault("name", name)
     for key, value in (overrides or {}).items():
@@ -100,6 +110,11 @@ def from_data(data: dict[str, Any], path: Path) -> Profile:
 
 def load_all() -> list[Profile]:
     return [load_profile(name) for name in profile_names()]
+
+
+def load_shipped() -> list[Profile]:
+    """The shipped profiles only: `render` writes tracked files, which no operator profile may change."""
+    return [load_profile(name, shipped=True) for name in shipped_profile_names()]
 
 
 def validate(data: dict[str, Any], path: Path) -> Profile:
