@@ -332,6 +332,10 @@ def _playbook(
         PATH=f"{BIN}:{os.environ['PATH']}",
         HF_TOKEN=SECRET,
         ORNITH_PYTHON_BASE_IMAGE=ensure_base_images("python")["python"],
+        # The session's HOME is a folder of its own (tests/conftest.py); Ansible's async wrapper and its status
+        # poll each expand `~/.ansible_async` their own way (the shell's $HOME, the user's passwd entry), so
+        # the build started with `async` was then "could not find job". One absolute folder serves both.
+        ANSIBLE_ASYNC_DIR=str(Path(os.environ["HOME"]) / ".ansible_async"),
         **(env or {}),
     )
     full_env.pop("ORNITH_ENGINE_BASE_IMAGE", None)

@@ -368,8 +368,10 @@ def test_serving_figures_match_the_truth_and_vllm_bench_serve_on_an_engine_of_kn
     for name, (mine, peers) in figures.items():
         print(f"  {name:>15}: ornith-stack {', '.join(f'{v:,.1f}' for v in mine)}; "
               f"vllm bench serve {', '.join(f'{v:,.1f}' for v in peers)}")
-    # The truth holds only if the engine kept its schedule: else the machine, not a client, is what failed.
-    assert late["late_over_2ms"] <= late["tokens"] // 100, f"the synthetic engine ran late (machine too busy): {late}"
+    # The truth holds only if the engine kept its schedule: else the machine, not a client, is what failed, and
+    # neither tool's figure can be judged against it (the figures above are printed for the record).
+    if late["late_over_2ms"] > late["tokens"] // 100:
+        pytest.skip(f"the synthetic engine ran late, so its timing is not the truth (machine too busy): {late}")
     theirs_rate = statistics.fmean(figures["output tok/s"][1])
     theirs_tpot = statistics.fmean(figures["median TPOT ms"][1])
     for rate, ttft, tpot in zip(*(figures[k][0] for k in figures), strict=True):
