@@ -20,13 +20,25 @@ per level and figure, each tool's two runs, their spread (max-min over mean), an
 
     python3 tests/gpu/bench_peer_run.py OUT --target MODELS/target --draft MODELS/draft
 
-Budget: about 7 minutes after the engine is healthy on one H200 (the prompt counts keep every run to a few seconds).
+Levels are split over device calls (`--levels 1,8,32`, then `--levels 128,256 --record-canary`), each call at most
+10 minutes; the compile caches live under ORNITH_GPU_WORK, so the second call's engine starts warm. `--rounds R`
+repeats the A B B A order R times. Before the first level, one discarded run of each tool at concurrency 8 (the
+engine's first traffic after start ran 50% faster than every later run in the first recording).
+
+bench_serving runs in one long-lived process (`--theirs-driver`, reading one argv per line): its own parser
+(`cli_main`) makes the arguments and its own `run_benchmark` measures; only the 25 s import and start of each
+separate `python -m sglang.bench_serving` are saved, which in the first recording took most of the call.
+
+`--record-canary` (issue 33): after the levels, the exporter with `--canary` beside the engine for a few canary runs,
+while eight streamed chat requests are dropped after their first chunk (SGLang counts each as aborted); the engine's
+and the exporter's /metrics and the exporter's log go to OUT/canary/.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import resource
@@ -44,10 +56,12 @@ import sglang_run  # noqa: E402
 LEVELS = (1, 8, 32, 128, 256)
 # Prompts per run at each concurrency: runs of a few seconds each on the H200 (the tiny model decodes about 400
 # tok/s alone and 5,000-7,500 tok/s at 32-128 streams, issue 32), at least three rounds of c from 32 up.
-PROMPTS_PER_LEVEL = {1: 16, 8: 64, 32: 128, 128: 384, 256: 768}
+# Longer than the first recording's (16/64/128/384/768 prompts: runs of 5-15 s whose spreads were 9-27%).
+PROMPTS_PER_LEVEL = {1: 24, 8: 128, 32: 384, 128: 768, 256: 1280}
 INPUT_TOKENS, OUTPUT_TOKENS = 256, 128
 ORDER = ("ours", "theirs", "theirs", "ours")
 RUN_TIMEOUT_S = 240
+PRIMING_PROMPTS = 32
 # (ours: a key path in a run of bench.json's serving level; theirs: bench_serving's result key)
 FIGURES = {
     "output tok/s": (("output_tok_s",), "output_throughput"),
@@ -71,10 +85,16 @@ def write_prompts(out: Path, tokenizer_path: str) -> None:
         texts.append(tokenizer.decode(ids[:INPUT_TOKENS]))
     for level, n in PROMPTS_PER_LEVEL.items():
         (out / f"ours-{level}.jsonl").write_text(
-            "".join(json.dumps({"prompt": t, "output_tokens": OUTPUT_TOKENS}) + "\n" for t in texts[:n]))
-        (out / f"sglang-{level}.json").write_text(json.dumps(
-            [{"id": str(i), "conversations": [{"from": "human", "value": t}, {"from": "gpt", "value": "ok"}]}
-             for i, t in enumerate(texts[:n])]))
+            "".join(json.dumps({"prompt": t, "output_tokens": OUTPUT_TOKENS}) + "\n" for t in texts[:n])
+        )
+        (out / f"sglang-{level}.json").write_text(
+            json.dumps(
+                [
+                    {"id": str(i), "conversations": [{"from": "human", "value": t}, {"from": "gpt", "value": "ok"}]}
+                    for i, t in enumerate(texts[:n])
+                ]
+            )
+        )
 
 
 def _child_cpu() -> float:
@@ -93,12 +113,34 @@ def _run(cmd: list[str], log: Path) -> tuple[int, float, float]:
     return rc, time.monotonic() - t0, _child_cpu() - cpu
 
 
-def ours(base: str, out: Path, level: int, n: int) -> dict:
+def ours(base: str, out: Path, level: int, n: int | str, prompts: int | None = None) -> dict:
     run = out / f"ours-{level}-{n}"
-    cmd = [sys.executable, "-m", "ornith_stack", "bench", "--url", base, "--suite", "serving", "--out", str(run),
-           "--dataset-path", str(out / f"ours-{level}.jsonl"), "--num-prompts", str(PROMPTS_PER_LEVEL[level]),
-           "--max-concurrency", str(level), "--random-output-len", str(OUTPUT_TOKENS), "--repeats", "1",
-           "--warmup", "1", "--seed", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ornith_stack",
+        "bench",
+        "--url",
+        base,
+        "--suite",
+        "serving",
+        "--out",
+        str(run),
+        "--dataset-path",
+        str(out / f"ours-{level}.jsonl"),
+        "--num-prompts",
+        str(prompts or PROMPTS_PER_LEVEL[level]),
+        "--max-concurrency",
+        str(level),
+        "--random-output-len",
+        str(OUTPUT_TOKENS),
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+        "--seed",
+        "0",
+    ]
     rc, wall, cpu = _run(cmd, out / f"ours-{level}-{n}.log")
     figures: dict = {"rc": rc, "wall_s": round(wall, 1), "process_cpu_s": round(cpu, 2)}
     try:
@@ -116,49 +158,123 @@ def ours(base: str, out: Path, level: int, n: int) -> dict:
     return figures
 
 
-def theirs(base: str, model: str, tokenizer: str, out: Path, level: int, n: int) -> dict:
+class TheirsDriver:
+    """One `python3 bench_peer_run.py --theirs-driver` process: bench_serving imported once, one run per argv line."""
+
+    def __init__(self, out: Path) -> None:
+        self.log = open(out / "sglang-driver.log", "ab")  # noqa: SIM115 (closed in close)
+        self.proc = subprocess.Popen([sys.executable, __file__, "--theirs-driver", str(out)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)  # fmt: skip
+
+    def run(self, argv: list[str]) -> dict:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps(argv) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        return json.loads(line) if line else {"rc": -1, "cpu_s": None, "wall_s": None}
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:  # stopped mid-run (the call's time ran out)
+            self.proc.kill()
+        self.log.close()
+
+
+def theirs_driver() -> None:
+    """Run bench_serving once per argv line on stdin; answer one JSON line (exit status, wall and CPU seconds)."""
+    # bench_serving prints its arguments and results on standard output: that goes to the log (fd 2); the answers
+    # go to the pipe the recording reads, kept as its own descriptor.
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    from sglang.benchmark import serving
+
+    real_run, captured = serving.run_benchmark, []
+    for line in sys.stdin:
+        argv = json.loads(line)
+        usage, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        try:
+            serving.run_benchmark = captured.append  # its own parser and checks make the arguments
+            sys.argv = ["bench_serving", *argv]
+            serving.cli_main()
+            serving.run_benchmark = real_run
+            real_run(captured.pop())
+            rc = 0
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 (the recording notes a failed run and goes on)
+            serving.run_benchmark = real_run
+            print(f"run failed: {exc!r}", file=sys.stderr, flush=True)
+            rc = 1
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
+        sys.stdout.flush()
+        reply.write(json.dumps({"rc": rc, "wall_s": round(time.monotonic() - t0, 1), "cpu_s": round(cpu, 2)}) + "\n")
+
+
+def theirs(
+    driver: TheirsDriver,
+    base: str,
+    model: str,
+    tokenizer: str,
+    out: Path,
+    level: int,
+    n: int | str,
+    prompts: int | None = None,
+) -> dict:
     result = out / f"sglang-{level}-{n}.jsonl"
-    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang-oai-chat", "--base-url", base,
-           "--model", model, "--tokenizer", tokenizer, "--dataset-name", "sharegpt",
-           "--dataset-path", str(out / f"sglang-{level}.json"), "--num-prompts", str(PROMPTS_PER_LEVEL[level]),
-           "--sharegpt-output-len", str(OUTPUT_TOKENS), "--max-concurrency", str(level), "--request-rate", "inf",
-           "--warmup-requests", str(level), "--seed", "0", "--disable-tqdm", "--output-file", str(result)]
+    prompts = prompts or PROMPTS_PER_LEVEL[level]
+    argv = ["--backend", "sglang-oai-chat", "--base-url", base, "--model", model, "--tokenizer", tokenizer,
+            "--dataset-name", "sharegpt", "--dataset-path", str(out / f"sglang-{level}.json"),
+            "--num-prompts", str(prompts), "--sharegpt-output-len", str(OUTPUT_TOKENS),
+            "--max-concurrency", str(level), "--request-rate", "inf", "--warmup-requests", str(level), "--seed", "0",
+            "--disable-tqdm", "--output-file", str(result)]  # fmt: skip
     # The prefix cache emptied here rather than by bench_serving's own flag, which not every version has.
     try:
         urllib.request.urlopen(urllib.request.Request(f"{base}/flush_cache", method="POST"), timeout=30).close()
     except OSError as exc:  # the run goes on; its log says the cache was not emptied
         (out / f"sglang-{level}-{n}.flush.txt").write_text(repr(exc))
-    rc, wall, cpu = _run(cmd, out / f"sglang-{level}-{n}.log")
-    figures: dict = {"rc": rc, "wall_s": round(wall, 1), "process_cpu_s": round(cpu, 2)}
+    done = driver.run(argv)
+    figures: dict = {"rc": done["rc"], "wall_s": done["wall_s"], "process_cpu_s": done["cpu_s"]}
     try:
         row = json.loads(result.read_text().strip().splitlines()[-1])
     except (OSError, ValueError, IndexError):
         return figures
     for name, (_, key) in FIGURES.items():
         figures[name] = row.get(key)
-    figures["failed"] = row.get("completed") is not None and row["completed"] != PROMPTS_PER_LEVEL[level]
+    figures["failed"] = row.get("completed") is not None and row["completed"] != prompts
     return figures
 
 
 def _spread(values: list[float]) -> float | None:
-    return (max(values) - min(values)) / statistics.fmean(values) if values and statistics.fmean(values) else None
+    """(max - min) / median of one tool's runs: what a single run of it could read either way."""
+    return (max(values) - min(values)) / statistics.median(values) if values and statistics.median(values) else None
 
 
 def table(runs: dict[int, dict[str, list[dict]]]) -> tuple[str, dict]:
-    lines = ["| concurrency | figure | ours (runs) | spread | bench_serving (runs) | spread | ours / theirs |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| concurrency | figure | ours (runs) | spread | bench_serving (runs) | spread | median ours / theirs |",
+        "|---|---|---|---|---|---|---|",
+    ]
     summary: dict = {}
     for level, sides in runs.items():
         for name in FIGURES:
             a = [r[name] for r in sides["ours"] if r.get(name) is not None]
             b = [r[name] for r in sides["theirs"] if r.get(name) is not None]
-            ratio = statistics.fmean(a) / statistics.fmean(b) if a and b and statistics.fmean(b) else None
+            ratio = statistics.median(a) / statistics.median(b) if a and b and statistics.median(b) else None
             sa, sb = _spread(a), _spread(b)
-            summary.setdefault(str(level), {})[name] = {"ours": a, "theirs": b, "ours_spread": sa,
-                                                        "theirs_spread": sb, "ratio": ratio}
+            summary.setdefault(str(level), {})[name] = {
+                "ours": a,
+                "theirs": b,
+                "ours_spread": sa,
+                "theirs_spread": sb,
+                "ratio": ratio,
+            }
             fmt = ", ".join
-            lines.append(f"| {level} | {name} | {fmt(f'{v:,.2f}' for v in a)} | {_pct(sa)} | "
-                         f"{fmt(f'{v:,.2f}' for v in b)} | {_pct(sb)} | {'' if ratio is None else f'{ratio:.3f}'} |")
+            lines.append(
+                f"| {level} | {name} | {fmt(f'{v:,.2f}' for v in a)} | {_pct(sa)} | "
+                f"{fmt(f'{v:,.2f}' for v in b)} | {_pct(sb)} | {'' if ratio is None else f'{ratio:.3f}'} |"
+            )
         cpu = [r.get("client_cpu_s_per_1k_tokens") for r in sides["ours"]]
         summary[str(level)]["ours client CPU s per 1k tokens"] = cpu
         summary[str(level)]["process CPU s"] = {side: [r["process_cpu_s"] for r in sides[side]] for side in sides}
@@ -186,8 +302,54 @@ def runs_from_log(log: Path) -> dict[int, dict[str, list[dict]]]:
     """The runs a recording printed (its per-run lines), for a recording that ended before its table."""
     runs: dict[int, dict[str, list[dict]]] = {}
     for level, who, figures in RUN_LINE.findall(log.read_text()):
-        runs.setdefault(int(level), {"ours": [], "theirs": []})[who].append({"process_cpu_s": None, **json.loads(figures)})
+        runs.setdefault(int(level), {"ours": [], "theirs": []})[who].append(
+            {"process_cpu_s": None, **json.loads(figures)}
+        )
     return runs
+
+
+def record_canary(base: str, model: str, out: Path) -> None:
+    """The exporter with --canary beside the engine while eight streams are dropped after their first chunk."""
+    rec = out / "canary"
+    rec.mkdir(exist_ok=True)
+    _save(rec / "metrics-before.txt", f"{base}/metrics")
+    with open(rec / "exporter.log", "wb") as log:
+        exporter = subprocess.Popen([sys.executable, "-m", "ornith_stack", "exporter", "--target", base,
+                                     "--listen", "127.0.0.1:9400", "--canary", "--canary-interval", "5"],
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            dropped = [drop_after_first_chunk(base, model) for _ in range(8)]
+            (rec / "dropped.json").write_text(json.dumps(dropped, indent=1))
+            time.sleep(17)  # three or four canary runs at a 5 s interval
+            _save(rec / "metrics-after.txt", f"{base}/metrics")
+            _save(rec / "exporter-metrics.txt", "http://127.0.0.1:9400/metrics")
+        finally:
+            os.killpg(exporter.pid, signal.SIGTERM)
+            exporter.wait(20)
+    after = (rec / "metrics-after.txt").read_text()
+    print("canary:", [line for line in after.splitlines() if line.startswith("sglang:num_aborted_requests_total")],
+          [line for line in (rec / "exporter-metrics.txt").read_text().splitlines()
+           if line.startswith(("ornith_canary_success", "ornith_canary_runs_total"))], flush=True)  # fmt: skip
+
+
+def drop_after_first_chunk(base: str, model: str) -> dict:
+    """One streamed chat of 2,000 tokens, the connection closed after its first chunk (an aborted request)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Count from one to a thousand."}],
+            "max_tokens": 2000, "stream": True, "ignore_eos": True, "temperature": 0}  # fmt: skip
+    request = urllib.request.Request(f"{base}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    t0 = time.monotonic()
+    with urllib.request.urlopen(request, timeout=60) as response:
+        first = response.readline()
+    return {"first_line": first[:200].decode(errors="replace"), "closed_after_s": round(time.monotonic() - t0, 3)}
+
+
+def _save(path: Path, url: str) -> None:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            path.write_bytes(response.read())
+    except OSError as exc:
+        path.write_text(f"# fetching {url} failed: {exc!r}\n")
 
 
 def main() -> None:
@@ -195,21 +357,45 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--draft", required=True)
+    parser.add_argument("--target")
+    parser.add_argument("--draft")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--health-deadline-s", type=float, default=420)
-    parser.add_argument("--table-from", type=Path, help="only write table.md and summary.json from a recording's "
-                        "printed runs (its bench-peer-run.txt)")
+    parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrency levels of this call")
+    parser.add_argument("--rounds", type=int, default=1, help="times the A B B A order is run per level")
+    parser.add_argument("--compile-cache", type=Path, help="folder for every compile cache (kept between calls)")
+    parser.add_argument("--record-canary", action="store_true", help="afterwards, the canary and aborted requests")
+    parser.add_argument("--theirs-driver", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--table-from",
+        type=Path,
+        nargs="+",
+        help="only write table.md and summary.json from recordings' printed runs (their bench-peer-run*.txt)",
+    )
     args = parser.parse_args()
     out: Path = args.out
+    if args.theirs_driver:
+        return theirs_driver()
     if args.table_from:
-        print(write_table(out, runs_from_log(args.table_from), {"from": args.table_from.name}))
+        runs: dict[int, dict[str, list[dict]]] = {}
+        for log in args.table_from:
+            for level, sides in runs_from_log(log).items():
+                runs[level] = sides
+        print(write_table(out, dict(sorted(runs.items())), {"from": [log.name for log in args.table_from]}))
         return
+    if not (args.target and args.draft):
+        parser.error("--target and --draft are needed to record")
+    levels = [int(v) for v in args.levels.split(",")]
     out.mkdir(parents=True, exist_ok=True)
     cmd, changes = sglang_run.engine_command("gpu96", args.target, args.draft, args.port, "uncapped")
     (out / "launch.json").write_text(json.dumps({"cmd": cmd, "changes": changes}, indent=1))
-    engine = sglang_run.Engine(cmd, out, args.port, sglang_run.ENV["uncapped"])
+    env = dict(sglang_run.ENV["uncapped"])
+    if args.compile_cache:
+        from fit_run import cache_env
+
+        env.update(cache_env(args.compile_cache))
+    engine = sglang_run.Engine(cmd, out, args.port, env)
+    driver = TheirsDriver(out)
     base = engine.base
     try:
         healthy = engine.wait_healthy(out / "health.txt", args.health_deadline_s)
@@ -217,20 +403,35 @@ def main() -> None:
         write_prompts(out, args.target)
         model = json.loads(sglang_run._get(f"{base}/v1/models")[1])["data"][0]["id"]
         started = time.monotonic()
-        runs: dict[int, dict[str, list[dict]]] = {}
-        for level in LEVELS:
+        primed = [ours(base, out, 8, "priming", PRIMING_PROMPTS),
+                  theirs(driver, base, model, args.target, out, 8, "priming", PRIMING_PROMPTS)]  # fmt: skip
+        print(
+            f"[{time.monotonic() - started:5.0f} s] priming (discarded): "
+            + json.dumps([{k: p.get(k) for k in ("rc", "wall_s", "output tok/s")} for p in primed]),
+            flush=True,
+        )
+        runs = {}
+        for level in levels:
             runs[level] = {"ours": [], "theirs": []}
-            for n, who in enumerate(ORDER):
-                figures = (ours(base, out, level, n) if who == "ours"
-                           else theirs(base, model, args.target, out, level, n))
+            for n, who in enumerate(ORDER * args.rounds):
+                figures = (
+                    ours(base, out, level, n)
+                    if who == "ours"
+                    else theirs(driver, base, model, args.target, out, level, n)
+                )
                 runs[level][who].append(figures)
                 print(f"[{time.monotonic() - started:5.0f} s] concurrency {level} {who}: "
-                      + json.dumps({k: v for k, v in figures.items() if k in FIGURES or k in ("rc", "wall_s")}),
-                      flush=True)
-            text = write_table(out, runs, {"healthy_after_s": round(healthy, 1),
-                                           "measured_s": round(time.monotonic() - started, 1)})
-        print(text)
+                      + json.dumps({k: v for k, v in figures.items()
+                                    if k in FIGURES or k in ("rc", "wall_s", "process_cpu_s")}),
+                      flush=True)  # fmt: skip
+            text = write_table(
+                out, runs, {"healthy_after_s": round(healthy, 1), "measured_s": round(time.monotonic() - started, 1)}
+            )
+            print(text, flush=True)
+        if args.record_canary:
+            record_canary(base, model, out)
     finally:
+        driver.close()
         engine.stop()
 
 

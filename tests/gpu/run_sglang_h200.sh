@@ -16,6 +16,7 @@
 #                                                                 # fraction behind the Model Gateway
 #   bash tests/gpu/run_sglang_h200.sh fit                         # the computed H200 profile as written, cold
 #                                                                 # and warm compile caches, beside uncapped
+#   BENCH_PEER_CALL=A BENCH_PEER_LEVELS=1,8,32 BENCH_PEER_ROUNDS=2 \
 #   bash tests/gpu/run_sglang_h200.sh bench-peer                  # ours beside sglang.bench_serving, same
 #                                                                 # prompts, A B B A at 1, 8, 32, 128, 256
 #   bash tests/gpu/run_sglang_h200.sh tune                        # `ornith-stack tune gpu96 --launch local`:
@@ -144,15 +145,21 @@ fit() {  # tests/gpu/fit_run.py on GPU 0: the computed H200 profile as written, 
 }
 
 bench_peer() {  # tests/gpu/bench_peer_run.py on GPU 0: one uncapped gpu96 engine, both benches in turn (issue 32)
+    # BENCH_PEER_CALL names this call's part (A, B, ...): its levels (BENCH_PEER_LEVELS), rounds of A B B A
+    # (BENCH_PEER_ROUNDS) and, with BENCH_PEER_CANARY=1, the canary and aborted requests afterwards (issue 33).
     if [ ! -f "$W/site/.sglang-payload" ] || [ ! -f "$W/models/.done" ]; then log "not staged"; exit 1; fi
     export CUDA_VISIBLE_DEVICES=0
-    log "bench_peer_run.py (ours and sglang.bench_serving, A B B A)"
-    timeout "${BENCH_PEER_TIMEOUT_S:-590}" python3 "$REPO/tests/gpu/bench_peer_run.py" "$W/runs/bench-peer" \
-        --target "$W/models/target" --draft "$W/models/draft" 2>&1 | tee "$W/runs/bench-peer-run.txt"
+    local part=${BENCH_PEER_CALL:-A}
+    log "bench_peer_run.py part $part: levels ${BENCH_PEER_LEVELS:-1,8,32,128,256}, ${BENCH_PEER_ROUNDS:-1} round(s)"
+    timeout "${BENCH_PEER_TIMEOUT_S:-590}" python3 "$REPO/tests/gpu/bench_peer_run.py" "$W/runs/bench-peer-$part" \
+        --target "$W/models/target" --draft "$W/models/draft" --compile-cache "$W/compile-cache" \
+        --levels "${BENCH_PEER_LEVELS:-1,8,32,128,256}" --rounds "${BENCH_PEER_ROUNDS:-1}" \
+        ${BENCH_PEER_CANARY:+--record-canary} 2>&1 | tee "$W/runs/bench-peer-run-$part.txt"
     local rc=${PIPESTATUS[0]}
     cp "$W/machine.txt" "$W/runs/" 2>/dev/null
-    tar -czf "$OUT/results-bench-peer.tar.gz" -C "$W/runs" bench-peer bench-peer-run.txt machine.txt
-    log "bench-peer done: rc=$rc"
+    tar -czf "$OUT/results-bench-peer-$part.tar.gz" -C "$W/runs" --exclude 'ours-*.jsonl' --exclude 'sglang-*.json' \
+        "bench-peer-$part" "bench-peer-run-$part.txt" machine.txt
+    log "bench-peer $part done: rc=$rc"
     return "$rc"
 }
 
@@ -162,6 +169,9 @@ tune() {  # `ornith-stack tune gpu96 --launch local` on GPU 0, within the device
     # The candidates: the seed (4 running requests, 40,960 KV tokens, DFlash block 16), SGLang's own defaults (both
     # caps removed), then the DFlash block 8 and speculation off from the better of those two. The --set flags are
     # sglang_run.py's common overrides for the tiny model, plus no prefill CUDA graphs (80 of the 150 s start-up).
+    # The compile caches of the bench-peer calls (same kernels, same folder): candidates start warmer.
+    eval "$(python3 -c "import sys; sys.path.insert(0, '$REPO/tests/gpu'); from fit_run import cache_env; from pathlib import Path
+print(' '.join(f'export {k}={v}' for k, v in cache_env(Path('$W/compile-cache')).items()))")"
     log "tune gpu96 (budget ${TUNE_BUDGET_MIN:-7} min)"
     timeout 560 python3 -m ornith_stack tune gpu96 --launch local \
         --set "model.repo=$W/models/target" --set "draft.repo=$W/models/draft" \

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from ornith_stack.engines import adapter_for
 from ornith_stack.engines.exposition import parse
 from ornith_stack.exporter.catalogue import CATALOGUE
+from ornith_stack.generate import alerts
 from ornith_stack.planner import plan_request, request_for_profile
 from ornith_stack.profiles import load_profile
 
@@ -206,3 +208,48 @@ def test_seed_004_method_ran_with_thinking_and_each_requests_own_steps() -> None
             assert sample["reasoning"] and sample["completion_tokens"] == extra["engine_generation_tokens"]
             assert extra["spec_verify_ct"] == extra["spec"]["steps"] >= 1
             assert extra["acceptance_length"] == pytest.approx(sample["completion_tokens"] / extra["spec_verify_ct"])
+
+
+CANARY_ABORT = RECORDINGS / "canary-abort"  # issue 33's recording (README there): tests/gpu/abort_run.py
+
+
+def test_sglangs_abort_counter_appears_at_its_first_abort_and_counts_abort_calls_not_requests() -> None:
+    """What the engine error-ratio SLO reads from SGLang 0.5.17, recorded on the H200: the failure counter does not
+    exist before the first abort (so the rule must treat it as zero, not as no data), and after one
+    `POST /abort_request {"abort_all": true}` that ended four streams it reads 1; eight clients that went away after
+    0.3 s were not counted as aborted (their requests ran on and finished)."""
+    adapter = adapter_for("sglang")
+    before, after, later = (parse((CANARY_ABORT / f).read_text())
+                            for f in ("metrics-before.txt", "metrics-after.txt", "engine-metrics-during-canary.txt"))
+    assert before.total(adapter.requests_failed) is None
+    assert after.total(adapter.requests_failed) == later.total(adapter.requests_failed) == 1
+    clients = json.loads((CANARY_ABORT / "clients.json").read_text())
+    assert sum(1 for c in clients if c.get("closed_after_s", 99) < 1) == 8 and {"abort_request": 200} in clients
+    finished = (after.total(adapter.requests_finished) or 0) - (before.total(adapter.requests_finished) or 0)
+    assert finished == 4  # the four ended by abort_all count as finished; the eight dropped ones not yet
+    rule = alerts.bad_share("engine", "5m", [load_profile("gpu96")])
+    assert f"{adapter.requests_failed}[5m]" in rule and "* 0" in rule  # absent counter: no failures, not no data
+
+
+def test_the_canary_recorded_beside_sglang_writes_every_series_the_dashboard_and_alerts_read() -> None:
+    """The exporter with --canary against SGLang 0.5.17 (four runs at a 5 s interval): every canary family of the
+    catalogue is there with the target's labels; the tiny random model answers wrongly, so the runs are counted
+    `wrong` and `success` (the request completed) is 1 while `correct` is 0."""
+    text = (CANARY_ABORT / "exporter-metrics.txt").read_text()
+    samples = parse(text)
+    canary = [m for m in CATALOGUE if m.name.startswith("ornith_canary_")]
+    assert len(canary) == 6
+    for metric in canary:
+        assert samples.get(metric.name) or samples.get(f"{metric.name}_total"), metric.name
+    assert samples.total("ornith_canary_success") == 1 and samples.total("ornith_canary_correct") == 0
+    assert samples.by_label("ornith_canary_runs_total", "outcome") == {"correct": 0, "wrong": 4, "failed": 0}
+    assert (samples.total("ornith_canary_decode_tokens_per_second") or 0) > 100
+    read = set(re.findall(r"ornith_canary_[a-z_]+", alerts_and_dashboards_text()))
+    assert {"ornith_canary_success", "ornith_canary_last_run_timestamp_seconds"} <= read
+    for name in read:  # what the shipped alerts and dashboards query, the exporter wrote
+        assert re.search(rf"^{name}\{{[^}}]*target=", text, re.M), name
+
+
+def alerts_and_dashboards_text() -> str:
+    root = Path(__file__).resolve().parents[2] / "monitoring"
+    return "".join(p.read_text() for p in sorted(root.rglob("*")) if p.suffix in (".yml", ".yaml", ".json"))
