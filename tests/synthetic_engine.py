@@ -57,10 +57,14 @@ def truth(trace: dict, requests: int) -> Truth:
     assert len(run) == requests, f"the engine served {len(run)} requests, not {requests}"
     span = max(sent[-1] for _, sent in run) - min(start for start, _ in run)
     late = [sent[i] - (start + FIRST_S + i * STEP_S) for start, sent in run for i in range(len(sent))]
-    return Truth(output_tok_s=sum(len(sent) for _, sent in run) / span,
-                 ttft_ms=1000 * statistics.median(sent[0] - start for start, sent in run),
-                 tpot_ms=1000 * statistics.median((sent[-1] - sent[0]) / (len(sent) - 1) for _, sent in run),
-                 late_over_2ms=sum(x > 0.002 for x in late), tokens=len(late), max_late_ms=1000 * max(late))
+    return Truth(
+        output_tok_s=sum(len(sent) for _, sent in run) / span,
+        ttft_ms=1000 * statistics.median(sent[0] - start for start, sent in run),
+        tpot_ms=1000 * statistics.median((sent[-1] - sent[0]) / (len(sent) - 1) for _, sent in run),
+        late_over_2ms=sum(x > 0.002 for x in late),
+        tokens=len(late),
+        max_late_ms=1000 * max(late),
+    )
 
 
 def _chunk(payload: dict) -> bytes:
@@ -70,8 +74,14 @@ def _chunk(payload: dict) -> bytes:
 
 def _token(first: bool, last: bool) -> bytes:
     delta = {"role": "assistant", "content": "w "} if first else {"content": "w "}
-    return _chunk({"id": "s", "object": "chat.completion.chunk", "model": MODEL,
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": "length" if last else None}]})
+    return _chunk(
+        {
+            "id": "s",
+            "object": "chat.completion.chunk",
+            "model": MODEL,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": "length" if last else None}],
+        }
+    )
 
 
 # The three token chunks, made once: the engine's own CPU per token stays a write.
@@ -111,11 +121,17 @@ class _Connection(asyncio.Protocol):
         while self.stream is None and (end := self.buffer.find(b"\r\n\r\n")) >= 0:
             lines = self.buffer[:end].decode("latin-1").split("\r\n")
             method, path, _ = lines[0].split(" ", 2)
-            length = next((int(v) for k, _, v in (ln.partition(":") for ln in lines[1:])
-                           if k.strip().lower() == "content-length"), 0)
+            length = next(
+                (
+                    int(v)
+                    for k, _, v in (ln.partition(":") for ln in lines[1:])
+                    if k.strip().lower() == "content-length"
+                ),
+                0,
+            )
             if len(self.buffer) < end + 4 + length:
                 return  # the body is still on its way
-            raw, self.buffer = self.buffer[end + 4:end + 4 + length], self.buffer[end + 4 + length:]
+            raw, self.buffer = self.buffer[end + 4 : end + 4 + length], self.buffer[end + 4 + length :]
             start = time.monotonic()
             if method == "POST" and path.endswith("/chat/completions"):
                 self._start(json.loads(raw), start)
@@ -123,15 +139,19 @@ class _Connection(asyncio.Protocol):
                 self._json("200 OK", {"requests": TRACE[:]})
                 TRACE.clear()
             elif path == "/v1/models":
-                self._json("200 OK", {"object": "list", "data": [{"id": MODEL, "object": "model",
-                                                                  "max_model_len": 1 << 20}]})
+                self._json(
+                    "200 OK", {"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 1 << 20}]}
+                )
             else:
                 self._json("404 Not Found", {"error": "not found"})
 
     def _start(self, body: dict, start: float) -> None:
         tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
-        usage = {"prompt_tokens": len(json.dumps(body.get("messages", ""))) // 4, "completion_tokens": tokens,
-                 "total_tokens": tokens}
+        usage = {
+            "prompt_tokens": len(json.dumps(body.get("messages", ""))) // 4,
+            "completion_tokens": tokens,
+            "total_tokens": tokens,
+        }
         self.stream = _Stream(start, tokens, usage)
         self.transport.write(_HEAD)
         self.loop.call_at(start + FIRST_S, self._tick)  # asyncio's loop.time() is time.monotonic()
@@ -146,8 +166,7 @@ class _Connection(asyncio.Protocol):
         if len(s.sent) < s.tokens:
             self.loop.call_at(s.start + FIRST_S + len(s.sent) * STEP_S, self._tick)
             return
-        usage = _chunk({"id": "s", "object": "chat.completion.chunk", "model": MODEL, "choices": [],
-                        "usage": s.usage})
+        usage = _chunk({"id": "s", "object": "chat.completion.chunk", "model": MODEL, "choices": [], "usage": s.usage})
         self.transport.write(usage + f"{len(_DONE):x}\r\n".encode() + _DONE + b"\r\n0\r\n\r\n")
         TRACE.append((s.start, s.sent))
         self.stream = None
@@ -155,8 +174,10 @@ class _Connection(asyncio.Protocol):
 
     def _json(self, status: str, payload: dict) -> None:
         data = json.dumps(payload).encode()
-        self.transport.write(f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
-                             f"content-length: {len(data)}\r\n\r\n".encode() + data)
+        self.transport.write(
+            f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.stream = None
