@@ -446,8 +446,8 @@ SYNTHETIC_CONCURRENCY = 64
 SYNTHETIC_ORDER = ("ours", "theirs", "theirs", "ours")
 # "No worse" allows 1 ms, the resolution of the engine's own timing (asyncio's timers wake up to 1 ms late: epoll
 # waits in whole milliseconds), so two clients equal within what the engine can resolve are not told apart. Measured
-# on the loaded 2-core machine: the engine's own median TTFT moved by 0.3 ms between runs; the tools' medians sat
-# 10-25 ms apart, ours lower.
+# on the loaded 2-core machine (load 4-26): the engine's own median TTFT moved by up to 0.8 ms between runs; the
+# tools' medians sat 11-37 ms apart, ours lower.
 TTFT_SLACK_MS = 1.0
 _PRIORITY = 10
 
