@@ -12,10 +12,12 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+import synthetic_engine
 
 from ornith_stack.cli import main
 from ornith_stack.engines import ADAPTERS
@@ -24,8 +26,22 @@ from ornith_stack.engines.exposition import parse
 pytestmark = pytest.mark.integration
 
 # Small enough for two CPU cores, large enough that the decode interval is not a few milliseconds.
-SCALED = ["--max-tokens", "96", "--samples", "2", "--concurrency", "1,4", "--task-limit", "2",
-          "--task-max-tokens", "96", "--code-timeout", "5", "--repeats", "1"]
+SCALED = [
+    "--max-tokens",
+    "96",
+    "--samples",
+    "2",
+    "--concurrency",
+    "1,4",
+    "--task-limit",
+    "2",
+    "--task-max-tokens",
+    "96",
+    "--code-timeout",
+    "5",
+    "--repeats",
+    "1",
+]
 
 
 def _url(request: pytest.FixtureRequest, fixture: str, env: str) -> str:
@@ -49,10 +65,27 @@ def _bench(url: str, out: Path, *args: str) -> dict:
 def test_all_suites_write_the_three_outputs(engine_url: str, tmp_path: Path) -> None:
     baseline = _bench(engine_url, tmp_path / "base", "--suite", "decode", *SCALED)
     # The window is 4096 tokens: 100000 is capped to the largest prompt that fits.
-    result = _bench(engine_url, tmp_path / "run", "--suite", "all", "--profile", "cpu-demo",
-                    "--baseline", str(tmp_path / "base" / "bench.json"),
-                    "--prompt-lengths", "256,1024,100000", "--num-prompts", "4", "--max-concurrency", "2",
-                    "--random-input-len", "128", "--random-output-len", "16", *SCALED)
+    result = _bench(
+        engine_url,
+        tmp_path / "run",
+        "--suite",
+        "all",
+        "--profile",
+        "cpu-demo",
+        "--baseline",
+        str(tmp_path / "base" / "bench.json"),
+        "--prompt-lengths",
+        "256,1024,100000",
+        "--num-prompts",
+        "4",
+        "--max-concurrency",
+        "2",
+        "--random-input-len",
+        "128",
+        "--random-output-len",
+        "16",
+        *SCALED,
+    )
     out = tmp_path / "run"
 
     suites = result["suites"]
@@ -71,10 +104,13 @@ def test_all_suites_write_the_three_outputs(engine_url: str, tmp_path: Path) -> 
     assert [p["prompt_tokens"] > 3000 for p in sweep["points"]] == [False, False, True]
     assert [len(level["samples"]) for level in suites["concurrency"]["levels"]] == [4, 16]
     assert result["comparison"]["speedup_vs_baseline"] == pytest.approx(
-        decode["decode_tok_s"]["median"] / baseline["suites"]["decode"]["decode_tok_s"]["median"])
+        decode["decode_tok_s"]["median"] / baseline["suites"]["decode"]["decode_tok_s"]["median"]
+    )
 
     table = (out / "bench.md").read_text()
-    assert "| configuration | decode tok/s | speedup | accepted tokens (GSM8K / HumanEval) | GSM8K | HumanEval |" in table
+    assert (
+        "| configuration | decode tok/s | speedup | accepted tokens (GSM8K / HumanEval) | GSM8K | HumanEval |" in table
+    )
     assert "| this run |" in table and "| baseline (bench.json) |" in table
     for png in ("ttft-sweep.png", "tasks.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
@@ -102,17 +138,18 @@ def test_decode_rate_agrees_with_the_engines_own_counters(engine_url: str, tmp_p
         return found[0] or 0.0, found[1] or 0.0
 
     tokens_before, seconds_before = engine()
-    result = _bench(engine_url, tmp_path, "--suite", "decode", "--samples", "1", "--warmup", "0",
-                    "--max-tokens", "512")
+    result = _bench(engine_url, tmp_path, "--suite", "decode", "--samples", "1", "--warmup", "0", "--max-tokens", "512")
     tokens_after, seconds_after = engine()
 
     sample = result["suites"]["decode"]["samples"][0]
     bench_rate = result["suites"]["decode"]["decode_tok_s"]["median"]
     engine_tokens, engine_seconds = tokens_after - tokens_before, seconds_after - seconds_before
     engine_rate = (engine_tokens - 1) / engine_seconds
-    print(f"decode: the bench {sample['completion_tokens']} tokens, {sample['decode_s'] * 1000:.1f} ms, "
-          f"{bench_rate:.2f} tok/s; the engine {engine_tokens:.0f} tokens, {engine_seconds * 1000:.1f} ms, "
-          f"{engine_rate:.2f} tok/s; ratio {bench_rate / engine_rate:.4f}")
+    print(
+        f"decode: the bench {sample['completion_tokens']} tokens, {sample['decode_s'] * 1000:.1f} ms, "
+        f"{bench_rate:.2f} tok/s; the engine {engine_tokens:.0f} tokens, {engine_seconds * 1000:.1f} ms, "
+        f"{engine_rate:.2f} tok/s; ratio {bench_rate / engine_rate:.4f}"
+    )
     assert engine_tokens == sample["extra"]["engine_generation_tokens"] == sample["completion_tokens"] == 512
     assert bench_rate == pytest.approx((sample["completion_tokens"] - 1) / sample["decode_s"])
     assert bench_rate == pytest.approx(engine_rate, rel=0.02)
@@ -120,13 +157,22 @@ def test_decode_rate_agrees_with_the_engines_own_counters(engine_url: str, tmp_p
     assert sample["chunks"] > 10 and sample["decode_s"] > 0.05
 
 
-def test_the_hybrid_without_speculation_reports_no_acceptance(request: pytest.FixtureRequest,
-                                                              tmp_path: Path) -> None:
+def test_the_hybrid_without_speculation_reports_no_acceptance(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """The tiny Qwen3.5 hybrid (gated-delta + full attention) serves without a draft: the bench still
     measures it, and leaves the acceptance column empty instead of inventing a figure."""
     url = _url(request, "vllm_hybrid", "ORNITH_BENCH_HYBRID_URL")
-    result = _bench(url, tmp_path, "--suite", "decode,ttft-sweep", "--max-tokens", "64", "--samples", "2",
-                    "--prompt-lengths", "256,1024")
+    result = _bench(
+        url,
+        tmp_path,
+        "--suite",
+        "decode,ttft-sweep",
+        "--max-tokens",
+        "64",
+        "--samples",
+        "2",
+        "--prompt-lengths",
+        "256,1024",
+    )
     decode = result["suites"]["decode"]
     assert decode["errors"] == 0 and decode["decode_tok_s"]["median"] > 0
     assert decode["acceptance_length"] is None
@@ -179,19 +225,56 @@ class PeerBench:
         w = workload or PEER_WORKLOAD
         self.prompts = out / "prompts.jsonl"
         # --skip-chat-template: the line is the user message; the server applies the template, as for ours.
-        argv = [sys.executable, "-u", "-c", _VLLM_BENCH, str(self.prompts), str(tokenizer), str(w["num_prompts"]),
-                str(w["input_len"]), str(w["output_len"]),
-                "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
-                "--base-url", url, "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "custom",
-                "--dataset-path", str(self.prompts), "--skip-chat-template", "--disable-shuffle",
-                "--custom-output-len", str(w["output_len"]), "--request-rate", "inf", "--ignore-eos", "--temperature", "0", "--seed", "0",
-                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-                "--save-result", "--result-dir", str(out), "--disable-tqdm"]
+        argv = [
+            sys.executable,
+            "-u",
+            "-c",
+            _VLLM_BENCH,
+            str(self.prompts),
+            str(tokenizer),
+            str(w["num_prompts"]),
+            str(w["input_len"]),
+            str(w["output_len"]),
+            "--backend",
+            "openai-chat",
+            "--endpoint",
+            "/v1/chat/completions",
+            "--base-url",
+            url,
+            "--model",
+            model,
+            "--tokenizer",
+            str(tokenizer),
+            "--dataset-name",
+            "custom",
+            "--dataset-path",
+            str(self.prompts),
+            "--skip-chat-template",
+            "--disable-shuffle",
+            "--custom-output-len",
+            str(w["output_len"]),
+            "--request-rate",
+            "inf",
+            "--ignore-eos",
+            "--temperature",
+            "0",
+            "--seed",
+            "0",
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+            "--metric-percentiles",
+            "50,99",
+            "--save-result",
+            "--result-dir",
+            str(out),
+            "--disable-tqdm",
+        ]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         self.out, self.runs = out, 0
         self.log = (out / "vllm-bench.log").open("w")
-        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True)
+        self.proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
+        )
         self._until_done()  # the prompts are written
 
     def run(self, concurrency: int, prompts: int) -> dict:
@@ -222,10 +305,42 @@ class PeerBench:
         self.log.close()
 
 
-def _ours(url: str, prompts: Path, concurrency: int, n: int, out: Path, output_len: int = PEER_WORKLOAD["output_len"]) -> dict:
-    result = _bench(url, out, "--suite", "serving", "--dataset-path", str(prompts), "--random-output-len",
-                    str(output_len), "--num-prompts", str(n), "--max-concurrency",
-                    str(concurrency), "--repeats", "1", "--warmup", "1", "--seed", "0")
+def _ours(
+    url: str, prompts: Path, concurrency: int, n: int, out: Path, output_len: int = PEER_WORKLOAD["output_len"]
+) -> dict:
+    """One run of `ornith-stack bench --suite serving` in its own process, as a user runs it and as the peer runs:
+    inside pytest the client shared its interpreter with torch and the fixtures (500,000 objects), and Python's
+    full garbage collections paused it for 0.2-0.7 s in mid-run, the streams unread (the first round's TTFT was
+    300 ms, the run's output tok/s 3-6% below the peer's); the CLI alone holds a third of that."""
+    argv = [
+        sys.executable,
+        "-m",
+        "ornith_stack",
+        "bench",
+        "--url",
+        url,
+        "--out",
+        str(out),
+        "--suite",
+        "serving",
+        "--dataset-path",
+        str(prompts),
+        "--random-output-len",
+        str(output_len),
+        "--num-prompts",
+        str(n),
+        "--max-concurrency",
+        str(concurrency),
+        "--repeats",
+        "1",
+        "--warmup",
+        "1",
+        "--seed",
+        "0",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads((out / "bench.json").read_text())
     level = result["suites"]["serving"]["levels"][0]
     assert level["errors"] == 0
     return level["runs"][0]
@@ -253,8 +368,15 @@ PEER_FIGURES = {
 # token instead of per chunk is a fraction of the gap under ngram speculation; warm-up requests inside the
 # throughput). Differences below a millisecond (the usage chunk inside E2E) are the unit tests' to catch:
 # test_bench_timing.py runs vLLM's own request function and ours on the same scripted streams.
-PEER_TOLERANCE = {"output tok/s": 0.1, "median TPOT ms": 0.1, "median ITL ms": 0.1, "median E2E ms": 0.1,
-                  "median TTFT ms": 0.15, "p99 ITL ms": 0.25, "p99 E2E ms": 0.25}
+PEER_TOLERANCE = {
+    "output tok/s": 0.1,
+    "median TPOT ms": 0.1,
+    "median ITL ms": 0.1,
+    "median E2E ms": 0.1,
+    "median TTFT ms": 0.15,
+    "p99 ITL ms": 0.25,
+    "p99 E2E ms": 0.25,
+}
 
 
 def _spread(values: list[float]) -> float:
@@ -279,7 +401,9 @@ def test_serving_metrics_agree_with_vllm_bench_serve(request: pytest.FixtureRequ
                 ours_runs, their_runs = [], []
                 for who in ("theirs", "ours", "ours", "theirs"):
                     if who == "ours":
-                        ours_runs.append(_ours(url, peer.prompts, level, n, tmp_path / f"ours-{level}-{round_}-{len(ours_runs)}"))
+                        ours_runs.append(
+                            _ours(url, peer.prompts, level, n, tmp_path / f"ours-{level}-{round_}-{len(ours_runs)}")
+                        )
                     else:
                         their_runs.append(peer.run(level, n))
                 for p in their_runs:
@@ -291,26 +415,40 @@ def test_serving_metrics_agree_with_vllm_bench_serve(request: pytest.FixtureRequ
                 for name, (read, key) in PEER_FIGURES.items():
                     ours, theirs = [read(r) for r in ours_runs], [p[key] for p in their_runs]
                     rounds.setdefault((level, name), []).append(
-                        (sum(ours) / sum(theirs), (_spread(ours) + _spread(theirs)) / 2))
+                        (sum(ours) / sum(theirs), (_spread(ours) + _spread(theirs)) / 2)
+                    )
     finally:
         peer.close()
-    print(f"\npeer check ({time.monotonic() - started:.0f} s): ornith-stack / vllm bench serve per round "
-          "(the mean of the two tools' own run-to-run spread)")
+    print(
+        f"\npeer check ({time.monotonic() - started:.0f} s): ornith-stack / vllm bench serve per round "
+        "(the mean of the two tools' own run-to-run spread)"
+    )
     gaps = {}
     for (level, name), values in rounds.items():
         gaps[level, name] = statistics.median(max(0.0, abs(ratio - 1) - noise) for ratio, noise in values)
-        print(f"  concurrency {level} {name:>15}: gap beyond noise {gaps[level, name]:.3f}; rounds "
-              + ", ".join(f"{ratio:.3f} ({noise:.3f})" for ratio, noise in values))
+        print(
+            f"  concurrency {level} {name:>15}: gap beyond noise {gaps[level, name]:.3f}; rounds "
+            + ", ".join(f"{ratio:.3f} ({noise:.3f})" for ratio, noise in values)
+        )
     for (level, name), gap in gaps.items():
         assert gap <= PEER_TOLERANCE[name], (level, name, rounds[level, name])
 
 
-# The issue's check of the client itself: an engine whose timing is exactly known (tests/synthetic_engine.py, in its
-# own process: first token 40 ms after the request, then one every 10 ms), 384 requests of 128 tokens at concurrency
-# 64, so the true output rate is 6,253 tok/s. Both tools run A B B A; every run of ours must be within 5% of the
-# truth and of vLLM's runs in output tok/s, within 3% in median TPOT, and its median TTFT no worse than vLLM's.
+# The issue's check of the client itself: an engine of known timing (tests/synthetic_engine.py, in its own process,
+# real-time where allowed: first token due 40 ms after the request, then one every 10 ms), 384 requests of 128 tokens
+# at concurrency 64, nominally 6,253 tok/s. The truth of a run is what the engine recorded it did (its own send
+# times), so a late engine on a busy machine moves the truth and the clients alike instead of voiding the check. The
+# tools run A B B A, so a drift of the machine's speed weighs on both alike. The issue's thresholds: each run of ours
+# within 5% of its truth in output tok/s and 3% in median TPOT; ours (mean of its runs) within 5% of vLLM's (mean of
+# its runs) in output tok/s and 3% in median TPOT, and a median TTFT no worse than vLLM's.
 SYNTHETIC = {"num_prompts": 384, "input_len": 32, "output_len": 128}
 SYNTHETIC_CONCURRENCY = 64
+SYNTHETIC_ORDER = ("ours", "theirs", "theirs", "ours")
+# "No worse" allows 1 ms, the resolution of the engine's own timing (asyncio's timers wake up to 1 ms late: epoll
+# waits in whole milliseconds), so two clients equal within what the engine can resolve are not told apart. Measured
+# on the loaded 2-core machine (load 4-26): the engine's own median TTFT moved by up to 0.8 ms between runs; the
+# tools' medians sat 11-37 ms apart, ours lower.
+TTFT_SLACK_MS = 1.0
 _PRIORITY = 10
 
 
@@ -324,10 +462,45 @@ def _raise_priority(*pids: int, by: int = _PRIORITY) -> int:
     return by
 
 
-def test_serving_figures_match_the_truth_and_vllm_bench_serve_on_an_engine_of_known_timing(
-        request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    import synthetic_engine
+@dataclass(frozen=True)
+class _SyntheticRun:
+    """One tool's run on the synthetic engine: its figures, its CPU per 1,000 tokens (ours reports it), and the
+    engine's truth for the run's requests."""
 
+    who: str
+    output_tok_s: float
+    ttft_ms: float
+    tpot_ms: float
+    truth: synthetic_engine.Truth
+    cpu_s_per_1k: float | None = None
+
+
+def _synthetic_runs(url: str, peer: PeerBench, out: Path) -> list[_SyntheticRun]:
+    """The runs in SYNTHETIC_ORDER, the engine's trace read (and emptied) after each."""
+    w, level, runs = SYNTHETIC, SYNTHETIC_CONCURRENCY, []
+    for n, who in enumerate(SYNTHETIC_ORDER):
+        if who == "ours":
+            r = _ours(url, peer.prompts, level, w["num_prompts"], out / f"ours-{n}", w["output_len"])
+            assert r["total_output_tokens"] == w["num_prompts"] * w["output_len"]
+            figures = (
+                r["output_tok_s"],
+                r["ttft_ms"]["median"],
+                r["tpot_ms"]["median"],
+                r["client_cpu_s_per_1k_tokens"],
+            )
+        else:
+            p = peer.run(level, w["num_prompts"])
+            assert p["failed"] == 0 and p["total_output_tokens"] == w["num_prompts"] * w["output_len"]
+            figures = (p["output_throughput"], p["median_ttft_ms"], p["median_tpot_ms"], None)
+        trace = httpx.get(f"{url}/trace", timeout=60).json()
+        rate, ttft, tpot, cpu = figures
+        runs.append(_SyntheticRun(who, rate, ttft, tpot, synthetic_engine.truth(trace, w["num_prompts"]), cpu))
+    return runs
+
+
+def test_serving_figures_match_the_truth_and_vllm_bench_serve_on_an_engine_of_known_timing(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     tokenizer = request.getfixturevalue("tiny_models").qwen3_moe
     w, level = SYNTHETIC, SYNTHETIC_CONCURRENCY
     engine = subprocess.Popen([sys.executable, synthetic_engine.__file__], stdout=subprocess.PIPE, text=True)
@@ -336,45 +509,46 @@ def test_serving_figures_match_the_truth_and_vllm_bench_serve_on_an_engine_of_kn
         assert engine.stdout is not None
         url = f"http://127.0.0.1:{engine.stdout.readline().split()[1]}"
         peer = PeerBench(url, synthetic_engine.MODEL, tokenizer, tmp_path, w)
-        ours, theirs = [], []
-        # Both clients (this process runs ours) ahead of unrelated work, as the engine is, where the system allows:
-        # on a 2-core machine at load 9 both tools read the streams up to 0.5 s late and measured 3,000-4,000
-        # tok/s. Equal for both tools, so the comparison stays fair.
+        # Both clients (ours runs as a child of this process, which it inherits) ahead of unrelated work, where the
+        # system allows: on a 2-core machine at load 9 both tools read the streams up to 0.5 s late. Equal for both
+        # tools, so the comparison stays fair; the engine, real-time, stays ahead of both.
         raised = _raise_priority(os.getpid(), peer.proc.pid)
         try:
-            for n, who in enumerate(("ours", "theirs", "theirs", "ours")):
-                if who == "ours":
-                    ours.append(_ours(url, peer.prompts, level, w["num_prompts"], tmp_path / f"ours-{n}", w["output_len"]))
-                else:
-                    theirs.append(peer.run(level, w["num_prompts"]))
+            runs = _synthetic_runs(url, peer, tmp_path)
         finally:
             peer.close()
             _raise_priority(os.getpid(), by=-raised)
-        late = httpx.get(f"{url}/stats").json()
     finally:
         engine.kill()
         engine.wait()
-    truth = synthetic_engine.truth(w["num_prompts"], w["output_len"], level)
-    figures = {"output tok/s": ([r["output_tok_s"] for r in ours], [p["output_throughput"] for p in theirs]),
-               "median TTFT ms": ([r["ttft_ms"]["median"] for r in ours], [p["median_ttft_ms"] for p in theirs]),
-               "median TPOT ms": ([r["tpot_ms"]["median"] for r in ours], [p["median_tpot_ms"] for p in theirs])}
-    cpu = [r["client_cpu_s_per_1k_tokens"] for r in ours]
-    print(f"\nsynthetic engine ({time.monotonic() - started:.0f} s), concurrency {level}, truth {truth:,.0f} tok/s, "
-          f"TPOT {1000 * synthetic_engine.STEP_S:g} ms; clients' priority raised by {raised}; "
-          "ornith-stack client CPU s per 1k tokens: "
-          + ", ".join(f"{c:.3f}" for c in cpu))
-    print(f"  the engine wrote {late['late_over_2ms']} of {late['tokens']} tokens more than 2 ms late "
-          f"(the latest {late['max_late_ms']} ms)")
-    for name, (mine, peers) in figures.items():
-        print(f"  {name:>15}: ornith-stack {', '.join(f'{v:,.1f}' for v in mine)}; "
-              f"vllm bench serve {', '.join(f'{v:,.1f}' for v in peers)}")
-    # The truth holds only if the engine kept its schedule: else the machine, not a client, is what failed, and
-    # neither tool's figure can be judged against it (the figures above are printed for the record).
-    if late["late_over_2ms"] > late["tokens"] // 100:
-        pytest.skip(f"the synthetic engine ran late, so its timing is not the truth (machine too busy): {late}")
-    theirs_rate = statistics.fmean(figures["output tok/s"][1])
-    theirs_tpot = statistics.fmean(figures["median TPOT ms"][1])
-    for rate, ttft, tpot in zip(*(figures[k][0] for k in figures), strict=True):
-        assert abs(rate / truth - 1) <= 0.05 and abs(rate / theirs_rate - 1) <= 0.05, (rate, truth, theirs_rate)
-        assert abs(tpot / theirs_tpot - 1) <= 0.03, (tpot, theirs_tpot)
-        assert ttft <= max(figures["median TTFT ms"][1]), (ttft, figures["median TTFT ms"][1])
+    names = {"ours": "ornith-stack", "theirs": "vllm bench serve"}
+    nominal = synthetic_engine.nominal(w["num_prompts"], w["output_len"], level)
+    print(
+        f"\nsynthetic engine ({time.monotonic() - started:.0f} s), concurrency {level}, {w['num_prompts']} requests "
+        f"of {w['output_len']} tokens, {' '.join(SYNTHETIC_ORDER)}; nominal {nominal:,.0f} tok/s, TTFT "
+        f"{1000 * synthetic_engine.FIRST_S:g} ms, TPOT {1000 * synthetic_engine.STEP_S:g} ms; clients' priority "
+        f"raised by {raised}"
+    )
+    for r in runs:
+        t = r.truth
+        cpu = f", client CPU {r.cpu_s_per_1k:.3f} s per 1k tokens" if r.cpu_s_per_1k is not None else ""
+        print(
+            f"  {names[r.who]:>16}: output tok/s {r.output_tok_s:,.1f} (truth {t.output_tok_s:,.1f}, "
+            f"{r.output_tok_s / t.output_tok_s:.4f}), median TTFT {r.ttft_ms:.2f} ms (truth {t.ttft_ms:.2f}), "
+            f"median TPOT {r.tpot_ms:.3f} ms (truth {t.tpot_ms:.3f}, {r.tpot_ms / t.tpot_ms:.4f}){cpu}; the engine "
+            f"wrote {t.late_over_2ms} of {t.tokens} tokens more than 2 ms late, the latest {t.max_late_ms:.1f} ms"
+        )
+    ours, theirs = ([r for r in runs if r.who == who] for who in names)
+    rate, peer_rate = (statistics.fmean(r.output_tok_s for r in side) for side in (ours, theirs))
+    tpot, peer_tpot = (statistics.fmean(r.tpot_ms for r in side) for side in (ours, theirs))
+    ttft, peer_ttft = (statistics.fmean(r.ttft_ms for r in side) for side in (ours, theirs))
+    print(
+        f"  ornith-stack / vllm bench serve (means of each tool's runs): output tok/s {rate / peer_rate:.4f}, "
+        f"median TPOT {tpot / peer_tpot:.4f}, median TTFT {ttft:.2f} / {peer_ttft:.2f} ms"
+    )
+    for r in ours:
+        assert abs(r.output_tok_s / r.truth.output_tok_s - 1) <= 0.05, r
+        assert abs(r.tpot_ms / r.truth.tpot_ms - 1) <= 0.03, r
+    assert abs(rate / peer_rate - 1) <= 0.05, (rate, peer_rate)
+    assert abs(tpot / peer_tpot - 1) <= 0.03, (tpot, peer_tpot)
+    assert ttft <= peer_ttft + TTFT_SLACK_MS, (ttft, peer_ttft)
