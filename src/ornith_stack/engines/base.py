@@ -7,7 +7,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from ornith_stack.deployment import METRICS_PATH
 from ornith_stack.engines.exposition import Samples
@@ -59,6 +59,22 @@ class MetricNames:
     ttft: str
     itl: str
     e2e: str
+
+
+class PanelQuery(NamedTuple):
+    """One query of a dashboard panel: PromQL and its legend."""
+
+    expr: str
+    legend: str
+
+
+class PromQL(Protocol):
+    """How the dashboards write a query (generate/dashboards.py): an engine's panels are written with it,
+    so every panel selects the same profiles and replicas."""
+
+    def sel(self, series: str) -> str: ...
+
+    def rate_by(self, series: str, by: str) -> str: ...
 
 
 # MetricNames fields that name histogram families (their samples are _bucket, _sum and _count).
@@ -120,6 +136,7 @@ class EngineAdapter:
     """Base class: flag spelling, endpoints and metric names of one engine."""
 
     kind: ClassVar[str]
+    display_name: ClassVar[str]  # as its makers write it, e.g. in dashboard descriptions
     module: ClassVar[str]  # python -m <module> starts the OpenAI-compatible server
     model_flag: ClassVar[str]
     # The tensor-parallel size flag (without dashes), as computed profiles write it.
@@ -146,6 +163,13 @@ class EngineAdapter:
     spec_samples: ClassVar[tuple[str, ...]] = ()
     # Further sample names the metric methods (decode_tokens, kv_usage, mamba_usage) read.
     extra_samples: ClassVar[tuple[str, ...]] = ()
+    # Dashboard panels of the engine's own series (metrics.py): request length histograms as (bucket,
+    # title, description), latency histogram buckets by panel (queue_time, tpot, prefill_time,
+    # decode_time), and further queries by panel (`panel_queries`).
+    # Whether SpecCounters.accepted_per_position comes filled (the per-position acceptance panel).
+    counts_per_position: ClassVar[bool] = False
+    length_histograms: ClassVar[tuple[tuple[str, str, str], ...]] = ()
+    histograms: ClassVar[dict[str, str]] = {}
     # Flags added for serving in a container, beyond the seed's: listen address and metrics.
     serving_flags: ClassVar[tuple[str, ...]] = ("host", "port")
     # The flag that serves a vision-language checkpoint without its vision tower (None: the engine has none).
@@ -246,6 +270,10 @@ class EngineAdapter:
             else:
                 names.add(value)
         return names
+
+    def panel_queries(self, q: PromQL) -> dict[str, tuple[PanelQuery, ...]]:
+        """The queries of the engine's own series it adds to the dashboard's engine panels, by panel."""
+        return {}
 
     def read(self, samples: Samples, name: str) -> float | None:
         """One figure of the engine: the sum over the label sets the engine splits it into (vLLM's

@@ -1,4 +1,4 @@
-"""SGLang: flags, endpoints and metric names (0.5.17 and 0.5.21)."""
+"""SGLang's adapter: launch, endpoints, key hand-off and what its metrics mean (0.5.17 and 0.5.21)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from ornith_stack.engines.base import (
     EngineAdapter,
     EngineInfo,
     MetricNames,
+    PanelQuery,
+    PromQL,
     ReportedAcceptance,
     ServeSettings,
     SpecCounters,
@@ -17,6 +19,7 @@ from ornith_stack.engines.base import (
     str_arg,
 )
 from ornith_stack.engines.exposition import Samples
+from ornith_stack.engines.sglang import metrics as names
 from ornith_stack.profiles.model import ArgValue, Profile
 
 
@@ -25,15 +28,15 @@ class SglangAdapter(EngineAdapter):
     module = "sglang.launch_server"
     model_flag = "model-path"
     tp_flag = "tp-size"
-    metric_prefix = "sglang:"
+    display_name = "SGLang"
+    metric_prefix = names.PREFIX
     # /server_info answers the server args plus "version" and "internal_states" (0.5.17 and 0.5.21);
     # /get_server_info is its deprecated alias and logs a warning on every call.
     info_paths = ("/server_info",)
-    spec_samples = ("sglang:spec_verify_calls_total", "sglang:spec_accept_length", "sglang:spec_accept_rate",
-                    "sglang:spec_num_draft_tokens")
-    # realtime_tokens_total{mode="decode"} grows every decode iteration (batch size plus accepted drafts);
-    # generation_tokens_total only when a request finishes.
-    extra_samples = ("sglang:realtime_tokens_total", "sglang:mamba_usage")
+    spec_samples = names.SPEC_SAMPLES
+    extra_samples = names.EXTRA_SAMPLES
+    length_histograms = names.LENGTHS
+    histograms = names.HISTOGRAMS
     # SGLang exports /metrics only when asked to.
     serving_flags = ("host", "port", "enable-metrics")
     # 0.5.17's chat route returns each choice's meta_info (prompt and completion tokens, spec_verify_ct)
@@ -46,23 +49,10 @@ class SglangAdapter(EngineAdapter):
         ("CUDA graphs captured", r"CUDA graph end"),
         ("API up", r"The server is fired up"),
     )
-    metrics: ClassVar[MetricNames] = MetricNames(
-        generation_tokens="sglang:generation_tokens_total",
-        prompt_tokens="sglang:prompt_tokens_total",
-        requests_running="sglang:num_running_reqs",
-        requests_waiting="sglang:num_queue_reqs",
-        # token_usage is the fullest of the KV, SWA and mamba pools; full_token_usage is the KV pool alone.
-        kv_cache_usage="sglang:full_token_usage",
-        ttft="sglang:time_to_first_token_seconds",
-        itl="sglang:inter_token_latency_seconds",
-        e2e="sglang:e2e_request_latency_seconds",
-    )
-    # SGLang 0.5.17 (tests/fixtures/engines/sglang-0.5.17/tp1/metrics-after.txt).
-    ttft_buckets: ClassVar[tuple[float, ...]] = (
-        0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
-    # SGLang counts every finished request, and aborted ones (errors, timeouts, cancelled) apart.
-    requests_finished: ClassVar[str] = "sglang:num_requests_total"
-    requests_failed: ClassVar[str] = "sglang:num_aborted_requests_total"
+    metrics: ClassVar[MetricNames] = names.NAMES
+    ttft_buckets: ClassVar[tuple[float, ...]] = names.TTFT_BUCKETS
+    requests_finished: ClassVar[str] = names.REQUESTS_FINISHED
+    requests_failed: ClassVar[str] = names.REQUESTS_FAILED
 
     # SGLang 0.5.17 reads no environment variable for its key (server_args.py: `api_key` is a flag only),
     # but `--config FILE.yaml` merges the file's options into the parsed arguments inside the process
@@ -124,16 +114,19 @@ class SglangAdapter(EngineAdapter):
         # definition: completion tokens divided by verification steps. Both counters move when a
         # request finishes. SGLang has no drafted-token counter: each step verifies a block of
         # num_draft_tokens, the first of which is the bonus position, so drafted = steps x (block - 1).
-        steps = self.read(samples, "sglang:spec_verify_calls_total")
+        steps = self.read(samples, names.VERIFY_CALLS)
         if steps is None:
             return None
         generated = self.read(samples, self.metrics.generation_tokens) or 0.0
         block = info.num_draft_tokens if info is not None and info.num_draft_tokens else None
         if block is None:
-            gauge = samples.max("sglang:spec_num_draft_tokens")
+            gauge = samples.max(names.NUM_DRAFT_TOKENS)
             block = int(gauge) if gauge is not None and gauge > 1 else None
         drafted = steps * (block - 1) if block else None
         return SpecCounters(steps=steps, accepted=max(generated - steps, 0.0), drafted=drafted)
+
+    def panel_queries(self, q: PromQL) -> dict[str, tuple[PanelQuery, ...]]:
+        return names.panel_queries(q)
 
     def read(self, samples: Samples, name: str, **match: str) -> float | None:
         # Scheduler metrics carry tp_rank; by default only rank 0 reports, but with
@@ -143,10 +136,10 @@ class SglangAdapter(EngineAdapter):
         return rank0 if rank0 is not None else samples.total(name, **match)
 
     def decode_tokens(self, samples: Samples) -> float | None:
-        return self.read(samples, "sglang:realtime_tokens_total", mode="decode")
+        return self.read(samples, names.REALTIME_TOKENS, mode="decode")
 
     def mamba_usage(self, samples: Samples) -> float | None:
-        return samples.max("sglang:mamba_usage")
+        return samples.max(names.MAMBA_USAGE)
 
     def parse_info(self, payload: Any) -> EngineInfo:
         if not isinstance(payload, dict):
@@ -165,9 +158,9 @@ class SglangAdapter(EngineAdapter):
         # Gauges averaged by SGLang over its last log interval; per tp rank they are equal, so take the
         # mean. Both read 0.0 until the first decode log: an acceptance length is at least 1 (the bonus
         # token), so a length below 1 means "no interval yet", and the rate of that interval is unknown.
-        lengths = [s.value for s in samples.get("sglang:spec_accept_length", []) if s.value >= 1.0]
+        lengths = [s.value for s in samples.get(names.ACCEPT_LENGTH, []) if s.value >= 1.0]
         if not lengths:
             return None
-        ratio = samples.mean("sglang:spec_accept_rate")
+        ratio = samples.mean(names.ACCEPT_RATE)
         return ReportedAcceptance(length=sum(lengths) / len(lengths),
                                   ratio=ratio if ratio is not None and 0.0 <= ratio <= 1.0 else None)
