@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ornith_stack.engines.base import (
     EngineAdapter,
     EngineInfo,
@@ -17,9 +19,12 @@ from ornith_stack.engines.base import (
     shell_join,
 )
 from ornith_stack.engines.exposition import Samples
+from ornith_stack.engines.flag_types import arg_problems
 from ornith_stack.engines.sglang import SglangAdapter
 from ornith_stack.engines.vllm import VllmAdapter
-from ornith_stack.profiles.model import Profile
+
+if TYPE_CHECKING:
+    from ornith_stack.profiles.model import Profile
 
 ADAPTERS: dict[str, EngineAdapter] = {a.kind: a for a in (VllmAdapter(), SglangAdapter())}
 
@@ -32,6 +37,12 @@ def adapter_for(profile_or_kind: Profile | str) -> EngineAdapter:
 def detect_adapter(samples: Samples) -> EngineAdapter | None:
     """The adapter of the engine that produced a scrape, recognised by its metric names."""
     return next((a for a in ADAPTERS.values() if a.owns(samples)), None)
+
+
+def engine_arg_problems(kind: str, args: dict[str, Any]) -> list[str]:
+    """One line per flag of a profile whose value the engine `kind` would refuse (none for unknown kinds)."""
+    adapter = ADAPTERS.get(kind)
+    return arg_problems(kind, adapter.flags, args) if adapter else []
 
 
 def launch_args(profile: Profile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
@@ -52,6 +63,7 @@ __all__ = [
     "acceptance_length",
     "adapter_for",
     "detect_adapter",
+    "engine_arg_problems",
     "launch_args",
     "render_flag",
     "shell_join",

@@ -7,12 +7,14 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from ornith_stack.deployment import METRICS_PATH
 from ornith_stack.engines.exposition import Samples
-from ornith_stack.profiles import require_repo
-from ornith_stack.profiles.model import ArgValue, Profile
+from ornith_stack.engines.flag_types import FlagType
+
+if TYPE_CHECKING:  # adapters read a profile; the profile schema checks its flags against the adapters
+    from ornith_stack.profiles.model import ArgValue, Profile
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,8 @@ class EngineAdapter:
 
     kind: ClassVar[str]
     display_name: ClassVar[str]  # as its makers write it, e.g. in dashboard descriptions
+    # The flags the project writes or reads, by spelling (without dashes), with their types (flags.py).
+    flags: ClassVar[dict[str, FlagType]]
     module: ClassVar[str]  # python -m <module> starts the OpenAI-compatible server
     model_flag: ClassVar[str]
     # The tensor-parallel size flag (without dashes), as computed profiles write it.
@@ -200,7 +204,7 @@ class EngineAdapter:
 
     def launch_args(self, profile: Profile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
         """The full argv of the engine process for `profile` (python and module first)."""
-        args: list[str] = ["python3", "-m", self.module, f"--{self.model_flag}", require_repo(profile)]
+        args: list[str] = ["python3", "-m", self.module, f"--{self.model_flag}", profile.require_repo()]
         if profile.model.revision != "main":
             args += ["--revision", profile.model.revision]
         if profile.serve.served_name:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ornith_stack.engines.base import (
     EngineAdapter,
@@ -20,7 +20,10 @@ from ornith_stack.engines.base import (
 )
 from ornith_stack.engines.exposition import Samples
 from ornith_stack.engines.sglang import metrics as names
-from ornith_stack.profiles.model import ArgValue, Profile
+from ornith_stack.engines.sglang.flags import FLAGS
+
+if TYPE_CHECKING:
+    from ornith_stack.profiles.model import ArgValue, Profile
 
 
 class SglangAdapter(EngineAdapter):
@@ -30,6 +33,7 @@ class SglangAdapter(EngineAdapter):
     tp_flag = "tp-size"
     display_name = "SGLang"
     metric_prefix = names.PREFIX
+    flags = FLAGS
     # /server_info answers the server args plus "version" and "internal_states" (0.5.17 and 0.5.21);
     # /get_server_info is its deprecated alias and logs a warning on every call.
     info_paths = ("/server_info",)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ornith_stack.engines.base import (
     EngineAdapter,
@@ -19,7 +19,10 @@ from ornith_stack.engines.base import (
 )
 from ornith_stack.engines.exposition import Samples
 from ornith_stack.engines.vllm import metrics as names
-from ornith_stack.profiles.model import ArgValue, Profile
+from ornith_stack.engines.vllm.flags import FLAGS
+
+if TYPE_CHECKING:
+    from ornith_stack.profiles.model import ArgValue, Profile
 
 
 class VllmAdapter(EngineAdapter):
@@ -30,6 +33,7 @@ class VllmAdapter(EngineAdapter):
     tp_flag = "tensor-parallel-size"
     display_name = "vLLM"
     metric_prefix = names.PREFIX
+    flags = FLAGS
     # vLLM's /version answers {"version": "0.24.0"}; the model comes from the metrics' model_name label.
     info_paths = ("/version",)
     spec_samples = names.SPEC_SAMPLES
