@@ -10,43 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from ornith_stack.deployment import METRICS_PATH
+from ornith_stack.engines import capabilities
 from ornith_stack.engines.exposition import Samples
 from ornith_stack.engines.flag_types import FlagType
+from ornith_stack.sizing.model import Caps, Plan, PlanRequest
+from ornith_stack.sizing.settings import ServeSettings
 
 if TYPE_CHECKING:  # adapters read a profile; the profile schema checks its flags against the adapters
     from ornith_stack.profiles.model import ArgValue, Profile
-
-
-@dataclass(frozen=True)
-class ServeSettings:
-    """The engine flags that the planner, doctor and benchmark reason about, in engine-neutral terms."""
-
-    tp: int = 1
-    max_model_len: int | None = None
-    mem_fraction_static: float | None = None  # SGLang
-    gpu_memory_utilization: float | None = None  # vLLM
-    kv_cache_memory_bytes: int | None = None  # vLLM
-    kv_cache_dtype: str = "auto"
-    # vLLM --enable-prefix-caching / SGLang radix cache; None: the engine's default for the model.
-    enable_prefix_caching: bool | None = None
-    max_total_tokens: int | None = None  # SGLang
-    max_running_requests: int | None = None  # SGLang
-    speculative_method: str | None = None  # "dflash", "ngram", ...
-    num_speculative_tokens: int = 0  # tokens drafted per verification step
-    draft_block_size: int | None = None  # DFlash: num_speculative_tokens + 1
-    # Read by the planner (additive; engine-neutral names, None = the engine's default).
-    dtype: str | None = None  # --dtype
-    block_size: int | None = None  # vLLM --block-size (tokens per KV block), SGLang --page-size
-    mamba_ssm_cache_dtype: str | None = None  # vLLM --mamba-ssm-cache-dtype, SGLang --mamba-ssm-dtype
-    mamba_full_memory_ratio: float | None = None  # SGLang
-    max_mamba_cache_size: int | None = None  # SGLang
-    # SGLang --mamba-radix-cache-strategy (0.5.17 also spells it --mamba-scheduler-strategy):
-    # "auto", "no_buffer", "extra_buffer"...; None: "auto".
-    mamba_radix_cache_strategy: str | None = None
-    overlap_schedule: bool = True  # SGLang: --disable-overlap-schedule turns it off
-    language_model_only: bool = False  # --language-model-only (vLLM, SGLang 0.5.21): no vision tower
-    attention_backend: str | None = None  # --attention-backend; None: the engine's choice
-    extra: dict[str, ArgValue] = field(default_factory=dict)  # engine spelling: flags the planner checks
 
 
 @dataclass(frozen=True)
@@ -233,6 +204,30 @@ class EngineAdapter:
 
     def settings(self, profile: Profile) -> ServeSettings:
         raise NotImplementedError
+
+    # -- the planner's questions (accounting.py: the engine's own memory arithmetic, per release) ---------
+
+    def plan(self, req: PlanRequest) -> Plan:
+        """The engine's memory accounting of `req`: pools, running requests, problems and notes."""
+        raise NotImplementedError
+
+    def card_caps(self, req: PlanRequest) -> Caps:
+        """The flags that size a computed profile to the card of `req` (running requests, KV pool)."""
+        raise NotImplementedError
+
+    def runnable_args(self, args: dict[str, ArgValue], compute_capability: str | None) -> tuple[
+            dict[str, ArgValue], list[str]]:
+        """`args` without the flags the GPU cannot run (capabilities.py), and one line per flag dropped."""
+        return capabilities.runnable_args(args, compute_capability)
+
+    def attention_backend_line(self, args: dict[str, ArgValue], compute_capability: str | None,
+                               speculative: bool) -> str | None:
+        """Which attention backend the engine gets on this GPU, as one line; None: not described."""
+        return None
+
+    def expected_log(self, plan: Plan) -> str | None:
+        """The engine's log line that shows the planned figures, where it logs them."""
+        return None
 
     def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:
         """Speculative counters from a scrape, or None when the engine runs without speculation. `info`

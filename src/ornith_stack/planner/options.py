@@ -11,9 +11,10 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ornith_stack.engines.base import ServeSettings
 from ornith_stack.errors import UserError, shown
-from ornith_stack.planner.model import (
+from ornith_stack.planner.profile_request import request_for_profile
+from ornith_stack.profiles import load_profile
+from ornith_stack.sizing.model import (
     MAX_GPU_MEMORY_GIB,
     MAX_GPUS,
     MAX_SPECULATIVE_TOKENS,
@@ -21,9 +22,8 @@ from ornith_stack.planner.model import (
     PlanRequest,
     check_number,
 )
-from ornith_stack.planner.profile_request import request_for_profile
-from ornith_stack.planner.shapes import load_shape
-from ornith_stack.profiles import load_profile
+from ornith_stack.sizing.settings import ServeSettings
+from ornith_stack.sizing.shapes import load_shape
 
 
 @dataclass(frozen=True)

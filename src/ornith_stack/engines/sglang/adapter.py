@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ornith_stack.engines import capabilities
 from ornith_stack.engines.base import (
     EngineAdapter,
     EngineInfo,
@@ -19,8 +20,10 @@ from ornith_stack.engines.base import (
     str_arg,
 )
 from ornith_stack.engines.exposition import Samples
+from ornith_stack.engines.sglang import accounting
 from ornith_stack.engines.sglang import metrics as names
 from ornith_stack.engines.sglang.flags import FLAGS
+from ornith_stack.sizing.model import Caps, Plan, PlanRequest
 
 if TYPE_CHECKING:
     from ornith_stack.profiles.model import ArgValue, Profile
@@ -111,6 +114,25 @@ class SglangAdapter(EngineAdapter):
             language_model_only=bool(args.get("language-model-only", False)),
             attention_backend=str_arg(first(args, "attention-backend")),
         )
+
+    def plan(self, req: PlanRequest) -> Plan:
+        return accounting.plan(req)
+
+    def card_caps(self, req: PlanRequest) -> Caps:
+        return accounting.card_caps(req)
+
+    def attention_backend_line(self, args: dict[str, ArgValue], compute_capability: str | None,
+                               speculative: bool) -> str | None:
+        return capabilities.attention_backend_line(args, compute_capability, speculative)
+
+    def expected_log(self, plan: Plan) -> str | None:
+        # The scheduler's "max_total_num_tokens=..., max_running_requests=..." line (after CUDA-graph capture).
+        details = plan.engine_details
+        if "running_requests_capped_by" not in details:
+            return None
+        return (f"SGLang will log max_total_num_tokens={details['max_total_num_tokens']}, "
+                f"max_running_requests={details['max_running_requests']} (capped by "
+                f"{details['running_requests_capped_by']}).")
 
     def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:
         # SGLang counts verification steps; every generated token is either a bonus token (one per

@@ -18,8 +18,10 @@ from ornith_stack.engines.base import (
     str_arg,
 )
 from ornith_stack.engines.exposition import Samples
+from ornith_stack.engines.vllm import accounting
 from ornith_stack.engines.vllm import metrics as names
 from ornith_stack.engines.vllm.flags import FLAGS
+from ornith_stack.sizing.model import Caps, Plan, PlanRequest
 
 if TYPE_CHECKING:
     from ornith_stack.profiles.model import ArgValue, Profile
@@ -100,6 +102,12 @@ class VllmAdapter(EngineAdapter):
 
     def panel_queries(self, q: PromQL) -> dict[str, tuple[PanelQuery, ...]]:
         return names.panel_queries(q)
+
+    def plan(self, req: PlanRequest) -> Plan:
+        return accounting.plan(req)
+
+    def card_caps(self, req: PlanRequest) -> Caps:
+        return accounting.card_caps(req)
 
     def parse_info(self, payload: Any) -> EngineInfo:
         version = payload.get("version") if isinstance(payload, dict) else None

@@ -1,4 +1,4 @@
-"""What the planner takes and what it returns; the engine accounting lives in vllm.py and sglang.py."""
+"""What the planner takes and what it returns; each engine's accounting lives in engines/*/accounting.py."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ornith_stack.engines.base import ServeSettings
 from ornith_stack.errors import UserError
-from ornith_stack.planner.engine_memory import EngineMemory, engine_memory
-from ornith_stack.planner.shapes import ModelShape, dtype_bytes
+from ornith_stack.sizing.engine_memory import EngineMemory, engine_memory
+from ornith_stack.sizing.settings import ServeSettings
+from ornith_stack.sizing.shapes import ModelShape, dtype_bytes
 
 GIB = 1 << 30
 
@@ -180,6 +180,7 @@ class Caps:
     running: int
     kv_tokens: int
     why: str
+    reasons: dict[str, str] = field(default_factory=dict)  # why a flag has its value, where not just "sized"
 
 
 @dataclass(frozen=True)
