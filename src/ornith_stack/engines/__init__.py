@@ -45,6 +45,13 @@ def engine_arg_problems(kind: str, args: dict[str, Any]) -> list[str]:
     return arg_problems(kind, adapter.flags, args) if adapter else []
 
 
+def models_named(argv: list[str]) -> list[tuple[str | None, str | None]]:
+    """(model, revision) of every model an engine argv names, as each engine spells them (any engine's argv)."""
+    flags = {w: argv[i + 1] for i, w in enumerate(argv[:-1]) if w.startswith("--")}
+    serve = argv[argv.index("serve") + 1] if "serve" in argv[:-1] else None
+    return [model for adapter in ADAPTERS.values() for model in adapter.models_named(flags, serve)]
+
+
 def launch_args(profile: Profile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
     return adapter_for(profile).launch_args(profile, host=host, port=port)
 
@@ -65,6 +72,7 @@ __all__ = [
     "detect_adapter",
     "engine_arg_problems",
     "launch_args",
+    "models_named",
     "render_flag",
     "shell_join",
 ]

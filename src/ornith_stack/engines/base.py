@@ -88,6 +88,19 @@ class ReportedAcceptance:
 
 
 @dataclass(frozen=True)
+class TuneAxis:
+    """One flag `tune` may vary, with coarse default values (None: the engine's own, the flag removed).
+    `speculative`: the speculative depth (0: speculation off); `cap`: removed in the "engine defaults"
+    baseline (the seed's caps gone)."""
+
+    name: str
+    flag: str
+    values: tuple[int | float | None, ...]
+    speculative: bool = False
+    cap: bool = False
+
+
+@dataclass(frozen=True)
 class KeyHandoff:
     """How the engine process receives the API key without the key on its command line: environment
     variables to set to the key (names only, never the value) and argv words to append."""
@@ -156,6 +169,9 @@ class EngineAdapter:
     # the engine logs them; `up` shows each as it appears.
     start_phases: ClassVar[tuple[tuple[str, str], ...]] = ()
 
+    # What `tune` may vary (tune/candidates.py), read in the engine's argument parser.
+    tune_axes: ClassVar[tuple[TuneAxis, ...]] = ()
+
     # How the engine takes its API key off its command line: the environment variables it reads it from,
     # else (flag, option): a YAML file given with the flag that holds the key under the option. The
     # entrypoint (compose) and the chart (Helm) both hand it over this way.
@@ -191,6 +207,24 @@ class EngineAdapter:
 
     def listen_args(self, host: str, port: int) -> list[str]:
         return ["--host", host, "--port", str(port)]
+
+    def models_named(self, flags: dict[str, str], positional: str | None) -> list[tuple[str | None, str | None]]:
+        """(model, revision) of every model an argv of this engine names (`flags`: each --flag's next word;
+        `positional`: the word after `serve`), the draft included; a missing part is None."""
+        return [(flags.get(f"--{self.model_flag}"), flags.get("--revision"))]
+
+    def speculative_depth(self, args: dict[str, ArgValue], flag: str) -> int:
+        """Drafted tokens per step as the profile's `flag` sets them (0: no speculation)."""
+        value = args.get(flag)
+        return 0 if value is None or isinstance(value, dict) else int(value)
+
+    def set_speculative_depth(self, args: dict[str, ArgValue], flag: str, depth: int | float | None) -> bool:
+        """Write `depth` into `args`; True when speculation is now off and the draft goes with it."""
+        if depth:
+            args[flag] = int(depth)
+            return False
+        args.pop(flag, None)
+        return True
 
     def multinode_args(self, nodes: int | str, rank: str, leader: str, port: int | str) -> list[str]:
         """Flags that split one engine over `nodes` hosts (tensor parallelism across nodes). `rank` and

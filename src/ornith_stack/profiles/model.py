@@ -17,8 +17,8 @@ from ornith_stack.errors import UserError
 from ornith_stack.gpus import gpu_table, known_model
 from ornith_stack.profiles.images import ImageRef, parse_image, parse_pinned_image
 
-# An engine flag value: a switch (true), a scalar, or a mapping the adapter serialises as JSON
-# (vLLM's --speculative-config takes one).
+# An engine flag value: a switch (true), a scalar, or a mapping the adapter serialises as JSON (a flag whose
+# type is a JSON mapping in the engine's flags.py).
 ArgValue = bool | int | float | str | dict[str, bool | int | float | str]
 
 

@@ -80,7 +80,7 @@ class PlanRequest:
         for name, number in (("--mem-fraction-static", s.mem_fraction_static),
                              ("--gpu-memory-utilization", s.gpu_memory_utilization)):
             check_number(name, number, low=0, high=1)
-        check_number("--mamba-full-memory-ratio", s.mamba_full_memory_ratio, low=0, high=1e6)
+        check_number("mamba_full_memory_ratio", s.mamba_full_memory_ratio, low=0, high=1e6)
         if self.gpu_count < 1:
             raise UserError(f"the plan needs at least one GPU, got {self.gpu_count}")
         if s.max_model_len is not None and s.max_model_len > self.shape.max_position_embeddings:
@@ -98,8 +98,8 @@ class PlanRequest:
             ("--max-model-len", s.max_model_len),
             ("--max-total-tokens", s.max_total_tokens),
             ("--max-running-requests", s.max_running_requests),
-            ("--block-size/--page-size", s.block_size),
-            ("--max-mamba-cache-size", s.max_mamba_cache_size),
+            ("block_size (KV tokens per block or page)", s.block_size),
+            ("max_mamba_cache_size", s.max_mamba_cache_size),
         ):
             if value is not None and value <= 0:
                 raise UserError(f"{name} must be positive, got {value}")

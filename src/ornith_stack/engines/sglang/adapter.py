@@ -14,6 +14,7 @@ from ornith_stack.engines.base import (
     ReportedAcceptance,
     ServeSettings,
     SpecCounters,
+    TuneAxis,
     first,
     float_arg,
     int_arg,
@@ -61,6 +62,19 @@ class SglangAdapter(EngineAdapter):
     requests_finished: ClassVar[str] = names.REQUESTS_FINISHED
     requests_failed: ClassVar[str] = names.REQUESTS_FAILED
 
+    # server_args.py 0.5.17. The speculative axis is DFlash's block: the drafted tokens plus the verified one.
+    tune_axes = (
+        TuneAxis("max-running-requests", "max-running-requests", (None, 8, 32, 128), cap=True),
+        TuneAxis("spec-block", "speculative-dflash-block-size", (0, 4, 8, 16), speculative=True),
+        TuneAxis("max-total-tokens", "max-total-tokens", (None,), cap=True),
+        TuneAxis("chunked-prefill-size", "chunked-prefill-size", (2048, 8192), cap=True),
+        TuneAxis("cuda-graph-max-bs", "cuda-graph-max-bs", (None, 32, 128), cap=True),
+        TuneAxis("mem-fraction-static", "mem-fraction-static", (0.8, 0.85, 0.9)),
+    )
+    # Flags that only mean something with speculation on; removed with it.
+    speculative_flags = ("speculative-algorithm", "speculative-dflash-block-size", "speculative-num-draft-tokens",
+                         "speculative-num-steps", "speculative-eagle-topk")
+
     # SGLang 0.5.17 reads no environment variable for its key (server_args.py: `api_key` is a flag only),
     # but `--config FILE.yaml` merges the file's options into the parsed arguments inside the process
     # (server_args_config_parser.py), so the key stays out of argv. Its auth middleware leaves /health* and
@@ -77,6 +91,18 @@ class SglangAdapter(EngineAdapter):
                 if profile.draft.revision != "main":
                     args["speculative-draft-model-revision"] = profile.draft.revision
         return args
+
+    def models_named(self, flags: dict[str, str], positional: str | None) -> list[tuple[str | None, str | None]]:
+        return [*super().models_named(flags, positional),
+                (flags.get("--speculative-draft-model-path"), flags.get("--speculative-draft-model-revision"))]
+
+    def set_speculative_depth(self, args: dict[str, ArgValue], flag: str, depth: int | float | None) -> bool:
+        if depth:
+            args[flag] = int(depth)
+            return False
+        for spec_flag in self.speculative_flags:
+            args.pop(spec_flag, None)
+        return True
 
     def listen_args(self, host: str, port: int) -> list[str]:
         return [*super().listen_args(host, port), "--enable-metrics"]

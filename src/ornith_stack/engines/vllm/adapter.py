@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ornith_stack.engines.base import (
@@ -12,6 +13,7 @@ from ornith_stack.engines.base import (
     PromQL,
     ServeSettings,
     SpecCounters,
+    TuneAxis,
     first,
     float_arg,
     int_arg,
@@ -55,6 +57,13 @@ class VllmAdapter(EngineAdapter):
     requests_finished: ClassVar[str] = names.REQUESTS_FINISHED
     requests_failed: ClassVar[str] = names.REQUESTS_FAILED
 
+    # arg_utils.py 0.24.0. The speculative axis is num_speculative_tokens inside --speculative-config.
+    tune_axes = (
+        TuneAxis("max-num-seqs", "max-num-seqs", (None, 4, 16, 64, 256), cap=True),
+        TuneAxis("spec-tokens", "speculative-config", (0, 2, 4, 8), speculative=True),
+        TuneAxis("max-num-batched-tokens", "max-num-batched-tokens", (None, 2048, 8192), cap=True),
+    )
+
     # The OpenAI server takes `--api-key` or, when that is absent, $VLLM_API_KEY (vllm/envs.py); it guards
     # the /v1 routes only, so /health, /metrics and /version stay open to probes.
     key_env = ("VLLM_API_KEY",)
@@ -66,6 +75,32 @@ class VllmAdapter(EngineAdapter):
         if isinstance(spec, dict) and profile.draft is not None and profile.draft.repo:
             args["speculative-config"] = {**spec, "model": profile.draft.repo}
         return args
+
+    def models_named(self, flags: dict[str, str], positional: str | None) -> list[tuple[str | None, str | None]]:
+        # `vllm serve MODEL` takes the model as a word; the draft and its revision sit in --speculative-config.
+        models = [(flags.get(f"--{self.model_flag}") or positional, flags.get("--revision"))]
+        try:
+            spec = json.loads(flags.get("--speculative-config", "{}") or "{}")
+        except ValueError:
+            spec = {}
+        if isinstance(spec, dict):
+            models.append((spec.get("model"), spec.get("revision")))
+        return models
+
+    def speculative_depth(self, args: dict[str, ArgValue], flag: str) -> int:
+        spec = args.get(flag)
+        return int(spec.get("num_speculative_tokens", 0)) if isinstance(spec, dict) else super().speculative_depth(
+            args, flag)
+
+    def set_speculative_depth(self, args: dict[str, ArgValue], flag: str, depth: int | float | None) -> bool:
+        spec = args.get(flag)
+        if not isinstance(spec, dict):
+            return super().set_speculative_depth(args, flag, depth)
+        if depth:
+            args[flag] = {**spec, "num_speculative_tokens": int(depth)}
+        else:
+            args.pop(flag)
+        return False
 
     def multinode_args(self, nodes: int | str, rank: str, leader: str, port: int | str) -> list[str]:
         # vLLM >= 0.11 spans nodes with its multiprocessing executor, without Ray.
