@@ -169,6 +169,8 @@ class EngineAdapter:
     # the engine logs them; `up` shows each as it appears.
     start_phases: ClassVar[tuple[tuple[str, str], ...]] = ()
 
+    # Whether the planner's reserve for the engine already holds its CUDA context (sizing/engine_memory.py).
+    reserve_holds_context: ClassVar[bool] = False
     # What `tune` may vary (tune/candidates.py), read in the engine's argument parser.
     tune_axes: ClassVar[tuple[TuneAxis, ...]] = ()
 

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from ornith_stack.engines import ADAPTERS
 from ornith_stack.errors import UserError, shown
 from ornith_stack.planner.profile_request import request_for_profile
 from ornith_stack.profiles import load_profile
@@ -113,6 +114,7 @@ def _general_request(options: PlanOptions) -> PlanRequest:
     elif values.get("num_speculative_tokens"):
         values.setdefault("speculative_method", "ngram")
     settings = ServeSettings(**values)
+    engine = ADAPTERS.get(options.engine)  # an unknown engine is refused by plan_request, naming the known ones
     return PlanRequest(
         engine=options.engine,
         engine_version=options.engine_version,
@@ -122,4 +124,5 @@ def _general_request(options: PlanOptions) -> PlanRequest:
         gpu_memory_gib=options.gpu_memory_gib,
         gpu_count=options.gpu_count or settings.tp,
         reserve_gib=options.reserve_gib,
+        reserve_holds_context=engine.reserve_holds_context if engine else False,
     )

@@ -36,7 +36,8 @@ def request_for_profile(
             f"profile {profile.name!r} has no model.shape; pass --model-config PATH_OR_NAME "
             f"(shipped: {', '.join(shipped_shapes())})"
         )
-    settings = adapter_for(profile).settings(profile)
+    adapter = adapter_for(profile)
+    settings = adapter.settings(profile)
     overrides = {k: v for k, v in (setting_overrides or {}).items() if v is not None}
     settings = replace(settings, **overrides)
     if gpu_count is None:
@@ -65,6 +66,7 @@ def request_for_profile(
         gpu_count=gpu_count,
         profile=profile.name,
         notes=tuple(notes),
+        reserve_holds_context=adapter.reserve_holds_context,
         **extra,
     )
 

