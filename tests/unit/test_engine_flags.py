@@ -114,6 +114,34 @@ def sglang_parser(root: Path) -> dict[str, type | None]:
     return flags
 
 
+def sglang_choices(root: Path) -> dict[str, set[str]]:
+    """Flag -> the values SGLang accepts, for fields with `Arg(choices=...)`: a list, or a module-level list
+    named there (server_args.py, arg_groups/choices.py)."""
+    files = [
+        root / "server_args.py",
+        root / "arg_groups" / "choices.py",
+        *sorted((root / "arg_groups" / "fields").glob("*.py")),
+    ]
+    trees = [_tree(f) for f in files if f.is_file() or f.name == "server_args.py"]
+    lists = {
+        t.id: node.value
+        for tree in trees
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.List)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
+    found: dict[str, set[str]] = {}
+    for tree in trees:
+        for name, field in _class_fields(tree).items():
+            for call in (n for n in ast.walk(field.annotation) if isinstance(n, ast.Call)):
+                for kw in (k for k in call.keywords if k.arg == "choices"):
+                    value = lists.get(kw.value.id) if isinstance(kw.value, ast.Name) else kw.value
+                    if isinstance(value, ast.List):
+                        found[name.replace("_", "-")] = {e.value for e in value.elts if isinstance(e, ast.Constant)}
+    return found
+
+
 def vllm_parser() -> dict[str, type | None]:
     """Flag -> parsed type of vLLM 0.24.0: arg_utils' add_argument calls typed by EngineArgs' fields,
     bools with their --no- form (BooleanOptionalAction), and the OpenAI server's FrontendArgs fields."""
@@ -147,6 +175,16 @@ def _check(kind: str, ours: dict[str, FlagType], theirs: dict[str, type | None],
 @pytest.mark.parametrize("release", sorted(SGLANG))
 def test_sglang_flags_are_its_parsers(release: str) -> None:
     assert _check("sglang", ADAPTERS["sglang"].flags, sglang_parser(SGLANG[release]), release) == []
+
+
+@pytest.mark.parametrize("release", sorted(SGLANG))
+def test_sglang_choices_are_its_choices(release: str) -> None:
+    """A value flags.py accepts among fixed choices is one SGLang accepts (a profile passing the load-time
+    check does not fail at the engine's start)."""
+    theirs = sglang_choices(SGLANG[release])
+    checked = {flag: t.choices for flag, t in ADAPTERS["sglang"].flags.items() if t.choices and flag in theirs}
+    assert checked, "no choice flag found in SGLang's sources: look again"
+    assert {flag: set(ours) - theirs[flag] for flag, ours in checked.items() if set(ours) - theirs[flag]} == {}
 
 
 def test_vllm_flags_are_its_parsers() -> None:
