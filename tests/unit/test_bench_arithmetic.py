@@ -12,8 +12,8 @@ from ornith_stack.bench.prompts import TokenScale, sweep_lengths
 from ornith_stack.bench.result import BenchResult, Extra, Sample, TaskSample
 from ornith_stack.bench.roofline import active_params, roofline_for
 from ornith_stack.bench.serving import serving_metrics
-from ornith_stack.planner.shapes import load_shape
 from ornith_stack.profiles import load_profile
+from ornith_stack.sizing.shapes import load_shape
 
 
 def test_decode_rate_leaves_the_first_token_to_prefill() -> None:

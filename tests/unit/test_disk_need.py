@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE_DIR = ROOT / "ansible"
 BIN = Path(sys.executable).parent
 
-# GB (1e9 bytes) of each profile's checkpoints, from the shipped shapes (planner/configs/): BF16 parameters x 2
+# GB (1e9 bytes) of each profile's checkpoints, from the shipped shapes (sizing/configs/): BF16 parameters x 2
 # bytes of the model plus its draft. gb300x2: Ornith-1.5-122B, 125,086,497,008 parameters, is 250.2 GB alone.
 WEIGHTS_GB = {"gb300x2": (250.1, 256.0), "gpu96": (71.9, 73.5), "a100x2": (71.9, 73.5), "spark": (70.0, 74.0),
               "cpu-demo": (0.0, 0.0)}

@@ -24,10 +24,12 @@ from typing import Any
 
 import pytest
 
-from ornith_stack.planner import GIB, plan_request, request_for_profile, sglang, vllm
-from ornith_stack.planner.common import attention_bytes_per_token
-from ornith_stack.planner.shapes import load_shape, shape_from_config
+from ornith_stack.engines.sglang import accounting as sglang
+from ornith_stack.engines.vllm import accounting as vllm
+from ornith_stack.planner import GIB, plan_request, request_for_profile
 from ornith_stack.profiles import load_profile
+from ornith_stack.sizing.common import attention_bytes_per_token
+from ornith_stack.sizing.shapes import load_shape, shape_from_config
 
 CACHE = Path(os.environ.get("ORNITH_CACHE_DIR", Path(__file__).resolve().parents[2] / ".cache"))
 VLLM = Path(os.environ.get("ORNITH_VLLM024_SRC", CACHE / "vllm-0.24.0-src")) / "vllm"

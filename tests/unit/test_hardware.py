@@ -16,14 +16,14 @@ from ornith_stack import deployment
 from ornith_stack.cli import main
 from ornith_stack.doctor import GpuInfo, Options, diagnose
 from ornith_stack.doctor import gpu as gpu_probe
+from ornith_stack.engines.capabilities import runnable_args, unrunnable
 from ornith_stack.errors import UserError
 from ornith_stack.generate.profile_files import template_context
 from ornith_stack.gpus import describe, lookup
 from ornith_stack.planner import plan_request, request_for_profile
-from ornith_stack.planner.capabilities import runnable_args, unrunnable
-from ornith_stack.planner.engine_memory import engine_memory
 from ornith_stack.planner.layout import DEFAULT_RECIPE, compute_layout, layout_lines
 from ornith_stack.profiles import load_profile
+from ornith_stack.sizing.engine_memory import engine_memory
 from ornith_stack.stack import preflight
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from ornith_stack.cli import main
 from ornith_stack.errors import UserError
 from ornith_stack.planner import PlanOptions, build_request, plan_request
-from ornith_stack.planner.shapes import CONFIG_DIR, shape_from_config
 from ornith_stack.profiles import load_profile
+from ornith_stack.sizing.shapes import CONFIG_DIR, shape_from_config
 
 PROFILES = Path(load_profile.__code__.co_filename).parent
 TARGET = json.loads((CONFIG_DIR / "ornith-1.5-35b-a3b.json").read_text())

@@ -17,9 +17,9 @@ from ornith_stack.cli import main
 from ornith_stack.engines.base import ServeSettings
 from ornith_stack.errors import UserError
 from ornith_stack.planner import GIB, PlanRequest, load_shape, plan_profile, plan_request, request_for_profile
-from ornith_stack.planner.common import mamba_state_bytes
-from ornith_stack.planner.shapes import shape_from_config
 from ornith_stack.profiles import load_profile
+from ornith_stack.sizing.common import mamba_state_bytes
+from ornith_stack.sizing.shapes import shape_from_config
 
 EIGHT_GIB = 8589934592
 

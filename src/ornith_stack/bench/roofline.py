@@ -60,7 +60,7 @@ def roofline_for(profile: Profile) -> tuple[Roofline | None, str]:
     if not profile.model.shape:
         return None, f"profile {profile.name!r} names no model shape (model.shape)"
     try:
-        from ornith_stack.planner.shapes import load_shape
+        from ornith_stack.sizing.shapes import load_shape
     except ImportError:
         return None, "the planner's model shapes are not available"
     try:

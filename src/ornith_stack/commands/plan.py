@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ornith_stack.errors import UserError, shown
 from ornith_stack.planner import GIB, Plan, PlanOptions, build_request, plan_request
-from ornith_stack.planner.shapes import resolve_config_path
+from ornith_stack.sizing.shapes import resolve_config_path
 
 out = Console()
 

@@ -31,9 +31,9 @@ from ornith_stack.doctor.report import Report
 from ornith_stack.engines import ServeSettings, adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.planner import GIB, load_shape, plan_request, request_for_profile
-from ornith_stack.planner.shapes import VisionShape, shape_from_config
 from ornith_stack.profiles.model import Profile
 from ornith_stack.reading import read_json_object
+from ornith_stack.sizing.shapes import VisionShape, shape_from_config
 
 MASK_EMBEDDING = "mask_embedding.safetensors"
 # Seed 004: the DFlash 2 drafter reads the target's embedding of its mask token, id 248077.
@@ -306,7 +306,7 @@ def _check_plan(report: Report, profile: Profile | None, settings: ServeSettings
     try:
         # Too few GPUs is reported above; plan with the profile's count so the memory verdict still shows.
         count = len(gpus) if len(gpus) >= profile.gpus_per_engine else None
-        # The real GPU's compute capability: the plan refuses flags it cannot run (capabilities.py).
+        # The real GPU's compute capability: the plan refuses flags it cannot run (engines/capabilities.py).
         capability = gpus[0].compute_capability if gpus and gpus[0].compute_capability != "unknown" else None
         plan = plan_request(request_for_profile(profile, gpu_memory_gib=memory, gpu_count=count,
                                                 weights_bytes=weights, free_memory_gib=free,

@@ -7,44 +7,17 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from ornith_stack.deployment import METRICS_PATH
+from ornith_stack.engines import capabilities
 from ornith_stack.engines.exposition import Samples
-from ornith_stack.profiles import require_repo
-from ornith_stack.profiles.model import ArgValue, Profile
+from ornith_stack.engines.flag_types import FlagType
+from ornith_stack.sizing.model import Caps, Plan, PlanRequest
+from ornith_stack.sizing.settings import ServeSettings
 
-
-@dataclass(frozen=True)
-class ServeSettings:
-    """The engine flags that the planner, doctor and benchmark reason about, in engine-neutral terms."""
-
-    tp: int = 1
-    max_model_len: int | None = None
-    mem_fraction_static: float | None = None  # SGLang
-    gpu_memory_utilization: float | None = None  # vLLM
-    kv_cache_memory_bytes: int | None = None  # vLLM
-    kv_cache_dtype: str = "auto"
-    # vLLM --enable-prefix-caching / SGLang radix cache; None: the engine's default for the model.
-    enable_prefix_caching: bool | None = None
-    max_total_tokens: int | None = None  # SGLang
-    max_running_requests: int | None = None  # SGLang
-    speculative_method: str | None = None  # "dflash", "ngram", ...
-    num_speculative_tokens: int = 0  # tokens drafted per verification step
-    draft_block_size: int | None = None  # DFlash: num_speculative_tokens + 1
-    # Read by the planner (additive; engine-neutral names, None = the engine's default).
-    dtype: str | None = None  # --dtype
-    block_size: int | None = None  # vLLM --block-size (tokens per KV block), SGLang --page-size
-    mamba_ssm_cache_dtype: str | None = None  # vLLM --mamba-ssm-cache-dtype, SGLang --mamba-ssm-dtype
-    mamba_full_memory_ratio: float | None = None  # SGLang
-    max_mamba_cache_size: int | None = None  # SGLang
-    # SGLang --mamba-radix-cache-strategy (0.5.17 also spells it --mamba-scheduler-strategy):
-    # "auto", "no_buffer", "extra_buffer"...; None: "auto".
-    mamba_radix_cache_strategy: str | None = None
-    overlap_schedule: bool = True  # SGLang: --disable-overlap-schedule turns it off
-    language_model_only: bool = False  # --language-model-only (vLLM, SGLang 0.5.21): no vision tower
-    attention_backend: str | None = None  # --attention-backend; None: the engine's choice
-    extra: dict[str, ArgValue] = field(default_factory=dict)  # engine spelling: flags the planner checks
+if TYPE_CHECKING:  # adapters read a profile; the profile schema checks its flags against the adapters
+    from ornith_stack.profiles.model import ArgValue, Profile
 
 
 @dataclass(frozen=True)
@@ -59,6 +32,22 @@ class MetricNames:
     ttft: str
     itl: str
     e2e: str
+
+
+class PanelQuery(NamedTuple):
+    """One query of a dashboard panel: PromQL and its legend."""
+
+    expr: str
+    legend: str
+
+
+class PromQL(Protocol):
+    """How the dashboards write a query (generate/dashboards.py): an engine's panels are written with it,
+    so every panel selects the same profiles and replicas."""
+
+    def sel(self, series: str) -> str: ...
+
+    def rate_by(self, series: str, by: str) -> str: ...
 
 
 # MetricNames fields that name histogram families (their samples are _bucket, _sum and _count).
@@ -99,6 +88,19 @@ class ReportedAcceptance:
 
 
 @dataclass(frozen=True)
+class TuneAxis:
+    """One flag `tune` may vary, with coarse default values (None: the engine's own, the flag removed).
+    `speculative`: the speculative depth (0: speculation off); `cap`: removed in the "engine defaults"
+    baseline (the seed's caps gone)."""
+
+    name: str
+    flag: str
+    values: tuple[int | float | None, ...]
+    speculative: bool = False
+    cap: bool = False
+
+
+@dataclass(frozen=True)
 class KeyHandoff:
     """How the engine process receives the API key without the key on its command line: environment
     variables to set to the key (names only, never the value) and argv words to append."""
@@ -120,6 +122,9 @@ class EngineAdapter:
     """Base class: flag spelling, endpoints and metric names of one engine."""
 
     kind: ClassVar[str]
+    display_name: ClassVar[str]  # as its makers write it, e.g. in dashboard descriptions
+    # The flags the project writes or reads, by spelling (without dashes), with their types (flags.py).
+    flags: ClassVar[dict[str, FlagType]]
     module: ClassVar[str]  # python -m <module> starts the OpenAI-compatible server
     model_flag: ClassVar[str]
     # The tensor-parallel size flag (without dashes), as computed profiles write it.
@@ -146,6 +151,13 @@ class EngineAdapter:
     spec_samples: ClassVar[tuple[str, ...]] = ()
     # Further sample names the metric methods (decode_tokens, kv_usage, mamba_usage) read.
     extra_samples: ClassVar[tuple[str, ...]] = ()
+    # Dashboard panels of the engine's own series (metrics.py): request length histograms as (bucket,
+    # title, description), latency histogram buckets by panel (queue_time, tpot, prefill_time,
+    # decode_time), and further queries by panel (`panel_queries`).
+    # Whether SpecCounters.accepted_per_position comes filled (the per-position acceptance panel).
+    counts_per_position: ClassVar[bool] = False
+    length_histograms: ClassVar[tuple[tuple[str, str, str], ...]] = ()
+    histograms: ClassVar[dict[str, str]] = {}
     # Flags added for serving in a container, beyond the seed's: listen address and metrics.
     serving_flags: ClassVar[tuple[str, ...]] = ("host", "port")
     # The flag that serves a vision-language checkpoint without its vision tower (None: the engine has none).
@@ -156,6 +168,11 @@ class EngineAdapter:
     # Start-up phases as (what it means, regular expression of the engine's log line), in the order
     # the engine logs them; `up` shows each as it appears.
     start_phases: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    # Whether the planner's reserve for the engine already holds its CUDA context (sizing/engine_memory.py).
+    reserve_holds_context: ClassVar[bool] = False
+    # What `tune` may vary (tune/candidates.py), read in the engine's argument parser.
+    tune_axes: ClassVar[tuple[TuneAxis, ...]] = ()
 
     # How the engine takes its API key off its command line: the environment variables it reads it from,
     # else (flag, option): a YAML file given with the flag that holds the key under the option. The
@@ -176,7 +193,7 @@ class EngineAdapter:
 
     def launch_args(self, profile: Profile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
         """The full argv of the engine process for `profile` (python and module first)."""
-        args: list[str] = ["python3", "-m", self.module, f"--{self.model_flag}", require_repo(profile)]
+        args: list[str] = ["python3", "-m", self.module, f"--{self.model_flag}", profile.require_repo()]
         if profile.model.revision != "main":
             args += ["--revision", profile.model.revision]
         if profile.serve.served_name:
@@ -193,6 +210,24 @@ class EngineAdapter:
     def listen_args(self, host: str, port: int) -> list[str]:
         return ["--host", host, "--port", str(port)]
 
+    def models_named(self, flags: dict[str, str], positional: str | None) -> list[tuple[str | None, str | None]]:
+        """(model, revision) of every model an argv of this engine names (`flags`: each --flag's next word;
+        `positional`: the word after `serve`), the draft included; a missing part is None."""
+        return [(flags.get(f"--{self.model_flag}"), flags.get("--revision"))]
+
+    def speculative_depth(self, args: dict[str, ArgValue], flag: str) -> int:
+        """Drafted tokens per step as the profile's `flag` sets them (0: no speculation)."""
+        value = args.get(flag)
+        return 0 if value is None or isinstance(value, dict) else int(value)
+
+    def set_speculative_depth(self, args: dict[str, ArgValue], flag: str, depth: int | float | None) -> bool:
+        """Write `depth` into `args`; True when speculation is now off and the draft goes with it."""
+        if depth:
+            args[flag] = int(depth)
+            return False
+        args.pop(flag, None)
+        return True
+
     def multinode_args(self, nodes: int | str, rank: str, leader: str, port: int | str) -> list[str]:
         """Flags that split one engine over `nodes` hosts (tensor parallelism across nodes). `rank` and
         `leader` may be Kubernetes $(VAR) references: a LeaderWorkerSet sets LWS_WORKER_INDEX and
@@ -205,6 +240,30 @@ class EngineAdapter:
 
     def settings(self, profile: Profile) -> ServeSettings:
         raise NotImplementedError
+
+    # -- the planner's questions (accounting.py: the engine's own memory arithmetic, per release) ---------
+
+    def plan(self, req: PlanRequest) -> Plan:
+        """The engine's memory accounting of `req`: pools, running requests, problems and notes."""
+        raise NotImplementedError
+
+    def card_caps(self, req: PlanRequest) -> Caps:
+        """The flags that size a computed profile to the card of `req` (running requests, KV pool)."""
+        raise NotImplementedError
+
+    def runnable_args(self, args: dict[str, ArgValue], compute_capability: str | None) -> tuple[
+            dict[str, ArgValue], list[str]]:
+        """`args` without the flags the GPU cannot run (capabilities.py), and one line per flag dropped."""
+        return capabilities.runnable_args(args, compute_capability)
+
+    def attention_backend_line(self, args: dict[str, ArgValue], compute_capability: str | None,
+                               speculative: bool) -> str | None:
+        """Which attention backend the engine gets on this GPU, as one line; None: not described."""
+        return None
+
+    def expected_log(self, plan: Plan) -> str | None:
+        """The engine's log line that shows the planned figures, where it logs them."""
+        return None
 
     def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:
         """Speculative counters from a scrape, or None when the engine runs without speculation. `info`
@@ -246,6 +305,10 @@ class EngineAdapter:
             else:
                 names.add(value)
         return names
+
+    def panel_queries(self, q: PromQL) -> dict[str, tuple[PanelQuery, ...]]:
+        """The queries of the engine's own series it adds to the dashboard's engine panels, by panel."""
+        return {}
 
     def read(self, samples: Samples, name: str) -> float | None:
         """One figure of the engine: the sum over the label sets the engine splits it into (vLLM's

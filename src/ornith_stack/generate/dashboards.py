@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ornith_stack.deployment import GRAFANA_DATASOURCE_UID as DATASOURCE_UID  # noqa: F401 (the provisioned default)
+from ornith_stack.engines import ADAPTERS
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.generate.alerts import ACCEPTANCE_FRACTION, GATEWAY_HEALTH, MIN_VERIFY_STEPS_PER_S
 from ornith_stack.generate.core import GeneratedFile, with_header
@@ -25,10 +26,8 @@ REPLICA = "target"
 SELECT = f'{{profile=~"$profile", {REPLICA}=~"${REPLICA}"}}'
 SCHEMA_VERSION = 39  # Grafana 11.x
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}  # the dashboard's datasource variable
-ENGINES = ("vllm", "sglang")
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+ENGINES = tuple(ADAPTERS)
 TOKENS_PER_S = "suffix: tok/s"  # Grafana's custom-suffix unit; "tokens/s" is no unit id
-VLLM, SGLANG = ("vllm",), ("sglang",)
 # The Model Gateway's own series (sglang-router 0.3.2, tests/fixtures/gateway/metrics.txt), by `worker`: the
 # replica's URL as the gateway routes to it. Prometheus' gateway job labels them with the gateway's own
 # target, so they are selected by profile only.
@@ -63,7 +62,7 @@ class Panel:
         missing = [name for name in ENGINES if name not in self.engines]
         if not missing or not self.engines:
             return self.description
-        names = " and ".join(ENGINE_NAMES[name] for name in missing)
+        names = " and ".join(ADAPTERS[name].display_name for name in missing)
         return f"{self.description} {names} does not export this: the panel stays empty for its engines.".strip()
 
 
@@ -112,13 +111,7 @@ def latency_panels(title: str, histogram: C.Metric) -> tuple[Panel, Panel]:
 
 
 # The engines' request length histograms: (bucket, title, what one observation is, engines).
-LENGTHS = (
-    ("vllm:request_prompt_tokens_bucket", "Prompt length", "Prompt tokens per request (vLLM).", VLLM),
-    ("vllm:request_generation_tokens_bucket", "Output length", "Generated tokens per request (vLLM).", VLLM),
-    ("sglang:prompt_tokens_histogram_bucket", "Prompt length (SGLang)", "Prompt tokens per request (SGLang).", SGLANG),
-    ("sglang:generation_tokens_histogram_bucket", "Output length (SGLang)", "Generated tokens per request (SGLang).",
-     SGLANG),
-)
+LENGTHS = tuple((bucket, title, help_, (a.kind,)) for a in ADAPTERS.values() for bucket, title, help_ in a.length_histograms)
 
 
 def length_panels(make: Callable[..., Panel], suffix: str = "") -> tuple[Panel, ...]:
@@ -129,6 +122,33 @@ def length_panels(make: Callable[..., Panel], suffix: str = "") -> tuple[Panel, 
 
 def rate_by(series: str, by: str, extra: str = "") -> str:
     return f"sum by ({by}) (rate({sel(series, extra)}[$__rate_interval]))"
+
+
+class EngineQueries:
+    """The dashboard's query writing, as the engine adapters use it for the panels of their own series."""
+
+    sel = staticmethod(sel)
+
+    @staticmethod
+    def rate_by(series: str, by: str) -> str:
+        return rate_by(series, by)
+
+
+def engine_queries(panel: str) -> tuple[tuple[Query, ...], tuple[str, ...]]:
+    """(queries, engines) of an engine panel: each adapter's queries of its own series, in engine order."""
+    found = {a.kind: a.panel_queries(EngineQueries()).get(panel, ()) for a in ADAPTERS.values()}
+    return tuple(Query(*q) for qs in found.values() for q in qs), tuple(k for k, qs in found.items() if qs)
+
+
+def histogram_buckets(*panels: str) -> tuple[tuple[str, str], ...]:
+    """(engine, bucket) of the engines' latency histograms for these panels, in engine and panel order."""
+    return tuple((a.kind, a.histograms[p]) for a in ADAPTERS.values() for p in panels if p in a.histograms)
+
+
+def engine_panel(panel: str, title: str, *extra: Query, **options: Any) -> Panel:
+    """A panel of the engines' own series (their queries from the adapters), then `extra` queries."""
+    queries, engines = engine_queries(panel)
+    return Panel(title, queries + extra, engines=engines, **options)
 
 
 def expected_acceptance(fraction: float = 1.0) -> str:
@@ -213,7 +233,8 @@ def overview_rows() -> tuple[Row, ...]:
               + f" Below {MIN_VERIFY_STEPS_PER_S:g} steps/s the acceptance alert stays quiet (too little traffic)."),
             Panel("Acceptance by draft position", (
                 Query(sel(C.SPEC_POSITION_ACCEPTANCE_RATIO), "{{target}} position {{position}}"),
-            ), unit="percentunit", min=0, max=1, description=C.SPEC_POSITION_ACCEPTANCE_RATIO.help, engines=VLLM),
+            ), unit="percentunit", min=0, max=1, description=C.SPEC_POSITION_ACCEPTANCE_RATIO.help,
+              engines=tuple(k for k, a in ADAPTERS.items() if a.counts_per_position)),
         )),
         per_replica_row(),
         Row("Throughput", (
@@ -221,47 +242,30 @@ def overview_rows() -> tuple[Row, ...]:
                 Query(sel(C.GENERATION_TOKENS_PER_SECOND), "{{target}} decode"),
                 Query(sel(C.PROMPT_TOKENS_PER_SECOND), "{{target}} prompt"),
             ), unit=TOKENS_PER_S, min=0, description=C.GENERATION_TOKENS_PER_SECOND.help),
-            Panel("Requests by finish reason, and errors", (
-                Query(rate_by("vllm:request_success_total", "target, finished_reason"), "{{target}} {{finished_reason}}"),
-                Query(rate_by("sglang:num_requests_total", "target"), "{{target}} finished"),
-                Query(rate_by("sglang:num_aborted_requests_total", "target"), "{{target}} aborted"),
+            engine_panel(
+                "finished", "Requests by finish reason, and errors",
                 Query(rate_by(C.SCRAPE_ERRORS.series, "target"), "{{target}} scrape errors"),
-            ), unit="reqps", min=0, description="Finished requests per second (vLLM by finish reason: stop, "
+                unit="reqps", min=0, description="Finished requests per second (vLLM by finish reason: stop, "
               "length, abort; SGLang all and aborted), and failed scrapes of the engine."),
         )),
         Row("Latency", (
             *latency_panels("Time to first token", C.TTFT),
             *latency_panels("Inter-token latency", C.ITL),
             *latency_panels("End-to-end request latency", C.E2E),
-            quantiles("vllm:request_time_per_output_token_seconds_bucket", "Time per output token (TPOT)", "s",
-                      "Mean time per output token of each request (after the first).", VLLM),
-            Panel("Queue time", tuple(
-                Query(quantile_expr(q, bucket), f"{{{{target}}}} p{round(q * 100)}")
-                for bucket in ("vllm:request_queue_time_seconds_bucket", "sglang:queue_time_seconds_bucket")
-                for q in (0.5, 0.95, 0.99)
-            ), unit="s", min=0, description="Time requests waited in the engine's queue before scheduling."),
-            Panel("Prefill and decode time", tuple(
-                Query(quantile_expr(q, f"vllm:request_{phase}_time_seconds_bucket"),
-                      f"{{{{target}}}} {phase} p{round(q * 100)}")
-                for phase in ("prefill", "decode") for q in (0.5, 0.95, 0.99)
-            ), unit="s", min=0, description="Time each request spent in prefill and in decode.", engines=VLLM),
+            *(quantiles(bucket, "Time per output token (TPOT)", "s",
+                        "Mean time per output token of each request (after the first).", (kind,))
+              for kind, bucket in histogram_buckets("tpot")),
+            histogram_panel(("queue_time",), "Queue time",
+                            "Time requests waited in the engine's queue before scheduling."),
+            histogram_panel(("prefill_time", "decode_time"), "Prefill and decode time",
+                            "Time each request spent in prefill and in decode."),
         )),
         Row("Requests and caches", (
             *length_panels(quantiles),
             *length_panels(heatmap, ": distribution"),
-            Panel("Prefix cache hit rate", (
-                Query(f"{rate_by('vllm:prefix_cache_hits_total', 'target')} / "
-                      f"({rate_by('vllm:prefix_cache_queries_total', 'target')} > 0)", "{{target}} prefix cache"),
-                Query(sel("sglang:cache_hit_rate"), "{{target}} radix cache"),
-            ), unit="percentunit", min=0, max=1, description="Share of prompt tokens served from the prefix "
+            engine_panel("prefix_cache", "Prefix cache hit rate", unit="percentunit", min=0, max=1, description="Share of prompt tokens served from the prefix "
               "cache (vLLM hits / queries; SGLang's radix cache_hit_rate gauge)."),
-            Panel("Preemptions", (
-                Query(rate_by("vllm:num_preemptions_total", "target"), "{{target}} preempted"),
-                # SGLang creates its retraction counter at the first retraction: until then the panel
-                # reads 0 from the gauge of the last step's retractions, which it exports from the start.
-                Query(f'{rate_by("sglang:num_retracted_requests_total", "target")} or '
-                      f'(sum by (target) ({sel("sglang:num_retracted_reqs")}) * 0)', "{{target}} retracted"),
-            ), unit="ops", min=0, description="Requests preempted (vLLM) or retracted (SGLang) for lack of "
+            engine_panel("preemptions", "Preemptions", unit="ops", min=0, description="Requests preempted (vLLM) or retracted (SGLang) for lack of "
               "KV cache; they recompute later. SGLang shows 0 until its first retraction creates the counter."),
             Panel("KV cache and mamba slot usage", (
                 Query(sel(C.KV_CACHE_USAGE), "{{target}} KV"),
@@ -271,10 +275,7 @@ def overview_rows() -> tuple[Row, ...]:
                 Query(sel(C.REQUESTS_RUNNING), "{{target}} running"),
                 Query(sel(C.REQUESTS_WAITING), "{{target}} waiting"),
             ), unit="short", min=0, description=C.REQUESTS_WAITING.help),
-            Panel("Waiting requests by reason", (
-                Query(f'sum by (target, reason) ({sel("vllm:num_requests_waiting_by_reason")})',
-                      "{{target}} {{reason}}"),
-            ), unit="short", min=0, engines=VLLM, description="Requests waiting, by why: capacity (no room to "
+            engine_panel("waiting_by_reason", "Waiting requests by reason", unit="short", min=0, description="Requests waiting, by why: capacity (no room to "
               "schedule them) or deferred (transient constraints such as a KV transfer)."),
         )),
         Row("Canary", (
@@ -302,6 +303,17 @@ def overview_rows() -> tuple[Row, ...]:
                   description=C.SCRAPE_DURATION.help),
         )),
     )
+
+
+def histogram_panel(panels: tuple[str, ...], title: str, description: str) -> Panel:
+    """p50, p95 and p99 of the engines' latency histograms for `panels` (legend: the phase when several)."""
+    queries = tuple(
+        Query(quantile_expr(q, bucket), f"{{{{target}}}} {phase}p{round(q * 100)}")
+        for panel in panels for kind, bucket in histogram_buckets(panel)
+        for phase in [panel.removesuffix("_time") + " " if len(panels) > 1 else ""] for q in (0.5, 0.95, 0.99))
+    found = {kind for kind, _ in histogram_buckets(*panels)}
+    return Panel(title, queries, unit="s", min=0, description=description,
+                 engines=tuple(k for k in ENGINES if k in found))
 
 
 def quantile_expr(q: float, bucket: str) -> str:

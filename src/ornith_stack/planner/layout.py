@@ -3,10 +3,10 @@
 A recipe is a seed's model, draft, engine and flags, as its shipped profiles hold them; each of those
 profiles fixes the seed's headroom at its own tp (seed 000: --mem-fraction-static 0.85 at tp 1,
 0.80 at tp 2). For a GPU and a count the layout tries tp 1, 2, 4, 8 with the flags of the shipped
-profile nearest below that tp, less the flags the GPU cannot run (capabilities.py), with the caps sized
+profile nearest below that tp, less the flags the GPU cannot run (engines/capabilities.py), with the caps sized
 to the card by the engine's own accounting (`card_caps`: SGLang's running requests, state slots and KV
 pool; vLLM's per-GPU KV pin), and asks that accounting whether it starts on the memory the engine finds
-(engine_memory.py). It then runs count // tp data-parallel replicas of the tp that serves the most
+(sizing/engine_memory.py). It then runs count // tp data-parallel replicas of the tp that serves the most
 requests at once (replicas x running requests), or with `latency` of the largest tp that starts.
 """
 
@@ -21,13 +21,12 @@ import yaml
 from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.gpus import GpuModel
-from ornith_stack.planner import ACCOUNTING, plan_request, request_for_profile, sglang, vllm
-from ornith_stack.planner.capabilities import attention_backend_line, runnable_args
-from ornith_stack.planner.common import tp_divisibility
-from ornith_stack.planner.model import Caps, Plan, PlanRequest
-from ornith_stack.planner.shapes import load_shape
+from ornith_stack.planner import plan_request, request_for_profile
 from ornith_stack.profiles import from_data, load_profile
 from ornith_stack.profiles.model import Profile
+from ornith_stack.sizing.common import tp_divisibility
+from ornith_stack.sizing.model import Caps, Plan, PlanRequest
+from ornith_stack.sizing.shapes import load_shape
 
 TP_SIZES = (1, 2, 4, 8)
 _WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
@@ -141,15 +140,16 @@ def _candidate(chosen: Recipe, bases: list[tuple[Profile, str]], gpu: GpuModel, 
                name: str, objective: str) -> Layout:
     base, base_name = next(((p, n) for p, n in reversed(bases) if _tp(p) <= tp), bases[0])
     replicas = count // tp
-    args, changes = runnable_args(dict(base.serve.args), gpu.compute_capability)
-    args[adapter_for(base).tp_flag] = tp
+    adapter = adapter_for(base)
+    args, changes = adapter.runnable_args(dict(base.serve.args), gpu.compute_capability)
+    args[adapter.tp_flag] = tp
     draft = from_data(_profile_data(base, chosen, gpu, tp, replicas, name, args), Path(f"{name}.yaml"))
     request = _request(draft, gpu, tp)
-    caps = card_caps(request)
+    caps = adapter.card_caps(request)
     sized = {**{k: v for k, v in args.items() if caps.flags.get(k, 0) is not None},
              **{k: v for k, v in caps.flags.items() if v is not None}}
     profile = from_data(_profile_data(base, chosen, gpu, tp, replicas, name, sized), Path(f"{name}.yaml"))
-    changes += [_cap_line(flag, base.serve.args.get(flag), value) for flag, value in caps.flags.items()
+    changes += [_cap_line(flag, base.serve.args.get(flag), value, caps) for flag, value in caps.flags.items()
                 if str(base.serve.args.get(flag)) != str(value) and (value is not None or flag in base.serve.args)]
     return Layout(chosen, gpu, count, profile, plan_request(_request(profile, gpu, tp)), base_name, caps,
                   tuple(changes), objective)
@@ -160,13 +160,11 @@ def _request(profile: Profile, gpu: GpuModel, tp: int) -> PlanRequest:
                                compute_capability=gpu.compute_capability, unified_memory=gpu.unified_memory)
 
 
-def _cap_line(flag: str, before: object, value: object) -> str:
+def _cap_line(flag: str, before: object, value: object, caps: Caps) -> str:
     if value is None:
         return f"dropped --{flag} {before}: the engine sizes it on this card"
     was = f" (the seed's {before})" if before is not None else ""
-    if flag == "mem-fraction-static":
-        return f"--{flag} {value}{was}: the headroom holds SGLang's own CUDA-graph and activation reserve on this card"
-    return f"--{flag} {value}{was}: sized to this card"
+    return f"--{flag} {value}{was}: {caps.reasons.get(flag, 'sized to this card')}"
 
 
 def _profile_data(base: Profile, chosen: Recipe, gpu: GpuModel, tp: int, replicas: int, name: str,
@@ -212,7 +210,7 @@ def profile_document(layout: Layout, command: str) -> str:
 
 def layout_lines(layout: Layout, command: str | None = None) -> list[str]:
     """What `profiles new` says about a layout, and what the profile file's header keeps."""
-    plan, details = layout.plan, layout.plan.engine_details
+    plan = layout.plan
     lines = [f"Computed by `{command}`"] if command else []
     lines += [
         f"from the recipe {layout.recipe.key} ({layout.recipe.summary}), flags of profile {layout.base},",
@@ -224,14 +222,14 @@ def layout_lines(layout: Layout, command: str | None = None) -> list[str]:
         f"Planner ({plan.engine} {plan.engine_version}): {plan.verdict}; per replica {plan.kv_cache_tokens:,} KV "
         f"tokens, {layout.caps.why}.",
     ]
-    if "running_requests_capped_by" in details:
-        lines.append(f"SGLang will log max_total_num_tokens={details['max_total_num_tokens']}, "
-                     f"max_running_requests={details['max_running_requests']} (capped by "
-                     f"{details['running_requests_capped_by']}).")
+    adapter = adapter_for(layout.profile)
+    logged = adapter.expected_log(plan)
+    if logged:
+        lines.append(logged)
     lines += layout.changes
-    backend = attention_backend_line(dict(layout.profile.serve.args), layout.gpu.compute_capability,
-                                     bool(adapter_for(layout.profile).settings(layout.profile).speculative_method))
-    if backend and layout.profile.engine.kind == "sglang":
+    backend = adapter.attention_backend_line(dict(layout.profile.serve.args), layout.gpu.compute_capability,
+                                             bool(adapter.settings(layout.profile).speculative_method))
+    if backend:
         lines.append(f"{backend[0].upper()}{backend[1:]} on this GPU.")
     if layout.tp > 1 and layout.gpu.interconnect == "pcie":
         lines.append(f"tp {layout.tp} all-reduces over PCIe every layer: --layout latency gains less here than on "
@@ -240,12 +238,3 @@ def layout_lines(layout: Layout, command: str | None = None) -> list[str]:
         lines.append(f"{layout.idle} GPU(s) stay idle: {layout.count} is not a multiple of tp {layout.tp}.")
     lines += [f"Unknown: {u}" for u in plan.unknowns]
     return lines
-
-
-# One sizing per engine kind, keyed like the accountings.
-CARD_CAPS = {"vllm": vllm.card_caps, "sglang": sglang.card_caps}
-
-
-def card_caps(req: PlanRequest) -> Caps:
-    assert set(CARD_CAPS) == set(ACCOUNTING)
-    return CARD_CAPS[req.engine](req)

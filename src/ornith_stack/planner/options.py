@@ -11,9 +11,11 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ornith_stack.engines.base import ServeSettings
+from ornith_stack.engines import ADAPTERS
 from ornith_stack.errors import UserError, shown
-from ornith_stack.planner.model import (
+from ornith_stack.planner.profile_request import request_for_profile
+from ornith_stack.profiles import load_profile
+from ornith_stack.sizing.model import (
     MAX_GPU_MEMORY_GIB,
     MAX_GPUS,
     MAX_SPECULATIVE_TOKENS,
@@ -21,9 +23,8 @@ from ornith_stack.planner.model import (
     PlanRequest,
     check_number,
 )
-from ornith_stack.planner.profile_request import request_for_profile
-from ornith_stack.planner.shapes import load_shape
-from ornith_stack.profiles import load_profile
+from ornith_stack.sizing.settings import ServeSettings
+from ornith_stack.sizing.shapes import load_shape
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ def _general_request(options: PlanOptions) -> PlanRequest:
     elif values.get("num_speculative_tokens"):
         values.setdefault("speculative_method", "ngram")
     settings = ServeSettings(**values)
+    engine = ADAPTERS.get(options.engine)  # an unknown engine is refused by plan_request, naming the known ones
     return PlanRequest(
         engine=options.engine,
         engine_version=options.engine_version,
@@ -122,4 +124,5 @@ def _general_request(options: PlanOptions) -> PlanRequest:
         gpu_memory_gib=options.gpu_memory_gib,
         gpu_count=options.gpu_count or settings.tp,
         reserve_gib=options.reserve_gib,
+        reserve_holds_context=engine.reserve_holds_context if engine else False,
     )

@@ -8,9 +8,9 @@ from typing import Any
 from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.gpus import gpu_table
-from ornith_stack.planner.model import PlanRequest
-from ornith_stack.planner.shapes import ModelShape, load_shape, shipped_shapes
 from ornith_stack.profiles.model import Profile
+from ornith_stack.sizing.model import PlanRequest
+from ornith_stack.sizing.shapes import ModelShape, load_shape, shipped_shapes
 
 
 def request_for_profile(
@@ -36,7 +36,8 @@ def request_for_profile(
             f"profile {profile.name!r} has no model.shape; pass --model-config PATH_OR_NAME "
             f"(shipped: {', '.join(shipped_shapes())})"
         )
-    settings = adapter_for(profile).settings(profile)
+    adapter = adapter_for(profile)
+    settings = adapter.settings(profile)
     overrides = {k: v for k, v in (setting_overrides or {}).items() if v is not None}
     settings = replace(settings, **overrides)
     if gpu_count is None:
@@ -51,7 +52,7 @@ def request_for_profile(
         extra.setdefault("unified_memory", any(table[m].unified_memory for m in gpu.models if m in table))
     if draft_name and draft is None:
         missing = (
-            f"draft shape {draft_name!r} is not shipped in planner/configs: draft weights and "
+            f"draft shape {draft_name!r} is not shipped in sizing/configs: draft weights and "
             "draft KV are not counted (pass --draft-config PATH)"
         )
         notes = (*notes, missing)
@@ -65,6 +66,7 @@ def request_for_profile(
         gpu_count=gpu_count,
         profile=profile.name,
         notes=tuple(notes),
+        reserve_holds_context=adapter.reserve_holds_context,
         **extra,
     )
 

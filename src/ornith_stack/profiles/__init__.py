@@ -128,15 +128,6 @@ def images() -> dict[str, Any]:
     return _cached_yaml(_IMAGES)
 
 
-def require_repo(profile: Profile, which: str = "model") -> str:
-    """The model (or draft) repository, or a clear error naming how to supply it."""
-    ref = getattr(profile, which)
-    if ref is None or ref.repo:
-        return ref.repo if ref else ""
-    hint = ref.missing_hint or "the seed does not name this repository"
-    raise UserError(f"profile {profile.name!r}: {which}.repo is required ({hint}); pass --set {which}.repo=OWNER/NAME")
-
-
 @cache
 def _cached_yaml(path: Path) -> dict[str, Any]:
     return _read_yaml(path)

@@ -12,12 +12,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ornith_stack.cuda_requirement import CudaRequirement, parse_requirement
+from ornith_stack.engines import engine_arg_problems
+from ornith_stack.errors import UserError
 from ornith_stack.gpus import gpu_table, known_model
-from ornith_stack.profiles.engine_args import engine_arg_problems
 from ornith_stack.profiles.images import ImageRef, parse_image, parse_pinned_image
 
-# An engine flag value: a switch (true), a scalar, or a mapping the adapter serialises as JSON
-# (vLLM's --speculative-config takes one).
+# An engine flag value: a switch (true), a scalar, or a mapping the adapter serialises as JSON (a flag whose
+# type is a JSON mapping in the engine's flags.py).
 ArgValue = bool | int | float | str | dict[str, bool | int | float | str]
 
 
@@ -181,6 +182,14 @@ class Profile(Strict):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def require_repo(self, which: Literal["model", "draft"] = "model") -> str:
+        """The model (or draft) repository, or a clear error naming how to supply it."""
+        ref = getattr(self, which)
+        if ref is None or ref.repo:
+            return ref.repo if ref else ""
+        hint = ref.missing_hint or "the seed does not name this repository"
+        raise UserError(f"profile {self.name!r}: {which}.repo is required ({hint}); pass --set {which}.repo=OWNER/NAME")
 
     @property
     def gpu_count(self) -> int:

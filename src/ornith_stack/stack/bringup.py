@@ -104,7 +104,7 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
     reporter.step("weights")
     if hub_models(profile):
         # The engine gets the hub folder alone, read-only: not the token of `hf auth login` beside it, and
-        # nothing it could write into the user's own folder (it runs as root, with --trust-remote-code).
+        # nothing it could write into the user's own folder (it runs as root, and may run the checkpoint's own code).
         for name, value in hf_mount(hf_home).items():
             if values.get(name) != value:
                 set_env(env_path, name, value)

@@ -8,7 +8,7 @@
 4. HF_HUB_OFFLINE unset or empty: offline once every Hub model the command names is in the Hugging Face
    cache, so a restart loads what the first start downloaded and never re-resolves `main` on the Hub.
 5. $ORNITH_API_KEY set: the engine adapter hands it over the engine's own way (vLLM: $VLLM_API_KEY; SGLang:
-   a 0600 `--config` file), never as a flag; ORNITH_API_KEY leaves the engine's environment, and the
+   a 0600 config file it is pointed at), never as a flag; ORNITH_API_KEY leaves the engine's environment, and the
    engine runs under a supervisor that redacts the key from its output (stack/supervise.py). Without a
    key the engine replaces this process (exec).
 The log line before the start shows the argv with secrets redacted.
@@ -16,7 +16,6 @@ The log line before the start shows the argv with secrets redacted.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -26,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ornith_stack.engines import adapter_for, launch_args, shell_join
+from ornith_stack.engines import adapter_for, launch_args, models_named, shell_join
 from ornith_stack.errors import UserError
 from ornith_stack.profiles import Profile, load_profile
 from ornith_stack.stack.envfile import KEY_VAR, check_key
@@ -97,21 +96,11 @@ def command(profile: Profile, argv: list[str], environ: Mapping[str, str]) -> li
 
 
 def cached_models(argv: list[str]) -> list[str] | None:
-    """`repo@revision` of every Hub model `argv` names (--model, --model-path, `serve MODEL`, the draft), when
-    all are in the Hugging Face cache at their revision; None when one is not (or none is named)."""
+    """`repo@revision` of every Hub model `argv` names (the model and the draft, as the engine adapters read
+    them), when all are in the Hugging Face cache at their revision; None when one is not (or none is named)."""
     from huggingface_hub import try_to_load_from_cache
 
-    value = {w: argv[i + 1] for i, w in enumerate(argv[:-1]) if w.startswith("--")}
-    serve = argv[argv.index("serve") + 1] if "serve" in argv[:-1] else None
-    models = [(value.get("--model") or value.get("--model-path") or serve, value.get("--revision")),
-              (value.get("--speculative-draft-model-path"), value.get("--speculative-draft-model-revision"))]
-    try:
-        spec = json.loads(value.get("--speculative-config", "{}") or "{}")
-    except ValueError:
-        spec = {}
-    if isinstance(spec, dict):
-        models.append((spec.get("model"), spec.get("revision")))
-    repos = [(m, r or "main") for m, r in models
+    repos = [(m, r or "main") for m, r in dict.fromkeys(models_named(argv))
              if isinstance(m, str) and m and not m.startswith(("/", ".")) and not os.path.exists(m)
              and m.count("/") == 1]
     if not repos or not all(isinstance(try_to_load_from_cache(m, "config.json", revision=r), str) for m, r in repos):
@@ -133,7 +122,7 @@ def prepare(profile: Profile, argv: list[str], environ: Mapping[str, str]) -> La
                                 "(set HF_HUB_OFFLINE=0 to re-resolve on the Hub)")
     key = check_key(launch.env.pop(KEY_VAR, ""))
     if key:
-        # Private (0700) and kept while the engine runs: SGLang reads its --config file at start.
+        # Private (0700) and kept while the engine runs: SGLang reads its key file at start.
         directory = Path(tempfile.mkdtemp(prefix="ornith-key."))
         handoff = adapter_for(profile).api_key_handoff(key, directory)
         launch.env.update(dict.fromkeys(handoff.env, key))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ornith_stack.engines import ADAPTERS, adapter_for
 from ornith_stack.errors import UserError, shown
 from ornith_stack.planner import plan_profile
 from ornith_stack.profiles import from_data
@@ -36,7 +37,7 @@ class Axis:
     def current(self, profile: Profile) -> AxisValue:
         args = profile.serve.args
         if self.speculative:
-            return _spec_depth(args, self.flag)
+            return adapter_for(profile).speculative_depth(dict(args), self.flag)
         value = args.get(self.flag)
         return _number(value) if value is not None else None
 
@@ -48,36 +49,12 @@ def _number(value: Any) -> AxisValue:
     return int(number) if number.is_integer() and "." not in str(value) else number
 
 
-# What each engine lets `tune` vary, with coarse default values (the profile's own value is always added).
-# SGLang: server_args.py 0.5.17; vLLM: arg_utils.py. The speculative axis is offered only when the profile
-# speculates (a speculative-config / speculative-algorithm to vary).
+# What each engine lets `tune` vary, with coarse default values (the profile's own value is always added):
+# its adapter's axes. The speculative axis is offered only when the profile speculates.
 AXES: dict[str, tuple[Axis, ...]] = {
-    "sglang": (
-        Axis("max-running-requests", "max-running-requests", (None, 8, 32, 128), cap=True),
-        Axis("spec-block", "speculative-dflash-block-size", (0, 4, 8, 16), speculative=True),
-        Axis("max-total-tokens", "max-total-tokens", (None,), cap=True),
-        Axis("chunked-prefill-size", "chunked-prefill-size", (2048, 8192), cap=True),
-        Axis("cuda-graph-max-bs", "cuda-graph-max-bs", (None, 32, 128), cap=True),
-        Axis("mem-fraction-static", "mem-fraction-static", (0.8, 0.85, 0.9)),
-    ),
-    "vllm": (
-        Axis("max-num-seqs", "max-num-seqs", (None, 4, 16, 64, 256), cap=True),
-        Axis("spec-tokens", "speculative-config", (0, 2, 4, 8), speculative=True),
-        Axis("max-num-batched-tokens", "max-num-batched-tokens", (None, 2048, 8192), cap=True),
-    ),
+    kind: tuple(Axis(a.name, a.flag, a.values, a.speculative, a.cap) for a in adapter.tune_axes)
+    for kind, adapter in ADAPTERS.items()
 }
-# SGLang flags that only mean something with speculation on; removed with it.
-_SGLANG_SPEC_FLAGS = ("speculative-algorithm", "speculative-dflash-block-size", "speculative-num-draft-tokens",
-                      "speculative-num-steps", "speculative-eagle-topk")
-
-
-def _spec_depth(args: Mapping[str, Any], flag: str) -> AxisValue:
-    value = args.get(flag)
-    if isinstance(value, dict):  # vLLM's --speculative-config
-        return int(value.get("num_speculative_tokens", 0))
-    if value is None:
-        return 0
-    return int(value)
 
 
 def axes_for(profile: Profile, tries: Mapping[str, tuple[AxisValue, ...]] | None = None) -> tuple[Axis, ...]:
@@ -163,19 +140,8 @@ def build(profile: Profile, axes: tuple[Axis, ...], settings: Settings, name: st
 
 
 def _set_depth(data: dict[str, Any], args: dict[str, Any], flag: str, depth: AxisValue) -> None:
-    spec = args.get(flag)
-    if isinstance(spec, dict):  # vLLM: the depth lives inside --speculative-config
-        if depth:
-            args[flag] = {**spec, "num_speculative_tokens": int(depth)}
-        else:
-            args.pop(flag)
-        return
-    if depth:  # SGLang DFlash: the block is the drafted tokens plus the verified one
-        args[flag] = int(depth)
-        return
-    for spec_flag in _SGLANG_SPEC_FLAGS:
-        args.pop(spec_flag, None)
-    data.pop("draft", None)
+    if adapter_for(data["engine"]["kind"]).set_speculative_depth(args, flag, depth):
+        data.pop("draft", None)
 
 
 @dataclass(frozen=True)

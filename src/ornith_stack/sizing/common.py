@@ -5,8 +5,8 @@ vLLM (`gated_delta_net_state_shape`) and SGLang (`Qwen3_5` mamba2 cache params) 
 
 from __future__ import annotations
 
-from ornith_stack.planner.model import PlanRequest
-from ornith_stack.planner.shapes import ModelShape, dtype_bytes
+from ornith_stack.sizing.model import PlanRequest
+from ornith_stack.sizing.shapes import ModelShape, dtype_bytes
 
 
 def attention_bytes_per_token(shape: ModelShape, tp: int, kv_bytes: int) -> int:

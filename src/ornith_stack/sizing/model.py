@@ -1,4 +1,4 @@
-"""What the planner takes and what it returns; the engine accounting lives in vllm.py and sglang.py."""
+"""What the planner takes and what it returns; each engine's accounting lives in engines/*/accounting.py."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ornith_stack.engines.base import ServeSettings
 from ornith_stack.errors import UserError
-from ornith_stack.planner.engine_memory import EngineMemory, engine_memory
-from ornith_stack.planner.shapes import ModelShape, dtype_bytes
+from ornith_stack.sizing.engine_memory import EngineMemory, engine_memory
+from ornith_stack.sizing.settings import ServeSettings
+from ornith_stack.sizing.shapes import ModelShape, dtype_bytes
 
 GIB = 1 << 30
 
@@ -66,6 +66,8 @@ class PlanRequest:
     engine_memory_gib: float | None = None
     compute_capability: str | None = None  # the GPU's, as "9.0"; None: not known (flags are not checked)
     unified_memory: bool = False  # the GPU shares the host's memory (GB10)
+    # The reserve already holds the engine's CUDA context (its adapter's `reserve_holds_context`).
+    reserve_holds_context: bool = False
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -80,7 +82,7 @@ class PlanRequest:
         for name, number in (("--mem-fraction-static", s.mem_fraction_static),
                              ("--gpu-memory-utilization", s.gpu_memory_utilization)):
             check_number(name, number, low=0, high=1)
-        check_number("--mamba-full-memory-ratio", s.mamba_full_memory_ratio, low=0, high=1e6)
+        check_number("mamba_full_memory_ratio", s.mamba_full_memory_ratio, low=0, high=1e6)
         if self.gpu_count < 1:
             raise UserError(f"the plan needs at least one GPU, got {self.gpu_count}")
         if s.max_model_len is not None and s.max_model_len > self.shape.max_position_embeddings:
@@ -98,8 +100,8 @@ class PlanRequest:
             ("--max-model-len", s.max_model_len),
             ("--max-total-tokens", s.max_total_tokens),
             ("--max-running-requests", s.max_running_requests),
-            ("--block-size/--page-size", s.block_size),
-            ("--max-mamba-cache-size", s.max_mamba_cache_size),
+            ("block_size (KV tokens per block or page)", s.block_size),
+            ("max_mamba_cache_size", s.max_mamba_cache_size),
         ):
             if value is not None and value <= 0:
                 raise UserError(f"{name} must be positive, got {value}")
@@ -128,9 +130,8 @@ class PlanRequest:
         the engine's own figure was given."""
         if self.engine_memory_gib is not None:
             return None
-        # vLLM's reserve is seed 003's measured working set beyond weights and KV, CUDA context included.
         return engine_memory(self.gpu_memory_gib, self.settings.tp, self.free_memory_gib,
-                             context=self.engine != "vllm")
+                             context=not self.reserve_holds_context)
 
     @property
     def memory_before_load_gib(self) -> float:
@@ -180,6 +181,7 @@ class Caps:
     running: int
     kv_tokens: int
     why: str
+    reasons: dict[str, str] = field(default_factory=dict)  # why a flag has its value, where not just "sized"
 
 
 @dataclass(frozen=True)

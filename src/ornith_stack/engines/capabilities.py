@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ornith_stack.profiles.model import ArgValue
+if TYPE_CHECKING:
+    from ornith_stack.profiles.model import ArgValue
 
 Sm = tuple[int, int]
 

@@ -26,11 +26,11 @@ from dataclasses import dataclass, replace
 
 from packaging.version import InvalidVersion, Version
 
+from ornith_stack.engines.capabilities import attention_backend_line, unrunnable
 from ornith_stack.errors import UserError
-from ornith_stack.planner.capabilities import attention_backend_line, unrunnable
-from ornith_stack.planner.common import attention_bytes_per_token, mamba_state_bytes, tp_divisibility
-from ornith_stack.planner.model import GIB, Caps, Plan, PlanRequest, Problem, cdiv, gib
-from ornith_stack.planner.shapes import ModelShape, VisionShape
+from ornith_stack.sizing.common import attention_bytes_per_token, mamba_state_bytes, tp_divisibility
+from ornith_stack.sizing.model import GIB, Caps, Plan, PlanRequest, Problem, cdiv, gib
+from ornith_stack.sizing.shapes import ModelShape, VisionShape
 
 MIB = 1 << 20
 # server_args.py ServerArgs field defaults.
@@ -601,13 +601,15 @@ def card_caps(req: PlanRequest) -> Caps:
     if fits < fraction:
         base = base.with_settings(mem_fraction_static=fits)
         lowered = {"mem-fraction-static": fits}
+    reasons = {"mem-fraction-static": "the headroom holds SGLang's own CUDA-graph and activation reserve on this card"}
     sp = split(base)
     limit = sp.requested_running or DFLASH_DEFAULT_MAX_RUNNING_REQUESTS
     if not sp.per_request_state:
         running = running_requests(sp.kv_tokens, base.max_model_len, sp.requested_running, None, sp.ratio)
         return Caps({**lowered, "max-running-requests": running, "max-mamba-cache-size": None,
                      "max-total-tokens": sp.kv_tokens}, running, sp.kv_tokens,
-                    f"{running} running requests and the {sp.kv_tokens:,}-token KV pool SGLang sizes on this card")
+                    f"{running} running requests and the {sp.kv_tokens:,}-token KV pool SGLang sizes on this card",
+                    reasons)
 
     def tokens_for(running: int) -> int:
         sized = split(base.with_settings(max_running_requests=running, max_mamba_cache_size=sp.ratio * running))
@@ -630,4 +632,4 @@ def card_caps(req: PlanRequest) -> Caps:
                     f"({sp.per_request_state * (sp.ratio + 1 + sp.draft_tokens) / MIB:,.0f} MiB with its verify "
                     "buffers)")
     return Caps({**lowered, "max-running-requests": running, "max-mamba-cache-size": sp.ratio * running,
-                 "max-total-tokens": tokens}, running, tokens, why)
+                 "max-total-tokens": tokens}, running, tokens, why, reasons)

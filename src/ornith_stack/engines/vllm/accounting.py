@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ornith_stack.planner.common import attention_bytes_per_token, mamba_state_bytes, tp_divisibility
-from ornith_stack.planner.model import GIB, Caps, Plan, PlanRequest, Problem, cdiv, gib
-from ornith_stack.planner.shapes import ModelShape
+from ornith_stack.sizing.common import attention_bytes_per_token, mamba_state_bytes, tp_divisibility
+from ornith_stack.sizing.model import GIB, Caps, Plan, PlanRequest, Problem, cdiv, gib
+from ornith_stack.sizing.shapes import ModelShape
 
 KERNEL_BLOCK_ALIGNMENT = 16  # CacheConfig.DEFAULT_BLOCK_SIZE; FLASH_ATTN/FlashInfer kernels take multiples of 16
 # vLLM 0.24.0 defaults for flags a profile leaves out (tests/unit/test_engine_defaults.py reads them

@@ -1,23 +1,33 @@
-"""SGLang: flags, endpoints and metric names (0.5.17 and 0.5.21)."""
+"""SGLang's adapter: launch, endpoints, key hand-off and what its metrics mean (0.5.17 and 0.5.21)."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from ornith_stack.engines import capabilities
 from ornith_stack.engines.base import (
     EngineAdapter,
     EngineInfo,
     MetricNames,
+    PanelQuery,
+    PromQL,
     ReportedAcceptance,
     ServeSettings,
     SpecCounters,
+    TuneAxis,
     first,
     float_arg,
     int_arg,
     str_arg,
 )
 from ornith_stack.engines.exposition import Samples
-from ornith_stack.profiles.model import ArgValue, Profile
+from ornith_stack.engines.sglang import accounting
+from ornith_stack.engines.sglang import metrics as names
+from ornith_stack.engines.sglang.flags import FLAGS
+from ornith_stack.sizing.model import Caps, Plan, PlanRequest
+
+if TYPE_CHECKING:
+    from ornith_stack.profiles.model import ArgValue, Profile
 
 
 class SglangAdapter(EngineAdapter):
@@ -25,15 +35,16 @@ class SglangAdapter(EngineAdapter):
     module = "sglang.launch_server"
     model_flag = "model-path"
     tp_flag = "tp-size"
-    metric_prefix = "sglang:"
+    display_name = "SGLang"
+    metric_prefix = names.PREFIX
+    flags = FLAGS
     # /server_info answers the server args plus "version" and "internal_states" (0.5.17 and 0.5.21);
     # /get_server_info is its deprecated alias and logs a warning on every call.
     info_paths = ("/server_info",)
-    spec_samples = ("sglang:spec_verify_calls_total", "sglang:spec_accept_length", "sglang:spec_accept_rate",
-                    "sglang:spec_num_draft_tokens")
-    # realtime_tokens_total{mode="decode"} grows every decode iteration (batch size plus accepted drafts);
-    # generation_tokens_total only when a request finishes.
-    extra_samples = ("sglang:realtime_tokens_total", "sglang:mamba_usage")
+    spec_samples = names.SPEC_SAMPLES
+    extra_samples = names.EXTRA_SAMPLES
+    length_histograms = names.LENGTHS
+    histograms = names.HISTOGRAMS
     # SGLang exports /metrics only when asked to.
     serving_flags = ("host", "port", "enable-metrics")
     # 0.5.17's chat route returns each choice's meta_info (prompt and completion tokens, spec_verify_ct)
@@ -46,23 +57,23 @@ class SglangAdapter(EngineAdapter):
         ("CUDA graphs captured", r"CUDA graph end"),
         ("API up", r"The server is fired up"),
     )
-    metrics: ClassVar[MetricNames] = MetricNames(
-        generation_tokens="sglang:generation_tokens_total",
-        prompt_tokens="sglang:prompt_tokens_total",
-        requests_running="sglang:num_running_reqs",
-        requests_waiting="sglang:num_queue_reqs",
-        # token_usage is the fullest of the KV, SWA and mamba pools; full_token_usage is the KV pool alone.
-        kv_cache_usage="sglang:full_token_usage",
-        ttft="sglang:time_to_first_token_seconds",
-        itl="sglang:inter_token_latency_seconds",
-        e2e="sglang:e2e_request_latency_seconds",
+    metrics: ClassVar[MetricNames] = names.NAMES
+    ttft_buckets: ClassVar[tuple[float, ...]] = names.TTFT_BUCKETS
+    requests_finished: ClassVar[str] = names.REQUESTS_FINISHED
+    requests_failed: ClassVar[str] = names.REQUESTS_FAILED
+
+    # server_args.py 0.5.17. The speculative axis is DFlash's block: the drafted tokens plus the verified one.
+    tune_axes = (
+        TuneAxis("max-running-requests", "max-running-requests", (None, 8, 32, 128), cap=True),
+        TuneAxis("spec-block", "speculative-dflash-block-size", (0, 4, 8, 16), speculative=True),
+        TuneAxis("max-total-tokens", "max-total-tokens", (None,), cap=True),
+        TuneAxis("chunked-prefill-size", "chunked-prefill-size", (2048, 8192), cap=True),
+        TuneAxis("cuda-graph-max-bs", "cuda-graph-max-bs", (None, 32, 128), cap=True),
+        TuneAxis("mem-fraction-static", "mem-fraction-static", (0.8, 0.85, 0.9)),
     )
-    # SGLang 0.5.17 (tests/fixtures/engines/sglang-0.5.17/tp1/metrics-after.txt).
-    ttft_buckets: ClassVar[tuple[float, ...]] = (
-        0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
-    # SGLang counts every finished request, and aborted ones (errors, timeouts, cancelled) apart.
-    requests_finished: ClassVar[str] = "sglang:num_requests_total"
-    requests_failed: ClassVar[str] = "sglang:num_aborted_requests_total"
+    # Flags that only mean something with speculation on; removed with it.
+    speculative_flags = ("speculative-algorithm", "speculative-dflash-block-size", "speculative-num-draft-tokens",
+                         "speculative-num-steps", "speculative-eagle-topk")
 
     # SGLang 0.5.17 reads no environment variable for its key (server_args.py: `api_key` is a flag only),
     # but `--config FILE.yaml` merges the file's options into the parsed arguments inside the process
@@ -80,6 +91,18 @@ class SglangAdapter(EngineAdapter):
                 if profile.draft.revision != "main":
                     args["speculative-draft-model-revision"] = profile.draft.revision
         return args
+
+    def models_named(self, flags: dict[str, str], positional: str | None) -> list[tuple[str | None, str | None]]:
+        return [*super().models_named(flags, positional),
+                (flags.get("--speculative-draft-model-path"), flags.get("--speculative-draft-model-revision"))]
+
+    def set_speculative_depth(self, args: dict[str, ArgValue], flag: str, depth: int | float | None) -> bool:
+        if depth:
+            args[flag] = int(depth)
+            return False
+        for spec_flag in self.speculative_flags:
+            args.pop(spec_flag, None)
+        return True
 
     def listen_args(self, host: str, port: int) -> list[str]:
         return [*super().listen_args(host, port), "--enable-metrics"]
@@ -118,22 +141,44 @@ class SglangAdapter(EngineAdapter):
             attention_backend=str_arg(first(args, "attention-backend")),
         )
 
+    def plan(self, req: PlanRequest) -> Plan:
+        return accounting.plan(req)
+
+    def card_caps(self, req: PlanRequest) -> Caps:
+        return accounting.card_caps(req)
+
+    def attention_backend_line(self, args: dict[str, ArgValue], compute_capability: str | None,
+                               speculative: bool) -> str | None:
+        return capabilities.attention_backend_line(args, compute_capability, speculative)
+
+    def expected_log(self, plan: Plan) -> str | None:
+        # The scheduler's "max_total_num_tokens=..., max_running_requests=..." line (after CUDA-graph capture).
+        details = plan.engine_details
+        if "running_requests_capped_by" not in details:
+            return None
+        return (f"SGLang will log max_total_num_tokens={details['max_total_num_tokens']}, "
+                f"max_running_requests={details['max_running_requests']} (capped by "
+                f"{details['running_requests_capped_by']}).")
+
     def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:
         # SGLang counts verification steps; every generated token is either a bonus token (one per
         # step) or an accepted draft token, so accepted = generated - steps. This is the seed's own
         # definition: completion tokens divided by verification steps. Both counters move when a
         # request finishes. SGLang has no drafted-token counter: each step verifies a block of
         # num_draft_tokens, the first of which is the bonus position, so drafted = steps x (block - 1).
-        steps = self.read(samples, "sglang:spec_verify_calls_total")
+        steps = self.read(samples, names.VERIFY_CALLS)
         if steps is None:
             return None
         generated = self.read(samples, self.metrics.generation_tokens) or 0.0
         block = info.num_draft_tokens if info is not None and info.num_draft_tokens else None
         if block is None:
-            gauge = samples.max("sglang:spec_num_draft_tokens")
+            gauge = samples.max(names.NUM_DRAFT_TOKENS)
             block = int(gauge) if gauge is not None and gauge > 1 else None
         drafted = steps * (block - 1) if block else None
         return SpecCounters(steps=steps, accepted=max(generated - steps, 0.0), drafted=drafted)
+
+    def panel_queries(self, q: PromQL) -> dict[str, tuple[PanelQuery, ...]]:
+        return names.panel_queries(q)
 
     def read(self, samples: Samples, name: str, **match: str) -> float | None:
         # Scheduler metrics carry tp_rank; by default only rank 0 reports, but with
@@ -143,10 +188,10 @@ class SglangAdapter(EngineAdapter):
         return rank0 if rank0 is not None else samples.total(name, **match)
 
     def decode_tokens(self, samples: Samples) -> float | None:
-        return self.read(samples, "sglang:realtime_tokens_total", mode="decode")
+        return self.read(samples, names.REALTIME_TOKENS, mode="decode")
 
     def mamba_usage(self, samples: Samples) -> float | None:
-        return samples.max("sglang:mamba_usage")
+        return samples.max(names.MAMBA_USAGE)
 
     def parse_info(self, payload: Any) -> EngineInfo:
         if not isinstance(payload, dict):
@@ -165,9 +210,9 @@ class SglangAdapter(EngineAdapter):
         # Gauges averaged by SGLang over its last log interval; per tp rank they are equal, so take the
         # mean. Both read 0.0 until the first decode log: an acceptance length is at least 1 (the bonus
         # token), so a length below 1 means "no interval yet", and the rate of that interval is unknown.
-        lengths = [s.value for s in samples.get("sglang:spec_accept_length", []) if s.value >= 1.0]
+        lengths = [s.value for s in samples.get(names.ACCEPT_LENGTH, []) if s.value >= 1.0]
         if not lengths:
             return None
-        ratio = samples.mean("sglang:spec_accept_rate")
+        ratio = samples.mean(names.ACCEPT_RATE)
         return ReportedAcceptance(length=sum(lengths) / len(lengths),
                                   ratio=ratio if ratio is not None and 0.0 <= ratio <= 1.0 else None)

