@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ornith_stack.cli import main
 from ornith_stack.engines import adapter_for
-from ornith_stack.engines.exposition import parse
+from ornith_stack.wire.metrics import parse
 from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.canary import Canary

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ornith_stack.engines.exposition import parse
+from ornith_stack.wire.metrics import parse
 from ornith_stack.exporter.catalogue import CATALOGUE
 from ornith_stack.planner import plan_request, request_for_profile
 from ornith_stack.profiles import load_profile

@@ -26,7 +26,7 @@ import httpx
 from ornith_stack.bench import http
 from ornith_stack.bench.result import Extra, Sample, TaskSample
 from ornith_stack.deployment import METRICS_PATH
-from ornith_stack.engines.exposition import Samples, parse
+from ornith_stack.wire.metrics import Samples, parse
 from ornith_stack.errors import UserError
 
 _SSE_FIELDS = {"event", "id", "retry"}

@@ -49,7 +49,7 @@ from ornith_stack.bench.result import (
 from ornith_stack.bench.sandbox import Limits, require_sandbox
 from ornith_stack.bench.serving import Load, run_load, serving_metrics, spread
 from ornith_stack.engines import EngineAdapter, SpecCounters, acceptance_length, detect_adapter
-from ornith_stack.engines.exposition import Samples
+from ornith_stack.wire.metrics import Samples
 from ornith_stack.errors import UserError
 from ornith_stack.profiles.model import Sampling
 

@@ -14,7 +14,7 @@ from ornith_stack.engines.base import (
     render_flag,
     shell_join,
 )
-from ornith_stack.engines.exposition import Samples
+from ornith_stack.wire.metrics import Samples
 from ornith_stack.engines.sglang import SglangAdapter
 from ornith_stack.engines.vllm import VllmAdapter
 from ornith_stack.profiles.model import Profile

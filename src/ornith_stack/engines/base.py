@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ornith_stack.deployment import METRICS_PATH
-from ornith_stack.engines.exposition import Samples
+from ornith_stack.wire.metrics import Samples
 from ornith_stack.profiles import require_repo
 from ornith_stack.profiles.model import ArgValue, Profile
 

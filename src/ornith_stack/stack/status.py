@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from ornith_stack import deployment
 from ornith_stack.engines import SpecCounters, acceptance_length
 from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.stack.compose import Layout
+from ornith_stack.wire.metrics import parse
 
 Reading = dict[str, dict[str, float]]  # target -> series name -> value
 INFO_LABELS = ("engine", "version", "model", "profile")
@@ -45,14 +45,14 @@ def parse_exporter(text: str) -> tuple[Reading, dict[str, dict[str, str]]]:
     """Every ornith_* series by target (summed over its other labels), and each target's info labels."""
     values: Reading = defaultdict(dict)
     info: dict[str, dict[str, str]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
+    for name, samples in parse(text).items():
+        for sample in samples:
             target = sample.labels.get("target")
             if target is None or "position" in sample.labels:
                 continue
-            if sample.name == C.ENGINE_INFO.name:
+            if name == C.ENGINE_INFO.name:
                 info[target] = {k: sample.labels.get(k, "") for k in INFO_LABELS}
-            values[target][sample.name] = values[target].get(sample.name, 0.0) + sample.value
+            values[target][name] = values[target].get(name, 0.0) + sample.value
     return values, info
 
 

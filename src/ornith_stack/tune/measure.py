@@ -29,7 +29,7 @@ import httpx
 
 from ornith_stack.engines import adapter_for, launch_args
 from ornith_stack.engines.base import SpecCounters, acceptance_length
-from ornith_stack.engines.exposition import BadExposition, parse
+from ornith_stack.wire.metrics import BadExposition, parse
 from ornith_stack.errors import UserError
 from ornith_stack.profiles.model import Profile
 from ornith_stack.tune.spec import Slo, Workload
