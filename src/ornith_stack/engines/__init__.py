@@ -14,10 +14,10 @@ from ornith_stack.engines.base import (
     render_flag,
     shell_join,
 )
-from ornith_stack.wire.metrics import Samples
 from ornith_stack.engines.sglang import SglangAdapter
 from ornith_stack.engines.vllm import VllmAdapter
 from ornith_stack.profiles.model import Profile
+from ornith_stack.wire.metrics import Samples
 
 ADAPTERS: dict[str, EngineAdapter] = {a.kind: a for a in (VllmAdapter(), SglangAdapter())}
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ornith_stack.deployment import METRICS_PATH
-from ornith_stack.wire.metrics import Samples
 from ornith_stack.profiles import require_repo
 from ornith_stack.profiles.model import ArgValue, Profile
+from ornith_stack.wire.metrics import Samples
 
 
 @dataclass(frozen=True)

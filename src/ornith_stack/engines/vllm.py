@@ -15,8 +15,8 @@ from ornith_stack.engines.base import (
     int_arg,
     str_arg,
 )
-from ornith_stack.wire.metrics import Samples
 from ornith_stack.profiles.model import ArgValue, Profile
+from ornith_stack.wire.metrics import Samples
 
 
 class VllmAdapter(EngineAdapter):

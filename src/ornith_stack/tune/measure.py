@@ -29,11 +29,11 @@ import httpx
 
 from ornith_stack.engines import adapter_for, launch_args
 from ornith_stack.engines.base import SpecCounters, acceptance_length
-from ornith_stack.wire.metrics import BadExposition, parse
 from ornith_stack.errors import UserError
 from ornith_stack.profiles.model import Profile
 from ornith_stack.tune.spec import Slo, Workload
 from ornith_stack.tune.state import LevelResult
+from ornith_stack.wire.metrics import BadExposition, parse
 
 LOG_TAIL_LINES = 30
 STOP_GRACE_S = 20.0

@@ -147,10 +147,7 @@ class ChatStream:
             self._usage(chunk)
 
     def _usage(self, chunk: dict[str, Any]) -> None:
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
-            self.completion_tokens = usage.get("completion_tokens", self.completion_tokens)
+        self.prompt_tokens, self.completion_tokens = usage(chunk, self.prompt_tokens, self.completion_tokens)
 
     @property
     def text(self) -> str:
@@ -173,6 +170,14 @@ class ChatStream:
     def ended_at(self) -> float | None:
         """When the last chunk with a choice came (where E2E ends)."""
         return self.choices[-1] if self.choices else None
+
+
+def usage(chunk: dict[str, Any], prompt: Any, completion: Any) -> tuple[Any, Any]:
+    """(prompt_tokens, completion_tokens) from a chunk's or a completion's `usage`, else those given."""
+    found = chunk.get("usage")
+    if not isinstance(found, dict):
+        return prompt, completion
+    return found.get("prompt_tokens", prompt), found.get("completion_tokens", completion)
 
 
 def decode_rate(completion_tokens: int | None, decode_s: float | None) -> float | None:
