@@ -185,9 +185,10 @@ class Reply:
             raise WireError("truncated", f"{self.where}: body closed {self.response.length} bytes short "
                                          "of its Content-Length")
 
-    def read(self, limit: int) -> bytes:
-        """The whole body, gunzipped when sent so, refused past `limit` bytes (after gunzipping); a gzip
-        stream that stops before its end is truncated."""
+    def read(self, limit: int, cut: bool = False) -> bytes:
+        """The whole body, gunzipped when sent so; past `limit` bytes (after gunzipping) it is cut there
+        (`cut`: an error page, an answer whose status alone matters) or refused (too_large). A gzip stream
+        that stops before its end is truncated."""
         inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if self.header("Content-Encoding") == "gzip" else None
         chunks: list[bytes] = []
         got = 0
@@ -198,9 +199,11 @@ class Reply:
                 except zlib.error as exc:
                     raise WireError("bad_encoding", f"{self.where}: bad gzip body: {exc}") from None
             got += len(chunk)
+            chunks.append(chunk)
+            if got > limit and cut:
+                return b"".join(chunks)[:limit]
             if got > limit:
                 raise too_large(f"{self.where}: ", limit)
-            chunks.append(chunk)
         if inflate is not None and not inflate.eof:
             raise WireError("truncated", f"{self.where}: gzip body ends before its end")
         return b"".join(chunks)
@@ -276,14 +279,16 @@ class Answer:
 
 
 def fetch(url: str, deadline_s: float, method: str = "GET", body: bytes | None = None,
-          headers: dict[str, str] | None = None, limit: int = JSON_BYTES, *, json: Any = None) -> Answer:
+          headers: dict[str, str] | None = None, limit: int = JSON_BYTES, *, json: Any = None,
+          cut: bool = False) -> Answer:
     """One request and its whole answer within `deadline_s` seconds from now, headers and body included;
-    the body refused past `limit` bytes. `json` is sent as a JSON body. Failures are WireError."""
+    the body cut or refused past `limit` bytes (Reply.read). `json` is sent as a JSON body. Failures are
+    WireError."""
     if json is not None:
         body = jsonlib.dumps(json).encode()
         headers = {"Content-Type": "application/json", **(headers or {})}
     with request(url, time.monotonic() + deadline_s, method, body, headers) as reply:
-        return Answer(reply.status, reply.read(limit), reply.peer)
+        return Answer(reply.status, reply.read(limit, cut), reply.peer)
 
 
 def _failure(exc: BaseException, where: str, guard: _Guard | None, deadline: float) -> WireError:
