@@ -182,8 +182,9 @@ class Reply:
         if self.guard.fired:  # the watchdog's shutdown reads as the end of the body
             raise WireError("timeout", f"{self.where}: body not complete within the deadline")
         if self.response.length:  # bytes still owed by Content-Length
-            raise WireError("truncated", f"{self.where}: body closed {self.response.length} bytes short "
-                                         "of its Content-Length")
+            raise WireError(
+                "truncated", f"{self.where}: body closed {self.response.length} bytes short of its Content-Length"
+            )
 
     def read(self, limit: int, cut: bool = False) -> bytes:
         """The whole body, gunzipped when sent so; past `limit` bytes (after gunzipping) it is cut there
@@ -210,8 +211,9 @@ class Reply:
 
 
 @contextlib.contextmanager
-def request(url: str, deadline: float, method: str = "GET", body: bytes | None = None,
-            headers: dict[str, str] | None = None) -> Iterator[Reply]:
+def request(
+    url: str, deadline: float, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None
+) -> Iterator[Reply]:
     """Send one request and give its answer once the headers are in; connect, headers and body all done
     by `deadline` (time.monotonic()). A user:password@ in the URL is sent as Basic authentication.
     Failures are WireError."""
@@ -278,9 +280,17 @@ class Answer:
         return jsonlib.loads(self.body)
 
 
-def fetch(url: str, deadline_s: float, method: str = "GET", body: bytes | None = None,
-          headers: dict[str, str] | None = None, limit: int = JSON_BYTES, *, json: Any = None,
-          cut: bool = False) -> Answer:
+def fetch(
+    url: str,
+    deadline_s: float,
+    method: str = "GET",
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    limit: int = JSON_BYTES,
+    *,
+    json: Any = None,
+    cut: bool = False,
+) -> Answer:
     """One request and its whole answer within `deadline_s` seconds from now, headers and body included;
     the body cut or refused past `limit` bytes (Reply.read). `json` is sent as a JSON body. Failures are
     WireError."""
@@ -347,7 +357,9 @@ class _Aiohttp:
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.connections or 0),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=self.read_s),
-                headers=self.headers, auto_decompress=True)
+                headers=self.headers,
+                auto_decompress=True,
+            )
         async with self.session.request(method, url, json=json) as response:
             yield Streamed(response.status, response.content.iter_any())
 
@@ -360,7 +372,9 @@ class _Httpx:
     """httpx's AsyncClient on a given transport (tests)."""
 
     def __init__(self, transport: Transport, headers: dict[str, str], read_s: float) -> None:
-        self.client = httpx.AsyncClient(transport=transport, headers=headers, timeout=httpx.Timeout(read_s, connect=10.0))
+        self.client = httpx.AsyncClient(
+            transport=transport, headers=headers, timeout=httpx.Timeout(read_s, connect=10.0)
+        )
 
     @contextlib.asynccontextmanager
     async def open(self, method: str, url: str, json: Any) -> AsyncIterator[Streamed]:
@@ -376,12 +390,20 @@ class Session:
     and body: the libraries bound only each read), failures as WireError. `connections`: the pool's size
     (None: unbounded); `transport`: an httpx transport instead of the network (tests)."""
 
-    def __init__(self, deadline_s: float, connections: int | None = None, api_key: str | None = None,
-                 transport: Transport | None = None) -> None:
+    def __init__(
+        self,
+        deadline_s: float,
+        connections: int | None = None,
+        api_key: str | None = None,
+        transport: Transport | None = None,
+    ) -> None:
         self.deadline_s = deadline_s
         headers = {"User-Agent": USER_AGENT, **bearer(api_key)}
-        self._layer: _Layer = (_Httpx(transport, headers, deadline_s) if transport is not None
-                               else _Aiohttp(connections, headers, deadline_s))
+        self._layer: _Layer = (
+            _Httpx(transport, headers, deadline_s)
+            if transport is not None
+            else _Aiohttp(connections, headers, deadline_s)
+        )
 
     @contextlib.asynccontextmanager
     async def open(self, method: str, url: str, json: Any = None) -> AsyncIterator[Streamed]:
@@ -394,8 +416,15 @@ class Session:
         except (httpx.HTTPError, aiohttp.ClientError) as exc:
             raise WireError(_reason(exc), f"{type(exc).__name__}: {str(exc) or 'no detail'}") from None
 
-    async def fetch(self, method: str, url: str, limit: int, cut: bool = False, json: Any = None,
-                    check: Callable[[], None] | None = None) -> tuple[int, bytes]:
+    async def fetch(
+        self,
+        method: str,
+        url: str,
+        limit: int,
+        cut: bool = False,
+        json: Any = None,
+        check: Callable[[], None] | None = None,
+    ) -> tuple[int, bytes]:
         """(status, body) of one request; the body as Streamed.read gives it."""
         async with self.open(method, url, json) as answer:
             return answer.status, await answer.read(limit, cut, check)
@@ -409,4 +438,6 @@ def _reason(exc: BaseException) -> str:
         return "connect"  # nothing answered at the address
     if isinstance(exc, httpx.TimeoutException | aiohttp.ServerTimeoutError):
         return "timeout"  # a read or write the layer's own per-read timeout cut
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "truncated"  # the body ended short of its Content-Length or its last chunk
     return "broken"

@@ -107,9 +107,15 @@ _TIMESTAMP_TEXT = r"(?:[ \t]++-?[0-9]++(?:\.[0-9]++)?+(?:[eE][-+]?[0-9]++)?+)?+"
 _LINE = re.compile(
     r"([a-zA-Z_:][a-zA-Z0-9_:]*+)"  # sample name
     r"(" + _LABELS_TEXT + r")?+"  # labels
-    r"[ \t]++([^ \t#]++)" + _TIMESTAMP_TEXT +  # value and optional timestamp
+    r"[ \t]++([^ \t#]++)"
+    + _TIMESTAMP_TEXT  # value and optional timestamp
+    +
     # An OpenMetrics exemplar (`# {trace_id="..."} 0.5 1700000000.1`): checked, not kept.
-    r"(?:[ \t]++#[ \t]++" + _LABELS_TEXT + r"[ \t]++[^ \t#]++" + _TIMESTAMP_TEXT + r")?+[ \t]*+"
+    r"(?:[ \t]++#[ \t]++"
+    + _LABELS_TEXT
+    + r"[ \t]++[^ \t#]++"
+    + _TIMESTAMP_TEXT
+    + r")?+[ \t]*+"
 )
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*+)[ \t]*+=[ \t]*+"([^"\\\n]*+(?:\\.[^"\\\n]*+)*+)"')
 _ESCAPE = re.compile(r'\\[\\"n]')
@@ -137,8 +143,9 @@ def _parse_kept(text: str, keep: frozenset[str], deadline: float | None) -> Samp
         try:
             number_value = float(value)
         except ValueError:
-            raise BadExposition("not_exposition",
-                                f"not Prometheus exposition text: line {number}: bad value {value[:40]!r}") from None
+            raise BadExposition(
+                "not_exposition", f"not Prometheus exposition text: line {number}: bad value {value[:40]!r}"
+            ) from None
         if name in keep:
             pairs = _labels(labels)
             series = (name, frozenset(pairs.items()))
