@@ -8,6 +8,8 @@ import asyncio
 import gzip
 import json
 import socket
+import subprocess
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -15,8 +17,9 @@ from pathlib import Path
 import pytest
 from hostile import GOOD, RawTarget, behaviours, head
 
-from ornith_stack.wire.http import Session, WireError, fetch
+from ornith_stack.wire.http import WireError, fetch
 from ornith_stack.wire.metrics import BadExposition, parse
+from ornith_stack.wire.session import Session
 from ornith_stack.wire.stream import BadStream, ChatStream
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,6 +118,18 @@ def test_no_private_attribute_of_a_library_is_used() -> None:
             if owner in libraries or (speaks_http and owner not in ("self", "cls")):
                 found.append(f"{name}: {owner}.{node.attr}")
     assert set(found) - PRIVATE_ALLOWED == set()
+
+
+def test_the_synchronous_callers_load_no_async_http_library() -> None:
+    """The exporter (its image and its start), status, up and the tuner speak HTTP through wire.http, the
+    standard library only: aiohttp and httpx are the bench's."""
+    script = (
+        "import sys\n"
+        "import ornith_stack.exporter.server, ornith_stack.stack.bringup, ornith_stack.tune.measure\n"
+        "print(sorted(m for m in ('aiohttp', 'httpx') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_the_wire_contract_forbids_every_other_module() -> None:

@@ -1,5 +1,5 @@
 """A streaming OpenAI-compatible client that times every token, and the engine's /metrics reader, on the
-wire layer (wire/http.py's Session for the requests, wire/stream.py's reader for the chunks and their times).
+wire layer (wire/session.py's Session for the requests, wire/stream.py's reader for the chunks and their times).
 
 Timing follows seed 003's streaming client: the request is streamed with `stream_options.include_usage`
 so the server reports the true completion token count (speculative engines send several tokens in one
@@ -24,8 +24,9 @@ from typing import Any, TypeVar
 from ornith_stack.bench.result import Extra, Sample, TaskSample
 from ornith_stack.deployment import METRICS_PATH
 from ornith_stack.errors import UserError
-from ornith_stack.wire.http import ERROR_BYTES, JSON_BYTES, METRICS_BYTES, Session, Transport, WireError
+from ornith_stack.wire.http import ERROR_BYTES, JSON_BYTES, METRICS_BYTES, WireError
 from ornith_stack.wire.metrics import Samples, parse
+from ornith_stack.wire.session import Session, Transport
 from ornith_stack.wire.stream import BadStream, ChatStream, decode_rate, short, usage
 
 FLUSH_PATHS = ("/flush_cache", "/reset_prefix_cache")
@@ -106,7 +107,7 @@ _FAILED: tuple[type[Exception], ...] = (WireError, BadStream)
 
 class EngineClient:
     """Talks to one OpenAI-compatible endpoint through one asynchronous HTTP client (aiohttp, as vLLM's and
-    SGLang's bench clients, on an event loop this object owns; wire/http.py says why): every request of a
+    SGLang's bench clients, on an event loop this object owns; wire/session.py says why): every request of a
     load level is a task on that loop, so a thousand streams cost no thread each and start when their slot
     frees, not when a thread gets the GIL. Network failures become one-line UserErrors; the synchronous
     methods run one request on the loop, `run` runs a whole coroutine (serving.run_load)."""

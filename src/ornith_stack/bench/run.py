@@ -24,7 +24,7 @@ from ornith_stack.bench.suites import (
 from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.profiles.model import Profile
-from ornith_stack.wire.http import Transport
+from ornith_stack.wire.session import Transport
 
 
 def run_bench(config: BenchConfig, profile: Profile | None = None, baseline: BenchResult | None = None,
