@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from ornith_stack.errors import UserError, shown
 
@@ -41,3 +41,10 @@ def engine_url(text: str, option: str) -> str:
     if parts.query or parts.fragment:
         raise UserError(f"{option} {shown(text)}: a base URL has no ?query or #fragment; {example}")
     return url.rstrip("/")
+
+
+def redact(url: str) -> str:
+    """`url` without a user:password@ part (whatever else it holds, even a port that is not a number)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return url if host == parts.netloc else urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))

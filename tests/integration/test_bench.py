@@ -21,7 +21,7 @@ import synthetic_engine
 
 from ornith_stack.cli import main
 from ornith_stack.engines import ADAPTERS
-from ornith_stack.engines.exposition import parse
+from ornith_stack.wire.metrics import parse
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import pytest
 from local_engine import LOG_TAIL_LINES, EngineStartError, LocalEngine, running_engine
 
 from ornith_stack.engines import adapter_for
-from ornith_stack.engines.exposition import parse
+from ornith_stack.wire.metrics import parse
 
 pytestmark = pytest.mark.integration
 

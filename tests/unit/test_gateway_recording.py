@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ornith_stack import deployment
-from ornith_stack.engines.exposition import parse
+from ornith_stack.wire.metrics import parse
 
 RUN = Path(__file__).resolve().parents[1] / "fixtures" / "engines" / "sglang-0.5.17" / "gateway-2x-gpu96"
 WORKERS = ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from ornith_stack.engines import adapter_for
-from ornith_stack.engines.exposition import parse
 from ornith_stack.exporter.catalogue import CATALOGUE
 from ornith_stack.generate import alerts
 from ornith_stack.planner import plan_request, request_for_profile
 from ornith_stack.profiles import load_profile
+from ornith_stack.wire.metrics import parse
 
 RECORDINGS = Path(__file__).resolve().parents[1] / "fixtures" / "engines" / "sglang-0.5.17"
 RUNS = {"tp1": "gpu96", "tp2": "a100x2"}  # capped by the profiles' --max-total-tokens 40960, 4 requests

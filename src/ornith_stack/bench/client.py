@@ -1,4 +1,5 @@
-"""A streaming OpenAI-compatible client that times every token, and the engine's /metrics reader.
+"""A streaming OpenAI-compatible client that times every token, and the engine's /metrics reader, on the
+wire layer (wire/session.py's Session for the requests, wire/stream.py's reader for the chunks and their times).
 
 Timing follows seed 003's streaming client: the request is streamed with `stream_options.include_usage`
 so the server reports the true completion token count (speculative engines send several tokens in one
@@ -6,9 +7,8 @@ chunk, so counting chunks would undercount; a stream without usage is counted wi
 where one is given), and decode tok/s = (completion_tokens - 1) / (time of last token - time of first
 token).
 
-TTFT, ITL and E2E are `vllm bench serve`'s: TTFT ends at the first chunk with a choice, ITL is one gap per
-later chunk with a choice (the closing chunk with only a finish reason included), E2E ends at the last
-chunk with a choice (not at the usage chunk or [DONE]), and TPOT = (E2E - TTFT) / (completion_tokens - 1).
+TTFT, ITL and E2E are `vllm bench serve`'s (wire/stream.py times them, for the exporter's canary too), and
+TPOT = (E2E - TTFT) / (completion_tokens - 1).
 """
 
 from __future__ import annotations
@@ -21,22 +21,15 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-import httpx
-
-from ornith_stack.bench import http
 from ornith_stack.bench.result import Extra, Sample, TaskSample
 from ornith_stack.deployment import METRICS_PATH
-from ornith_stack.engines.exposition import Samples, parse
 from ornith_stack.errors import UserError
+from ornith_stack.wire.http import ERROR_BYTES, JSON_BYTES, METRICS_BYTES, WireError
+from ornith_stack.wire.metrics import Samples, parse
+from ornith_stack.wire.session import Session, Transport
+from ornith_stack.wire.stream import BadStream, ChatStream, decode_rate, short, usage
 
-_SSE_FIELDS = {"event", "id", "retry"}
 FLUSH_PATHS = ("/flush_cache", "/reset_prefix_cache")
-_MAX_LINE = 1 << 22  # one SSE line of 4 MiB is not a chunk of generated text
-# An engine's /v1/models or info answer is a few kilobytes, its /metrics well under a megabyte (SGLang's
-# with every histogram: about 60 KiB): anything past these is not such an answer.
-_MAX_JSON = 1 << 22
-_MAX_METRICS = 1 << 25
-_ERROR_BYTES = 1 << 12  # of an error page, only the start is shown
 
 
 @dataclass
@@ -91,13 +84,6 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def decode_rate(completion_tokens: int | None, decode_s: float | None) -> float | None:
-    """(completion_tokens - 1) / decode interval: the first token belongs to prefill (TTFT)."""
-    if not completion_tokens or completion_tokens < 2 or not decode_s or decode_s <= 0:
-        return None
-    return (completion_tokens - 1) / decode_s
-
-
 # What SGLang's Model Gateway lists at /v1/models when its workers did not tell it their model name: it asks
 # SGLang's /server_info, which vLLM does not serve (sglang-router 0.3.2 in front of vLLM 0.32 on CPU, measured).
 GATEWAY_UNKNOWN_MODEL = "unknown"
@@ -110,34 +96,24 @@ class ServerInfo:
     max_total_tokens: int | None = None  # SGLang's KV pool: prompt + output of all running requests
 
 
-class BadStream(ValueError):
-    """The answer is not a stream of OpenAI chat completion chunks."""
-
-
 class Stopped(Exception):
     """Raised inside a stream when the run was interrupted (Ctrl-C, or `stop` set from another thread)."""
 
 
-class Expired(Exception):
-    """The request's total deadline (--timeout) passed before its whole answer came."""
-
-
 T = TypeVar("T")
-# A request that failed: the HTTP layer's errors, an answer that is not what was asked for, the deadline.
-_EXPIRED_OR_HTTP: tuple[type[Exception], ...] = (*http.HTTP_ERRORS, Expired)
-_FAILED: tuple[type[Exception], ...] = (*_EXPIRED_OR_HTTP, BadStream)
-_FAILED_OR_VALUE: tuple[type[Exception], ...] = (*_FAILED, ValueError)
+# A request that failed (the deadline included), or an answer that is not what was asked for.
+_FAILED: tuple[type[Exception], ...] = (WireError, BadStream)
 
 
 class EngineClient:
     """Talks to one OpenAI-compatible endpoint through one asynchronous HTTP client (aiohttp, as vLLM's and
-    SGLang's bench clients, on an event loop this object owns; http.py says why): every request of a
+    SGLang's bench clients, on an event loop this object owns; wire/session.py says why): every request of a
     load level is a task on that loop, so a thousand streams cost no thread each and start when their slot
     frees, not when a thread gets the GIL. Network failures become one-line UserErrors; the synchronous
     methods run one request on the loop, `run` runs a whole coroutine (serving.run_load)."""
 
     def __init__(self, url: str, timeout_s: float = 600.0, stop: threading.Event | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None,
+                 transport: Transport | None = None,
                  clock: Callable[[], float] = time.perf_counter, api_key: str | None = None,
                  connections: int | None = None, count_tokens: Callable[[str], int] | None = None) -> None:
         """`connections`: the HTTP pool's size, the run's largest concurrency (None: unbounded), so no
@@ -154,9 +130,8 @@ class EngineClient:
         # One loop for the client's life: the connection pool belongs to the loop it first ran on. Its
         # SIGINT handling cancels the running coroutine, which keeps the samples gathered so far.
         self._loop = asyncio.Runner()
-        # The total deadline is asyncio.timeout around each request (headers included, however slowly the
-        # bytes come); the HTTP layer's own timeouts bound each read and the connect (http.py).
-        self._http = http.layer(transport, connections, api_key, timeout_s)
+        # The total deadline holds for each request, headers included, however slowly the bytes come.
+        self._http = Session(timeout_s, connections, api_key, transport)
 
     def close(self) -> None:
         # A KeyboardInterrupt raised inside a request leaves the tasks that waited on it pending; cancelled
@@ -193,7 +168,7 @@ class EngineClient:
             raise UserError(f"{self.url} does not serve model {model!r}; it serves: {', '.join(names)}")
         length = card.get("max_model_len")
         if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length <= 0):
-            raise UserError(f"{self.url}/v1/models gives max_model_len {_short(repr(length), 40)}: expected a "
+            raise UserError(f"{self.url}/v1/models gives max_model_len {short(repr(length), 40)}: expected a "
                             "positive whole number of tokens; is this an OpenAI-compatible engine?")
         return ServerInfo(model=str(card["id"]), max_model_len=length)
 
@@ -202,9 +177,9 @@ class EngineClient:
         info endpoint that answers; None where the engine has no such endpoint or field."""
         for path in info_paths:
             try:
-                status, text = self.run(self._get(path, _MAX_JSON))
+                status, text = self.run(self._get(path, JSON_BYTES))
                 payload = json.loads(text) if status == 200 else None
-            except _FAILED_OR_VALUE:
+            except (WireError, ValueError, RecursionError):  # BadStream is a ValueError
                 continue
             found = _find_key(payload, "max_total_num_tokens")
             if isinstance(found, int) and found > 0:
@@ -216,7 +191,7 @@ class EngineClient:
         /flush_cache and vLLM's /reset_prefix_cache (served in its dev mode) that answers 200, or None."""
         for path in FLUSH_PATHS:
             try:
-                if self.run(self._send("POST", path, _ERROR_BYTES, cut=True))[0] == 200:
+                if self.run(self._send("POST", path, ERROR_BYTES, cut=True))[0] == 200:
                     return path
             except _FAILED:
                 continue
@@ -225,7 +200,7 @@ class EngineClient:
     def metrics(self) -> Samples | None:
         """A parsed /metrics scrape, or None when the engine exports none (SGLang without the flag)."""
         try:
-            status, text = self.run(self._get(METRICS_PATH, _MAX_METRICS))
+            status, text = self.run(self._get(METRICS_PATH, METRICS_BYTES))
         except _FAILED:
             return None
         if status != 200:
@@ -272,56 +247,37 @@ class EngineClient:
         if self.stop.is_set():
             sample.error = "interrupted"
             return sample
-        clock = self.clock
-        t0 = clock()
-        choices: list[float] = []  # when each chunk with a choice came (the first: engines send it with the first token)
-        arrivals: list[float] = []
-        parts: list[str] = []
-        thoughts: list[str] = []
+        t0 = self.clock()
+        stream = ChatStream(self.clock)
         try:
-            async with asyncio.timeout(self.deadline_s), self._http.open(
-                    "POST", self.url + "/v1/chat/completions", json=body) as response:
+            async with self._http.open("POST", self.url + "/v1/chat/completions", json=body) as response:
                 if response.status != 200:
-                    text = await _read(response, _ERROR_BYTES, cut=True)
-                    sample.error = f"HTTP {response.status}: {_short(text)}"
+                    text = await response.read(ERROR_BYTES, cut=True)
+                    sample.error = f"HTTP {response.status}: {short(text.decode('utf-8', errors='replace'))}"
                     return sample
-                events = _Events()
                 async for piece in response.pieces:
                     if self.stop.is_set():
                         raise Stopped
-                    for chunk in events.feed(piece):
-                        now = clock()
-                        _read_usage(chunk, sample)
-                        if chunk.get("choices"):
-                            choices.append(now)
-                        text, reasoning, finish, tokens = _delta(chunk)
-                        if finish:
-                            sample.finish_reason = finish
-                        # Reasoning tokens are generated tokens too: they count for timing, not as the answer.
-                        if tokens:
-                            parts.append(text)
-                            thoughts.append(reasoning)
-                            arrivals.append(now)
-                    if events.done:
+                    stream.feed(piece)
+                    if stream.done:
                         break
-                for chunk in events.close():
-                    _read_usage(chunk, sample)
+                stream.close()
         except (Stopped, asyncio.CancelledError):
             sample.error = "interrupted"
-        except TimeoutError:
-            sample.error = self._expired_message()
-        except http.HTTP_ERRORS as exc:
+        except WireError as exc:
             sample.error = self._failure(exc)
         except BadStream as exc:
             sample.error = f"not an OpenAI chat completion stream: {exc}"
         except Exception as exc:  # any malformed chunk fails this request only
             sample.error = f"not an OpenAI chat completion stream: {type(exc).__name__}: {exc}"
-        ended = clock()
-        sample.text = "".join(parts)
-        sample.reasoning = "".join(thoughts)
-        _time(sample, t0, choices, arrivals)
+        ended = self.clock()
+        sample.text, sample.reasoning, sample.finish_reason = stream.text, stream.reasoning, stream.finish_reason
+        sample.prompt_tokens, sample.completion_tokens = stream.prompt_tokens, stream.completion_tokens
+        sample.chunks = len(stream.arrivals)
+        sample.ttft_s, sample.decode_s, sample.itl_s = stream.ttft(t0), stream.decode_s(), stream.itl()
         # E2E ends at the last chunk with a choice, not after the usage chunk and [DONE].
-        sample.e2e_s = (choices[-1] if choices and sample.error is None else ended) - t0
+        last = stream.ended_at()
+        sample.e2e_s = (last if last is not None and sample.error is None else ended) - t0
         if sample.completion_tokens is None and sample.error is None and self.count_tokens is not None:
             # No usage in the stream: count the generated text with the model's tokenizer, as vLLM does.
             sample.completion_tokens = self.count_tokens(sample.reasoning + sample.text)
@@ -341,19 +297,17 @@ class EngineClient:
             return sample
         t0 = self.clock()
         try:
-            status, text = await self._send("POST", "/v1/chat/completions", _MAX_JSON, json=body)
+            status, text = await self._send("POST", "/v1/chat/completions", JSON_BYTES, json=body)
             sample.e2e_s = self.clock() - t0
             if status != 200:
-                sample.error = f"HTTP {status}: {_short(text)}"
+                sample.error = f"HTTP {status}: {short(text)}"
                 return sample
             _read_completion(json.loads(text), sample)
         except (Stopped, asyncio.CancelledError):
             sample.error = "interrupted"
-        except Expired:
-            sample.error = self._expired_message()
-        except http.HTTP_ERRORS as exc:
+        except WireError as exc:
             sample.error = self._failure(exc)
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
             sample.error = f"not an OpenAI chat completion: {type(exc).__name__}: {exc}"
         if sample.error is None:
             sample.error = usage_problem(sample, body.get("max_tokens"))
@@ -362,126 +316,47 @@ class EngineClient:
     def _expired_message(self) -> str:
         return f"no whole answer within the {self.deadline_s:g} s deadline (--timeout)"
 
-    def _failure(self, exc: BaseException) -> str:
-        """A request's failure in one line; reads and writes cut by the layer's own timeouts say so."""
-        return self._expired_message() if http.timed_out(exc) else http.describe(exc)
+    def _failure(self, exc: WireError) -> str:
+        """A request's failure in one line; one cut by the deadline (or a read timeout) says so."""
+        return self._expired_message() if exc.reason == "timeout" else str(exc)
 
     async def _get(self, path: str, limit: int) -> tuple[int, str]:
         """GET `path`: (status, body), within the total deadline (--timeout) however slowly the body comes,
-        and refused past `limit` bytes. Raises one of http.HTTP_ERRORS, BadStream or Expired."""
+        and refused past `limit` bytes. Raises WireError or Stopped."""
         return await self._send("GET", path, limit)
 
-    async def _send(self, method: str, path: str, limit: int, cut: bool = False,
-                    **request: Any) -> tuple[int, str]:
+    async def _send(self, method: str, path: str, limit: int, cut: bool = False, json: Any = None) -> tuple[int, str]:
         """(status, body) of one request, within the total deadline however slowly the answer comes (its
-        headers included), and refused past `limit` bytes (`cut`: cut there). Raises one of http.HTTP_ERRORS,
-        BadStream, Stopped or Expired."""
-        try:
-            async with asyncio.timeout(self.deadline_s), self._http.open(method, self.url + path,
-                                                                          **request) as response:
-                return response.status, await _read(response, limit, cut=cut, stop=self.stop)
-        except TimeoutError:
-            raise Expired from None
+        headers included), and refused past `limit` bytes (`cut`: cut there). Raises WireError or Stopped."""
+        status, body = await self._http.fetch(method, self.url + path, limit, cut, json, check=self._check_stop)
+        return status, body.decode("utf-8", errors="replace")
+
+    def _check_stop(self) -> None:
+        if self.stop.is_set():
+            raise Stopped
 
     async def _get_json(self, path: str) -> Any:
         try:
-            status, text = await self._get(path, _MAX_JSON)
-        except http.UNREACHABLE as exc:
-            raise UserError(f"cannot reach {self.url}{path}: {exc or type(exc).__name__}; is the engine up?") from None
-        except _EXPIRED_OR_HTTP as exc:
-            # Past the deadline, or not HTTP (the parsers refuse over-long status and header lines).
-            why = self._expired_message() if isinstance(exc, Expired) else self._failure(exc)
-            raise UserError(f"{self.url}{path}: {why}; is this an OpenAI-compatible engine?") from None
-        except BadStream as exc:
-            raise UserError(f"{self.url}{path}: {exc}; is this an OpenAI-compatible engine?") from None
+            status, text = await self._get(path, JSON_BYTES)
+        except WireError as exc:
+            if exc.reason == "connect":
+                raise UserError(f"cannot reach {self.url}{path}: {exc}; is the engine up?") from None
+            # Past the deadline, too large, or not HTTP (the parsers refuse over-long status and header lines).
+            raise UserError(f"{self.url}{path}: {self._failure(exc)}; is this an OpenAI-compatible engine?") from None
         if status != 200:
-            raise UserError(f"{self.url}{path} answered HTTP {status} ({_short(text, 60)}); "
+            raise UserError(f"{self.url}{path} answered HTTP {status} ({short(text, 60)}); "
                             "is this an OpenAI-compatible engine?")
         try:
             return json.loads(text)
-        except ValueError:
-            raise UserError(f"{self.url}{path} did not answer JSON: {_short(text)}") from None
-
-
-async def _read(response: http.Answer, limit: int, cut: bool = False,
-                stop: threading.Event | None = None) -> str:
-    """The body as text; past `limit` bytes it is cut there (`cut`, an error page) or refused (BadStream)."""
-    body = bytearray()
-    async for chunk in response.pieces:
-        if stop is not None and stop.is_set():
-            raise Stopped
-        body += chunk
-        if len(body) > limit and cut:
-            break
-        if len(body) > limit:
-            raise BadStream(f"an answer of more than {limit >> 20} MiB")
-    return body[:limit].decode("utf-8", errors="replace")
-
-
-class _Events:
-    """Decoded JSON `data:` events of a server-sent-events stream fed in raw pieces, up to `[DONE]`.
-    Comments (keep-alive pings) and the `event:`, `id:` and `retry:` fields are accepted and skipped; a
-    line past 4 MiB is refused, so a server cannot grow the buffer without end."""
-
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.done = False
-
-    def feed(self, piece: bytes) -> list[dict[str, Any]]:
-        self.buffer += piece
-        *complete, self.buffer = self.buffer.split(b"\n")
-        if len(self.buffer) > _MAX_LINE:
-            raise BadStream(f"a line longer than {_MAX_LINE} bytes")
-        return self._decode(complete)
-
-    def close(self) -> list[dict[str, Any]]:
-        """The events of a last line without a line end."""
-        rest, self.buffer = self.buffer, b""
-        return self._decode([rest]) if rest.strip() and not self.done else []
-
-    def _decode(self, lines: list[bytes]) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        for raw in lines:
-            if self.done:
-                break
-            event = sse_event(raw.decode("utf-8", errors="replace"))
-            if event is _DONE:
-                self.done = True
-            elif event is not None:
-                events.append(event)
-        return events
-
-
-_DONE: dict[str, Any] = {}
-
-
-def sse_event(raw: str) -> dict[str, Any] | None:
-    """One line of a server-sent-events stream: its JSON `data:` event, `_DONE` at `[DONE]`, None for
-    blank lines, comments and the other fields."""
-    line = raw.strip()
-    if not line or line.startswith(":") or line.split(":", 1)[0] in _SSE_FIELDS:
-        return None
-    if not line.startswith("data:"):
-        raise BadStream(f"unexpected line {_short(line)!r}")
-    payload = line[5:].strip()
-    if payload == "[DONE]":
-        return _DONE
-    try:
-        event = json.loads(payload)
-    except ValueError as exc:
-        raise BadStream(f"a chunk that is not JSON ({exc}): {_short(payload)!r}") from None
-    if not isinstance(event, dict):
-        raise BadStream(f"unexpected event {_short(payload)!r}")
-    if "error" in event and "choices" not in event:
-        raise BadStream(f"server error {_short(json.dumps(event['error']))}")
-    return event
+        except (ValueError, RecursionError):
+            raise UserError(f"{self.url}{path} did not answer JSON: {short(text)}") from None
 
 
 def _read_completion(payload: Any, sample: RequestSample) -> None:
     """A non-streaming chat completion into `sample`: answer, reasoning, finish reason, usage, and the
     verification steps of SGLang's meta_info."""
     if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list) or not payload["choices"]:
-        raise ValueError(f"no choices in {_short(json.dumps(payload))!r}")
+        raise ValueError(f"no choices in {short(json.dumps(payload))!r}")
     choice = payload["choices"][0]
     message = choice.get("message") or {}
     sample.text = str(message.get("content") or "")
@@ -490,30 +365,7 @@ def _read_completion(payload: Any, sample: RequestSample) -> None:
     meta = choice.get("meta_info")
     if isinstance(meta, dict) and _count(meta.get("spec_verify_ct")) is not None:
         sample.extra = replace(sample.extra, spec_verify_ct=_count(meta["spec_verify_ct"]))
-    _read_usage(payload, sample)
-
-
-def _read_usage(chunk: dict[str, Any], sample: RequestSample) -> None:
-    """Token counts from `usage`."""
-    usage = chunk.get("usage")
-    if isinstance(usage, dict):
-        sample.prompt_tokens = usage.get("prompt_tokens", sample.prompt_tokens)
-        sample.completion_tokens = usage.get("completion_tokens", sample.completion_tokens)
-
-
-def _time(sample: RequestSample, t0: float, choices: list[float], arrivals: list[float]) -> None:
-    """TTFT, decode interval and the gaps between chunks, as `vllm bench serve` measures them.
-
-    TTFT ends at the first chunk with a choice: vLLM and SGLang send the role chunk when the first token
-    exists, while a reasoning parser may hold the first tokens' text back. ITL is one gap per later
-    chunk with a choice (a speculative step delivers several tokens in one chunk; the closing chunk with
-    a finish reason and no text is a gap too). The decode interval (seed 003's decode tok/s) runs between
-    the chunks that carry tokens."""
-    sample.chunks = len(arrivals)
-    if arrivals:
-        sample.ttft_s = choices[0] - t0
-        sample.decode_s = arrivals[-1] - arrivals[0]
-        sample.itl_s = [b - a for a, b in zip(choices, choices[1:], strict=False)]
+    sample.prompt_tokens, sample.completion_tokens = usage(payload, sample.prompt_tokens, sample.completion_tokens)
 
 
 def usage_problem(sample: RequestSample, max_tokens: Any) -> str | None:
@@ -533,25 +385,6 @@ def usage_problem(sample: RequestSample, max_tokens: Any) -> str | None:
     return None
 
 
-def _delta(chunk: dict[str, Any]) -> tuple[str, str, str | None, bool]:
-    """Answer text, reasoning text, finish reason, and whether the chunk carries generated tokens.
-
-    Engines stream one chunk per engine step even when its tokens decode to no text yet (a partial
-    UTF-8 sequence, a skipped special token): such a chunk has `content: ""` and still marks token
-    arrival. The opening chunk that announces the role carries no token unless it has text."""
-    choices = chunk.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
-        return "", "", None, False
-    delta = choices[0].get("delta") or {}
-    keys = ("content", "reasoning_content", "reasoning")
-    reasoning = "".join(str(delta.get(k) or "") for k in keys[1:])
-    content = str(delta.get("content") or "")
-    tokens = bool(content or reasoning) or (
-        "role" not in delta and any(delta.get(k) is not None for k in keys)
-    )
-    return content, reasoning, choices[0].get("finish_reason"), tokens
-
-
 def _find_key(payload: Any, key: str) -> Any:
     """`key` at the top of a JSON object or inside its nested objects and lists (SGLang moved the pool
     size into `internal_states` in later versions)."""
@@ -568,8 +401,3 @@ def _find_key(payload: Any, key: str) -> Any:
         if found is not None:
             return found
     return None
-
-
-def _short(text: str, limit: int = 160) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

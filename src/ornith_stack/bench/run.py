@@ -9,8 +9,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
-
 from ornith_stack.bench.client import EngineClient, ServerInfo
 from ornith_stack.bench.compare import compare
 from ornith_stack.bench.result import BenchResult, Failures, Sample, SandboxSettings, Settings, Suites
@@ -26,11 +24,12 @@ from ornith_stack.bench.suites import (
 from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.profiles.model import Profile
+from ornith_stack.wire.session import Transport
 
 
 def run_bench(config: BenchConfig, profile: Profile | None = None, baseline: BenchResult | None = None,
               baseline_path: Path | None = None, progress: Progress | None = None,
-              transport: httpx.AsyncBaseTransport | None = None) -> BenchResult:
+              transport: Transport | None = None) -> BenchResult:
     """Run the configured suites and return the result (raw samples, summaries, comparison).
 
     Engine down or not OpenAI-compatible: UserError before any suite starts. Ctrl-C: the suites stop,

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 from ornith_stack.bench import prompts, stats
 from ornith_stack.bench.acceptance import per_request, summarize_acceptance
 from ornith_stack.bench.checkers import check
-from ornith_stack.bench.client import EngineClient, RequestSample, ServerInfo, decode_rate
+from ornith_stack.bench.client import EngineClient, RequestSample, ServerInfo
 from ornith_stack.bench.datasets import (
     SEED000_TASKS,
     Problem,
@@ -49,9 +49,10 @@ from ornith_stack.bench.result import (
 from ornith_stack.bench.sandbox import Limits, require_sandbox
 from ornith_stack.bench.serving import Load, run_load, serving_metrics, spread
 from ornith_stack.engines import EngineAdapter, SpecCounters, acceptance_length, detect_adapter
-from ornith_stack.engines.exposition import Samples
 from ornith_stack.errors import UserError
 from ornith_stack.profiles.model import Sampling
+from ornith_stack.wire.metrics import Samples
+from ornith_stack.wire.stream import decode_rate
 
 SUITES = ("decode", "tasks", "ttft-sweep", "concurrency", "serving")
 # Seed 003's sweep: 0.5K, 2K, 8K, 32K, 131K and 250K prompt tokens.

@@ -18,10 +18,10 @@ from ornith_stack.engines.base import (
     render_flag,
     shell_join,
 )
-from ornith_stack.engines.exposition import Samples
 from ornith_stack.engines.flag_types import arg_problems
 from ornith_stack.engines.sglang import SglangAdapter
 from ornith_stack.engines.vllm import VllmAdapter
+from ornith_stack.wire.metrics import Samples
 
 if TYPE_CHECKING:
     from ornith_stack.profiles.model import Profile

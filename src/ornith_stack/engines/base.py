@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from ornith_stack.deployment import METRICS_PATH
 from ornith_stack.engines import capabilities
-from ornith_stack.engines.exposition import Samples
 from ornith_stack.engines.flag_types import FlagType
 from ornith_stack.sizing.model import Caps, Plan, PlanRequest
 from ornith_stack.sizing.settings import ServeSettings
+from ornith_stack.wire.metrics import Samples
 
 if TYPE_CHECKING:  # adapters read a profile; the profile schema checks its flags against the adapters
     from ornith_stack.profiles.model import ArgValue, Profile

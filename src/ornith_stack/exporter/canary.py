@@ -15,7 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ornith_stack.engines import EngineAdapter
-from ornith_stack.exporter.scrape import MAX_INFO_BYTES, Target, bearer, http_get, http_open
+from ornith_stack.exporter.scrape import Target
+from ornith_stack.wire.http import bearer, fetch, request
+from ornith_stack.wire.stream import ChatStream
+from ornith_stack.wire.stream import decode_rate as wire_decode_rate
 
 PROMPT = "What is 17 + 25? Reply with the number only."
 ANSWER = re.compile(r"(?<!\d)42(?!\d)")
@@ -26,8 +29,6 @@ MAX_TOKENS = 16
 DECODE_PROMPT = "Count from 1 to 60 in digits, separated by spaces, and nothing else."
 DECODE_MAX_TOKENS = 64
 MIN_DECODE_TOKENS = 32
-# One server-sent event longer than this is not a chat chunk; the canary stops reading.
-MAX_EVENT_BYTES = 1024 * 1024
 log = logging.getLogger(__name__)
 
 
@@ -49,7 +50,7 @@ class Stream:
     text: str
     tokens: int
     ttft: float
-    span: float  # seconds between the first and the last chunk with output
+    span: float  # seconds between the first and the last chunk with generated tokens
 
 
 def request_body(model: str, prompt: str = PROMPT, max_tokens: int = MAX_TOKENS) -> dict:
@@ -66,62 +67,42 @@ def request_body(model: str, prompt: str = PROMPT, max_tokens: int = MAX_TOKENS)
 
 
 def stream_chat(url: str, body: dict, timeout: float, headers: dict[str, str] | None = None) -> Stream:
-    """POST a streamed chat request and read its server-sent events, all within `timeout` seconds
-    (the scrape's watchdog holds the deadline on the socket); anything malformed is ValueError."""
+    """POST a streamed chat request and read it with the bench's stream reader (the same chunks timed),
+    all within `timeout` seconds; anything malformed is ValueError, a failed request WireError."""
     start = time.monotonic()
-    first = last = None
-    text: list[str] = []
-    tokens = chunks = 0
-    pending = b""
-    with http_open(url, start + timeout, "POST", json.dumps(body).encode(),
-                   {"Content-Type": "application/json", "Accept": "text/event-stream", **(headers or {})}) as reply:
+    stream = ChatStream(time.monotonic)
+    with request(url, start + timeout, "POST", json.dumps(body).encode(),
+                 {"Content-Type": "application/json", "Accept": "text/event-stream", **(headers or {})}) as reply:
         if reply.status != 200:
             raise ValueError(f"HTTP {reply.status}")
         for piece in reply.chunks():
-            if len(pending) + len(piece) > MAX_EVENT_BYTES:
-                raise ValueError(f"a stream event longer than {MAX_EVENT_BYTES} bytes")
-            *lines, pending = (pending + piece).split(b"\n")
-            for raw in lines:
-                line = raw.decode("utf-8").strip()
-                if not line.startswith("data:") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                if not isinstance(chunk, dict):
-                    raise ValueError(f"a stream event that is not a JSON object: {line[:80]!r}")
-                usage = chunk.get("usage")
-                if isinstance(usage, dict):
-                    tokens = int(usage.get("completion_tokens") or 0)
-                # Time every chunk that carries output: a token may decode to no text on its own
-                # (a partial UTF-8 sequence), yet it was generated.
-                for choice in chunk.get("choices") or []:
-                    delta = choice.get("delta") if isinstance(choice, dict) else None
-                    if not isinstance(delta, dict):
-                        raise ValueError(f"a stream choice without a delta object: {line[:80]!r}")
-                    last = time.monotonic()
-                    first = first or last
-                    chunks += 1
-                    text.append(str(delta.get("content") or "") + str(delta.get("reasoning_content") or ""))
-    if first is None or last is None:
+            stream.feed(piece)
+            if stream.done:
+                break
+        stream.close()
+    ttft = stream.ttft(start)
+    if ttft is None:
         raise ValueError("the answer was empty")
-    return Stream("".join(text), tokens or chunks, first - start, last - first)
+    tokens = stream.completion_tokens
+    counted = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else None
+    return Stream(stream.reasoning + stream.text, counted or len(stream.arrivals), ttft, stream.decode_s() or 0.0)
 
 
 def decode_rate(stream: Stream) -> float | None:
     """Tokens after the first per second, only from enough tokens to mean something."""
-    if stream.tokens - 1 < MIN_DECODE_TOKENS or stream.span <= 0:
+    if stream.tokens - 1 < MIN_DECODE_TOKENS:
         return None
-    return (stream.tokens - 1) / stream.span
+    return wire_decode_rate(stream.tokens, stream.span)
 
 
 def run_once(base: str, timeout: float, adapter: EngineAdapter, api_key: str = "") -> CanaryState:
     """One canary run; any failure is a state with success False and the reason, never an exception."""
     state = CanaryState()
     try:
-        status, listing = http_get(base + adapter.models_path, time.monotonic() + timeout, MAX_INFO_BYTES,
-                                   api_key)
-        if status != 200:
-            raise ValueError(f"{adapter.models_path}: HTTP {status}")
-        model = json.loads(listing)["data"][0]["id"]
+        listing = fetch(base + adapter.models_path, timeout, headers=bearer(api_key))
+        if listing.status != 200:
+            raise ValueError(f"{adapter.models_path}: HTTP {listing.status}")
+        model = listing.json()["data"][0]["id"]
         if not isinstance(model, str):
             raise ValueError(f"{adapter.models_path}: model id is not a string")
         answer = stream_chat(base + adapter.chat_path, request_body(model), timeout, bearer(api_key))

@@ -9,35 +9,23 @@ Everything engine-specific runs inside one target's try block: one target cannot
 
 from __future__ import annotations
 
-import base64
-import heapq
-import http.client
-import ipaddress
-import json
 import logging
 import math
-import socket
-import ssl
 import threading
 import time
-import zlib
 from collections import defaultdict
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ornith_stack.deployment import METRICS_PATH
 from ornith_stack.engines import ADAPTERS, EngineAdapter, EngineInfo, detect_adapter
-from ornith_stack.engines.exposition import BadExposition, Samples, parse
 from ornith_stack.exporter import catalogue as C
+from ornith_stack.urls import redact
+from ornith_stack.wire.http import METRICS_BYTES, WireError, bearer, fetch
+from ornith_stack.wire.metrics import BadExposition, Samples, parse
 
 log = logging.getLogger(__name__)
-# A /metrics body larger than this is not an engine's (vLLM sends ~100 KiB); stop reading.
-MAX_BODY_BYTES = 8 * 1024 * 1024
-# An info endpoint (/version, /server_info) answers a few KiB.
-MAX_INFO_BYTES = 1024 * 1024
 # Every sample name any adapter reads: the parser indexes only these.
 KEEP = frozenset(name for adapter in ADAPTERS.values() for name in adapter.sample_names())
 # An engine that did not say its version is asked again after this many scrapes.
@@ -50,6 +38,10 @@ class ScrapeError(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
+
+
+# The catalogue's error reason (C.ERROR_REASONS) of each failed request (wire.http.REASONS) it names otherwise.
+WIRE_REASONS = {"broken": "connect", "bad_encoding": "not_exposition"}
 
 
 @dataclass(frozen=True)
@@ -71,13 +63,6 @@ class Target:
     def label(self) -> str:
         """The `target` label of its series: its name if it has one, else its public URL."""
         return self.name or self.public
-
-
-def redact(url: str) -> str:
-    """`url` without a user:password@ part (whatever else it holds, even a port that is not a number)."""
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return url if host == parts.netloc else urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
 @dataclass
@@ -211,7 +196,7 @@ class Scraper:
         if state.adapter is None:
             try:
                 _, adapter, _ = self._fetch_metrics(state.target, time.monotonic() + self.timeout)
-            except (ScrapeError, TimeoutError):
+            except (ScrapeError, WireError, TimeoutError):
                 return None
             with state.lock:
                 state.adapter = state.adapter or adapter
@@ -234,6 +219,8 @@ class Scraper:
             result = self._scrape_checked(state, start, deadline)
         except ScrapeError as exc:
             result = _down(state, start, exc.reason, str(exc))
+        except WireError as exc:
+            result = _down(state, start, WIRE_REASONS.get(exc.reason, exc.reason), str(exc))
         except TimeoutError as exc:
             result = _down(state, start, "timeout", f"{state.target.public}: {exc}")
         except Exception as exc:  # a bug must cost one target one scrape, never the exporter
@@ -279,13 +266,13 @@ class Scraper:
 
     def _fetch_metrics(self, target: Target, deadline: float) -> tuple[Samples, EngineAdapter, str]:
         """The engine's samples, its adapter and the address that answered (see `Reply.peer`)."""
-        with http_open(target.url + METRICS_PATH, deadline, headers=scrape_headers(target.api_key)) as reply:
-            status, body, peer = reply.status, read_body(reply, MAX_BODY_BYTES), reply.peer
+        answer = fetch(target.url + METRICS_PATH, deadline - time.monotonic(), headers=scrape_headers(target.api_key),
+                       limit=METRICS_BYTES)
         where = target.public
-        if status != 200:
-            raise ScrapeError("http_status", f"{where}/metrics: HTTP {status}")
+        if answer.status != 200:
+            raise ScrapeError("http_status", f"{where}/metrics: HTTP {answer.status}")
         try:
-            samples = parse(body.decode("utf-8"), keep=KEEP, deadline=deadline)
+            samples = parse(answer.body.decode("utf-8"), keep=KEEP, deadline=deadline)
         except UnicodeDecodeError:
             raise ScrapeError("not_exposition", f"{where}/metrics: body is not UTF-8 text") from None
         except BadExposition as exc:
@@ -293,17 +280,17 @@ class Scraper:
         adapter = detect_adapter(samples)
         if adapter is None:
             raise ScrapeError("unknown_engine", f"{where}/metrics: no vLLM or SGLang metrics in the answer")
-        return samples, adapter, f"{adapter.kind} {peer}{urlsplit(target.url).path}"
+        return samples, adapter, f"{adapter.kind} {answer.peer}{urlsplit(target.url).path}"
 
     def _fetch_info(self, adapter: EngineAdapter, target: Target, deadline: float) -> EngineInfo:
         """Version, model and draft from the engine's info endpoint; empty when none answers in time or
         the answer is not what an engine sends. /metrics alone says whether a target is up."""
         for path in adapter.info_paths:
             try:
-                status, body = http_get(target.url + path, deadline, MAX_INFO_BYTES, target.api_key)
-                if status == 200:
-                    return adapter.parse_info(json.loads(body))
-            except (ScrapeError, TimeoutError):
+                answer = fetch(target.url + path, deadline - time.monotonic(), headers=scrape_headers(target.api_key))
+                if answer.status == 200:
+                    return adapter.parse_info(answer.json())
+            except WireError:
                 continue
             # Hostile JSON: 200,000 `[` make json.loads raise RecursionError, odd shapes trip the parser.
             except Exception:  # noqa: BLE001 - whatever an info answer does, it costs the version only
@@ -425,197 +412,5 @@ def _le(value: float) -> str:
     return repr(value) if value != int(value) else f"{value:.1f}"
 
 
-# -- HTTP with one deadline -----------------------------------------------------------------------
-class _Guard:
-    """One socket under the watchdog: `fired` once the watchdog shut it at its deadline."""
-
-    __slots__ = ("deadline", "sock", "fired")
-
-    def __init__(self, deadline: float, sock: socket.socket) -> None:
-        self.deadline, self.fired = deadline, False
-        self.sock: socket.socket | None = sock  # None once released: nothing to shut
-
-    def __lt__(self, other: _Guard) -> bool:
-        return self.deadline < other.deadline
-
-
-class Watchdog:
-    """One thread for the whole process that shuts every watched socket at its deadline.
-
-    It holds its own reference to the socket, so it can stop a read however http.client frames the
-    answer (with `Connection: close` or HTTP/1.0 the connection object lets go of its socket), and
-    one thread serves every request, so watching costs no thread per scrape."""
-
-    def __init__(self) -> None:
-        self._heap: list[_Guard] = []
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def watch(self, sock: socket.socket, deadline: float) -> _Guard:
-        guard = _Guard(deadline, sock)
-        with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="scrape-watchdog", daemon=True)
-                self._thread.start()
-            heapq.heappush(self._heap, guard)
-            self._cond.notify()
-        return guard
-
-    def release(self, guard: _Guard) -> None:
-        with self._cond:
-            guard.sock = None  # popped from the heap when its deadline comes
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while self._heap and (self._heap[0].sock is None or self._heap[0].deadline <= time.monotonic()):
-                    guard = heapq.heappop(self._heap)
-                    if guard.sock is not None:
-                        guard.fired = True
-                        _shut(guard.sock)
-                        guard.sock = None
-                self._cond.wait(self._heap[0].deadline - time.monotonic() if self._heap else None)
-
-
-WATCHDOG = Watchdog()
-
-
-@dataclass
-class Reply:
-    """An HTTP answer whose headers are in; its body comes in chunks, each read by the deadline."""
-
-    status: int
-    response: http.client.HTTPResponse
-    sock: socket.socket
-    guard: _Guard
-    deadline: float
-    where: str
-
-    def header(self, name: str) -> str:
-        return (self.response.getheader(name) or "").strip().lower()
-
-    @property
-    def peer(self) -> str:
-        """The address and port that answered, every loopback address as one (an engine listening on
-        all of them is one engine however it is named: localhost, 127.0.0.1, ::1)."""
-        try:
-            host, port = self.sock.getpeername()[:2]
-            address = ipaddress.ip_address(host.partition("%")[0])
-        except (OSError, ValueError):
-            return self.where
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        return f"{'loopback' if address.is_loopback else address}:{port}"
-
-    def chunks(self) -> Iterator[bytes]:
-        """The body as it arrives; ScrapeError timeout past the deadline, truncated when the answer ends
-        short of its Content-Length (or of its last chunk)."""
-        while True:
-            remaining = self.deadline - time.monotonic()
-            if remaining <= 0 or self.guard.fired:
-                raise ScrapeError("timeout", f"{self.where}: body not complete within the deadline")
-            self.sock.settimeout(remaining)  # every recv waits at most until the deadline
-            chunk = self.response.read1(64 * 1024)
-            if not chunk:
-                break
-            yield chunk
-        if self.guard.fired:  # the watchdog's shutdown reads as the end of the body
-            raise ScrapeError("timeout", f"{self.where}: body not complete within the deadline")
-        if self.response.length:  # bytes still owed by Content-Length
-            raise ScrapeError("truncated", f"{self.where}: body closed {self.response.length} bytes short "
-                                           "of its Content-Length")
-
-
-@contextmanager
-def http_open(url: str, deadline: float, method: str = "GET", body: bytes | None = None,
-              headers: dict[str, str] | None = None) -> Iterator[Reply]:
-    """Send one request and give its answer once the headers are in; connect, headers and body all
-    done by `deadline` (time.monotonic()). The watchdog shuts the socket at the deadline, and every
-    read waits at most until then, so a server that trickles its headers or body cannot hold the
-    caller past it, whatever the framing. Failures are ScrapeError with a reason."""
-    parts = urlsplit(url)
-    where = redact(url)
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise ScrapeError("timeout", f"{where}: no time left in the scrape's deadline")
-    try:
-        address = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
-    except ValueError as exc:
-        raise ScrapeError("connect", f"{where}: {exc}") from None
-    sent = {"Accept-Encoding": "gzip", "User-Agent": "ornith-exporter", **(headers or {})}
-    if parts.username is not None:
-        token = f"{parts.username}:{parts.password or ''}".encode()
-        sent["Authorization"] = "Basic " + base64.b64encode(token).decode()
-    guard: _Guard | None = None
-    sock: socket.socket | None = None
-    response: http.client.HTTPResponse | None = None
-    try:
-        sock = socket.create_connection(address, timeout=remaining)
-        guard = WATCHDOG.watch(sock, deadline)
-        if parts.scheme == "https":
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=address[0])
-            guard.sock = sock
-        conn = http.client.HTTPConnection(*address, timeout=remaining)
-        conn.sock = sock  # ours: the watchdog shuts it whatever http.client does with the connection
-        conn.request(method, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), body, sent)
-        response = conn.getresponse()
-        if guard.fired:  # headers cut at the deadline can look complete to http.client
-            raise ScrapeError("timeout", f"{where}: headers not complete within the deadline")
-        yield Reply(response.status, response, sock, guard, deadline, where)
-    except ScrapeError:
-        raise
-    except (OSError, http.client.HTTPException) as exc:
-        if (guard is not None and guard.fired) or time.monotonic() >= deadline or isinstance(exc, TimeoutError):
-            raise ScrapeError("timeout", f"{where}: not complete within the deadline") from None
-        if isinstance(exc, http.client.IncompleteRead):
-            raise ScrapeError("truncated", f"{where}: the answer ended early ({exc})") from None
-        raise ScrapeError("connect", f"{where}: {type(exc).__name__}: {exc}") from None
-    finally:
-        if guard is not None:
-            WATCHDOG.release(guard)
-        if response is not None:
-            response.close()
-        if sock is not None:
-            sock.close()
-
-
-def bearer(api_key: str) -> dict[str, str]:
-    """The request headers that carry an engine's API key (none without one)."""
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 def scrape_headers(api_key: str = "") -> dict[str, str]:
     return {"Accept": "text/plain;version=0.0.4", **bearer(api_key)}
-
-
-def http_get(url: str, deadline: float, limit: int, api_key: str = "") -> tuple[int, bytes]:
-    """GET `url` within `deadline`: its status and body, at most `limit` bytes after decoding."""
-    with http_open(url, deadline, headers=scrape_headers(api_key)) as reply:
-        return reply.status, read_body(reply, limit)
-
-
-def read_body(reply: Reply, limit: int) -> bytes:
-    """The whole body, gunzipped when sent so; a gzip stream that stops before its end is truncated."""
-    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if reply.header("Content-Encoding") == "gzip" else None
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in reply.chunks():
-        if inflate is not None:
-            try:
-                chunk = inflate.decompress(chunk, limit + 1 - size)
-            except zlib.error as exc:
-                raise ScrapeError("not_exposition", f"{reply.where}: bad gzip body: {exc}") from None
-        size += len(chunk)
-        if size > limit:
-            raise ScrapeError("too_large", f"{reply.where}: body larger than {limit} bytes")
-        chunks.append(chunk)
-    if inflate is not None and not inflate.eof:
-        raise ScrapeError("truncated", f"{reply.where}: gzip body ends before its end")
-    return b"".join(chunks)
-
-
-def _shut(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass

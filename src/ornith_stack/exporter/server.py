@@ -26,7 +26,8 @@ from ornith_stack.errors import UserError
 from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.collectors import ExporterCollector, render
 from ornith_stack.exporter.httpd import BoundedServer, Limits, Request, Response
-from ornith_stack.exporter.scrape import Result, Scraper, Target, redact
+from ornith_stack.exporter.scrape import Result, Scraper, Target
+from ornith_stack.urls import redact
 
 # Kept back from Prometheus' scrape timeout for collecting and writing the answer: this share of it,
 # at least ANSWER_MARGIN_S seconds. Answering takes about 0.05 s after the targets' deadline

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
-
 from ornith_stack import deployment
 from ornith_stack.engines import EngineAdapter, adapter_for
 from ornith_stack.errors import UserError
+from ornith_stack.exporter import catalogue as C
 from ornith_stack.profiles.model import Profile
 from ornith_stack.stack.artifacts import download_weights, ensure_images, hub_models
 from ornith_stack.stack.compose import (
@@ -35,6 +34,8 @@ from ornith_stack.stack.envfile import ApiKey, api_key, read_env, set_env
 from ornith_stack.stack.preflight import preflight
 from ornith_stack.stack.shell import Runner, first_line
 from ornith_stack.stack.status import chat_body, post_without_key
+from ornith_stack.wire.http import ERROR_BYTES, METRICS_BYTES, WireError, bearer, fetch
+from ornith_stack.wire.metrics import BadExposition, parse
 
 # How long the engine may take to answer its health route after `up -d`: the compose healthchecks'
 # start periods (900 s on GPUs: a cold load took 440 s on a Spark, then compile and graph capture;
@@ -227,9 +228,9 @@ def wait_healthy(run: Runner, stack: Stack, layout: Layout, adapter: EngineAdapt
         waiting = [s for s in layout.engines if layout.gateway and
                    (states.get(s, {}).get("Health") or {}).get("Status") != "healthy"]
         try:
-            if not waiting and httpx.get(base + layout.health_path, timeout=5).status_code == 200:
+            if not waiting and fetch(base + layout.health_path, 5, limit=ERROR_BYTES, cut=True).status == 200:
                 return
-        except httpx.HTTPError:
+        except WireError:
             pass
         if time.monotonic() > deadline:
             late = (f"{', '.join(waiting)} did not become healthy" if waiting
@@ -251,14 +252,13 @@ def _which(layout: Layout, service: str) -> str:
 def smoke(base: str, adapter: EngineAdapter, model: str, key: str, layout: Layout) -> str:
     """One chat request with the key (and, with a key, the same request without it, which must be refused,
     as a user's curl without the header is); returns the message field the answer came in."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
     body = chat_body(model, SMOKE_PROMPT)
     try:
-        answer = httpx.post(base + adapter.chat_path, json=body, headers=headers, timeout=300)
-    except httpx.HTTPError as exc:
-        raise UserError(f"the smoke request to {base} failed: {type(exc).__name__}: {exc}") from None
-    if answer.status_code != 200:
-        raise UserError(f"the smoke request answered HTTP {answer.status_code}: {answer.text[:200]}")
+        answer = fetch(base + adapter.chat_path, 300, "POST", headers=bearer(key), json=body)
+    except WireError as exc:
+        raise UserError(f"the smoke request to {base} failed: {exc}") from None
+    if answer.status != 200:
+        raise UserError(f"the smoke request answered HTTP {answer.status}: {answer.text[:200]}")
     unauthenticated = post_without_key(base + adapter.chat_path, body) if key else None
     if key and unauthenticated != 401:
         raise UserError(f"{base}{adapter.chat_path} answered {_answer(unauthenticated)} without the API key "
@@ -285,12 +285,12 @@ def _answer(code: int | None) -> str:
 def wait_exporter(address: str, timeout: float) -> None:
     """Until the exporter reads the engine up (ornith_engine_up 1)."""
     deadline = time.monotonic() + timeout
-    pattern = re.compile(r"^ornith_engine_up\{[^}]*\} 1(\.0)?$", re.MULTILINE)
     while True:
         try:
-            if pattern.search(httpx.get(f"http://{address}{deployment.METRICS_PATH}", timeout=10).text):
+            samples = parse(fetch(f"http://{address}{deployment.METRICS_PATH}", 10, limit=METRICS_BYTES).text)
+            if any(sample.value == 1 for sample in samples.get(C.ENGINE_UP.series, [])):
                 return
-        except httpx.HTTPError:
+        except (WireError, BadExposition):
             pass
         if time.monotonic() > deadline:
             raise UserError(f"the exporter at {address} does not read the engine up after {timeout:.0f} s: "

@@ -8,14 +8,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from ornith_stack import deployment
 from ornith_stack.engines import SpecCounters, acceptance_length
 from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.stack.compose import Layout
+from ornith_stack.wire.http import ERROR_BYTES, METRICS_BYTES, WireError, fetch
+from ornith_stack.wire.metrics import parse
 
 Reading = dict[str, dict[str, float]]  # target -> series name -> value
 INFO_LABELS = ("engine", "version", "model", "profile")
@@ -35,9 +34,9 @@ class EngineStatus:
 
 def read_exporter(address: str) -> str:
     try:
-        return httpx.get(f"http://{address}{deployment.METRICS_PATH}", timeout=15).text
-    except httpx.HTTPError as exc:
-        raise UserError(f"the exporter at {address} does not answer ({type(exc).__name__}): `ornith-stack logs exporter`"
+        return fetch(f"http://{address}{deployment.METRICS_PATH}", 15, limit=METRICS_BYTES).text
+    except WireError as exc:
+        raise UserError(f"the exporter at {address} does not answer ({exc.reason}): `ornith-stack logs exporter`"
                         ) from None
 
 
@@ -45,14 +44,14 @@ def parse_exporter(text: str) -> tuple[Reading, dict[str, dict[str, str]]]:
     """Every ornith_* series by target (summed over its other labels), and each target's info labels."""
     values: Reading = defaultdict(dict)
     info: dict[str, dict[str, str]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
+    for name, samples in parse(text).items():
+        for sample in samples:
             target = sample.labels.get("target")
             if target is None or "position" in sample.labels:
                 continue
-            if sample.name == C.ENGINE_INFO.name:
+            if name == C.ENGINE_INFO.name:
                 info[target] = {k: sample.labels.get(k, "") for k in INFO_LABELS}
-            values[target][sample.name] = values[target].get(sample.name, 0.0) + sample.value
+            values[target][name] = values[target].get(name, 0.0) + sample.value
     return values, info
 
 
@@ -112,8 +111,8 @@ def chat_body(model: str, prompt: str, max_tokens: int = 32) -> dict[str, Any]:
 def post_without_key(url: str, body: dict[str, Any]) -> int | None:
     """The HTTP status of a POST without an Authorization header (None: nothing answered)."""
     try:
-        return httpx.post(url, json=body, timeout=300).status_code
-    except httpx.HTTPError:
+        return fetch(url, 300, "POST", json=body, limit=ERROR_BYTES, cut=True).status
+    except WireError:
         return None
 
 
@@ -124,8 +123,8 @@ def refuses(code: int | None) -> bool | None:
 
 def answers_ready(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=10).status_code == 200
-    except httpx.HTTPError:
+        return fetch(url, 10, limit=ERROR_BYTES, cut=True).status == 200
+    except WireError:
         return False
 
 
@@ -134,9 +133,8 @@ def alerts_go_nowhere(address: str) -> bool | None:
     reserved name that never resolves (None: it did not answer). Read from its own API, so it is what
     Alertmanager loaded, not what a file on the host says."""
     try:
-        reply = httpx.get(f"http://{address}/api/v2/status", timeout=10)
-        loaded = reply.json()["config"]["original"]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        loaded = fetch(f"http://{address}/api/v2/status", 10).json()["config"]["original"]
+    except (WireError, ValueError, KeyError, TypeError, RecursionError):
         return None
     return isinstance(loaded, str) and deployment.ALERT_WEBHOOK_PLACEHOLDER in loaded
 

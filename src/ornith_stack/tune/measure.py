@@ -25,15 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from ornith_stack.engines import adapter_for, launch_args
 from ornith_stack.engines.base import SpecCounters, acceptance_length
-from ornith_stack.engines.exposition import BadExposition, parse
 from ornith_stack.errors import UserError
 from ornith_stack.profiles.model import Profile
 from ornith_stack.tune.spec import Slo, Workload
 from ornith_stack.tune.state import LevelResult
+from ornith_stack.wire.http import ERROR_BYTES, METRICS_BYTES, WireError, fetch
+from ornith_stack.wire.metrics import BadExposition, parse
 
 LOG_TAIL_LINES = 30
 STOP_GRACE_S = 20.0
@@ -127,20 +126,19 @@ def wait_healthy(profile: Profile, base: str, alive: Callable[[], bool], log_tai
                  timeout_s: float) -> None:
     adapter = adapter_for(profile)
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(base_url=base, timeout=5.0) as client:
-        while time.monotonic() < deadline:
-            if not alive():
-                raise EngineCrash("the engine exited before it was healthy", log_tail())
-            if all(_answers(client, path) for path in (adapter.health_path, adapter.models_path)):
-                return
-            time.sleep(POLL_S)
+    while time.monotonic() < deadline:
+        if not alive():
+            raise EngineCrash("the engine exited before it was healthy", log_tail())
+        if all(_answers(base + path) for path in (adapter.health_path, adapter.models_path)):
+            return
+        time.sleep(POLL_S)
     raise EngineCrash(f"the engine was not healthy after {timeout_s:.0f} s", log_tail())
 
 
-def _answers(client: httpx.Client, path: str) -> bool:
+def _answers(url: str) -> bool:
     try:
-        return client.get(path).status_code == 200
-    except httpx.HTTPError:
+        return fetch(url, 5.0, limit=ERROR_BYTES, cut=True).status == 200
+    except WireError:
         return False
 
 
@@ -199,9 +197,9 @@ def spec_counters(engine: Engine) -> SpecCounters | None:
     """The engine's speculative counters now (None: it does not speculate, or /metrics did not answer)."""
     adapter = adapter_for(engine.profile)
     try:
-        text = httpx.get(engine.base_url + adapter.metrics_path, timeout=10.0).text
+        text = fetch(engine.base_url + adapter.metrics_path, 10.0, limit=METRICS_BYTES).text
         return adapter.spec_counters(parse(text))
-    except (httpx.HTTPError, BadExposition):
+    except (WireError, BadExposition):
         return None
 
 

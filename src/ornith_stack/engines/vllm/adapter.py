@@ -19,11 +19,11 @@ from ornith_stack.engines.base import (
     int_arg,
     str_arg,
 )
-from ornith_stack.engines.exposition import Samples
 from ornith_stack.engines.vllm import accounting
 from ornith_stack.engines.vllm import metrics as names
 from ornith_stack.engines.vllm.flags import FLAGS
 from ornith_stack.sizing.model import Caps, Plan, PlanRequest
+from ornith_stack.wire.metrics import Samples
 
 if TYPE_CHECKING:
     from ornith_stack.profiles.model import ArgValue, Profile
