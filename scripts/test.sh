@@ -34,6 +34,17 @@ if [[ $EUID -eq 0 ]] && command -v docker >/dev/null; then
   scripts/install-compose-v2.sh "$ORNITH_CACHE_DIR/compose-v2"
 fi
 
+# The integration tier's local base images (debootstrap and three apt-based builds: minutes of downloads and
+# unpacking, little CPU) are made in the background while the Python environment installs and the fast tier runs;
+# the integration tier waits for them. make-base-images.sh takes a lock, so the tests' own calls wait for this one.
+base_images_pid=""
+if ((fast_only == 0)) && command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+  step "Local base images for the integration tier (in the background: $ORNITH_CACHE_DIR/base-images.log)"
+  base_images_started=$SECONDS
+  scripts/make-base-images.sh >"$ORNITH_CACHE_DIR/base-images.log" 2>&1 &
+  base_images_pid=$!
+fi
+
 step "Python environment (.venv) with ornith-stack and its dev tools"
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
@@ -97,6 +108,15 @@ trap summary EXIT
 step "Fast tier: pytest -n auto"
 run_tier "fast tier" -n auto "$@"
 if ((fast_only == 0)); then
+  if [[ -n $base_images_pid ]]; then
+    step "Waiting for the local base images"
+    if ! wait "$base_images_pid"; then
+      tail -n 30 "$ORNITH_CACHE_DIR/base-images.log" >&2
+      echo "error: scripts/make-base-images.sh failed (its log: $ORNITH_CACHE_DIR/base-images.log)" >&2
+      exit 1
+    fi
+    echo "base images ready $((SECONDS - base_images_started)) s after they were started"
+  fi
   step "Integration tier: pytest -m integration"
   run_tier "integration tier" -m integration "$@"
 fi
