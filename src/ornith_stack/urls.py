@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from urllib.parse import urlsplit
 
@@ -41,3 +42,11 @@ def engine_url(text: str, option: str) -> str:
     if parts.query or parts.fragment:
         raise UserError(f"{option} {shown(text)}: a base URL has no ?query or #fragment; {example}")
     return url.rstrip("/")
+
+
+def is_loopback(bind: str) -> bool:
+    """Whether a bind address (compose's ORNITH_BIND, ORNITH_MONITORING_BIND) reaches this machine only."""
+    try:
+        return ipaddress.ip_address(bind.strip("[]")).is_loopback
+    except ValueError:
+        return bind == "localhost"
