@@ -17,6 +17,7 @@ from ports import free_port
 from ornith_stack import deployment as D
 from ornith_stack.generate import monitoring_auth as M
 from ornith_stack.generate.prometheus import PROMETHEUS_SELF, compose_config
+from ornith_stack.stack.status import alerts_go_nowhere, asks_for_login
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
@@ -113,6 +114,18 @@ def test_with_a_password_prometheus_and_alertmanager_refuse_anyone_without_it(mo
     assert httpx.get(silences, timeout=5).status_code == 401
     # Prometheus itself gets in, with the password file: its own and Alertmanager's metrics are scraped.
     assert targets_up(monitoring["prometheus"], PASSWORD) == {"prometheus": "up", "alertmanager": "up"}
+
+
+@needs_binaries
+@pytest.mark.parametrize("monitoring", [PASSWORD, ""], indirect=True)
+def test_status_reads_alertmanager_with_the_password(monitoring: dict[str, str]) -> None:
+    address = monitoring["alertmanager"].removeprefix("http://")
+    password = monitoring["password"]
+    assert asks_for_login(address) is bool(password)
+    # Its configuration is read (this one sends nowhere: no placeholder webhook); a wrong password reads nothing.
+    assert alerts_go_nowhere(address, password) is False
+    if password:
+        assert alerts_go_nowhere(address) is None and alerts_go_nowhere(address, "wrong") is None
 
 
 @needs_binaries

@@ -31,7 +31,7 @@ from ornith_stack.stack.compose import (
     service_of,
     stack_for,
 )
-from ornith_stack.stack.envfile import ApiKey, api_key, read_env, set_env
+from ornith_stack.stack.envfile import Secret, api_key, monitoring_password, read_env, set_env
 from ornith_stack.stack.preflight import preflight
 from ornith_stack.stack.shell import Runner, first_line
 from ornith_stack.stack.status import chat_body, post_without_key
@@ -70,7 +70,8 @@ class Access:
 
     api_base: str
     model: str
-    key: ApiKey
+    key: Secret
+    monitoring: Secret = Secret("", "")  # the login of Prometheus, Alertmanager and Grafana (empty: none)
     thinking_field: str = ""  # where the smoke request's answer was: reasoning_content or content
     addresses: dict[str, str] = field(default_factory=dict)  # Grafana, Prometheus, ... -> URL
 
@@ -89,9 +90,10 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
     env_path = options.env_file or options.root / "compose" / ".env"
     values = {**read_env(env_path), **environ}
     hf_home = hf_cache(values)
+    monitoring_bind = values.get(deployment.MONITORING_BIND_VARIABLE) or "127.0.0.1"
+    # Beyond loopback the monitoring services always get a password: `up` makes one below if none is set.
     ready = preflight(options.profile, run, values.get("ORNITH_BIND", "127.0.0.1"), options.with_key, hf_home,
-                      root=options.root,
-                      monitoring_bind=values.get("ORNITH_MONITORING_BIND", "127.0.0.1"))
+                      root=options.root, monitoring_bind=monitoring_bind, monitoring_password=True)
     profile = ready.profile
     stack = stack_for(options.root, profile.name, options.project, env_path)
     changed: list[str] = []
@@ -100,6 +102,9 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
     key = api_key(env_path, environ, options.with_key)
     if key.created:
         changed.append(f"new API key: {key.where}")
+    login = monitoring_password(env_path, environ, monitoring_bind)
+    if login.created:
+        changed.append(f"new monitoring password: {login.where}")
 
     reporter.step("weights")
     if hub_models(profile):
@@ -137,7 +142,7 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
 
     reporter.step("smoke request")
     model = profile.serve.served_name or profile.model.repo or ""
-    access = Access(f"http://{endpoint}/v1", model, key, addresses=addresses(run, stack))
+    access = Access(f"http://{endpoint}/v1", model, key, login, addresses=addresses(run, stack))
     access.thinking_field = smoke(f"http://{endpoint}", adapter, model, key.value, layout)
     if key.value and layout.gateway is not None:
         if gateway_keyed(run, stack, layout):

@@ -129,12 +129,26 @@ def answers_ready(url: str) -> bool:
         return False
 
 
-def alerts_go_nowhere(address: str) -> bool | None:
-    """Whether the running Alertmanager at host:port still sends to the generated placeholder webhook, a
-    reserved name that never resolves (None: it did not answer). Read from its own API, so it is what
-    Alertmanager loaded, not what a file on the host says."""
+def monitoring_login(password: str) -> tuple[str, str] | None:
+    """The basic auth of Prometheus and Alertmanager with the monitoring password (None: no password)."""
+    return (deployment.MONITORING_USER, password) if password else None
+
+
+def asks_for_login(address: str) -> bool | None:
+    """Whether the service at host:port refuses a request without the monitoring password (None: it did
+    not answer)."""
     try:
-        reply = httpx.get(f"http://{address}/api/v2/status", timeout=10)
+        return refuses(httpx.get(f"http://{address}/-/ready", timeout=10).status_code)
+    except httpx.HTTPError:
+        return None
+
+
+def alerts_go_nowhere(address: str, password: str = "") -> bool | None:
+    """Whether the running Alertmanager at host:port still sends to the generated placeholder webhook, a
+    reserved name that never resolves (None: it did not answer, or not to `password`). Read from its own
+    API, so it is what Alertmanager loaded, not what a file on the host says."""
+    try:
+        reply = httpx.get(f"http://{address}/api/v2/status", auth=monitoring_login(password), timeout=10)
         loaded = reply.json()["config"]["original"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None
