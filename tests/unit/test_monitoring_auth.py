@@ -23,8 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-needs_binaries = pytest.mark.skipif(PROMETHEUS is None or ALERTMANAGER is None,
-                                    reason="prometheus and alertmanager not installed")
+needs_binaries = pytest.mark.skipif(
+    PROMETHEUS is None or ALERTMANAGER is None, reason="prometheus and alertmanager not installed"
+)
 PASSWORD = "pa:ss@w/rd%"  # what a URL or a header would mangle if not escaped
 
 
@@ -63,28 +64,56 @@ def monitoring(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[
     folder = auth_files(tmp_path, password)
     prom_port, am_port = free_port(), free_port()
     config = compose_config()
-    text = yaml.safe_dump({**config, "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                           "rule_files": [], "scrape_configs": [j for j in config["scrape_configs"]
-                                                                if j["job_name"] in ("prometheus", "alertmanager")]})
-    text = (text.replace(D.MONITORING_PASSWORD_FILE, str(folder / "password"))
-            .replace(PROMETHEUS_SELF, f"127.0.0.1:{prom_port}")
-            .replace(f"{D.ALERTMANAGER_SERVICE}:{D.ALERTMANAGER_PORT}", f"127.0.0.1:{am_port}"))
+    text = yaml.safe_dump(
+        {
+            **config,
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [],
+            "scrape_configs": [j for j in config["scrape_configs"] if j["job_name"] in ("prometheus", "alertmanager")],
+        }
+    )
+    text = (
+        text.replace(D.MONITORING_PASSWORD_FILE, str(folder / "password"))
+        .replace(PROMETHEUS_SELF, f"127.0.0.1:{prom_port}")
+        .replace(f"{D.ALERTMANAGER_SERVICE}:{D.ALERTMANAGER_PORT}", f"127.0.0.1:{am_port}")
+    )
     (tmp_path / "prometheus.yml").write_text(text)
     (tmp_path / "alertmanager.yml").write_text("route: {receiver: nobody}\nreceivers: [{name: nobody}]\n")
     web = f"--web.config.file={folder / 'web.yml'}"
     log = (tmp_path / "log").open("w")
-    alertmanager = subprocess.Popen([str(ALERTMANAGER), f"--config.file={tmp_path / 'alertmanager.yml'}",
-                                     f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}",
-                                     "--cluster.listen-address=", web], stdout=log, stderr=log)
-    prometheus = subprocess.Popen([str(PROMETHEUS), f"--config.file={tmp_path / 'prometheus.yml'}",
-                                   f"--storage.tsdb.path={tmp_path / 'data'}",
-                                   f"--web.listen-address=127.0.0.1:{prom_port}", web], stdout=log, stderr=log)
+    alertmanager = subprocess.Popen(
+        [
+            str(ALERTMANAGER),
+            f"--config.file={tmp_path / 'alertmanager.yml'}",
+            f"--storage.path={tmp_path / 'am'}",
+            f"--web.listen-address=127.0.0.1:{am_port}",
+            "--cluster.listen-address=",
+            web,
+        ],
+        stdout=log,
+        stderr=log,
+    )
+    prometheus = subprocess.Popen(
+        [
+            str(PROMETHEUS),
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+            web,
+        ],
+        stdout=log,
+        stderr=log,
+    )
     auth = (D.MONITORING_USER, password) if password else None
     try:
         wait_ready(f"http://127.0.0.1:{am_port}/-/ready", alertmanager, auth)
         wait_ready(f"http://127.0.0.1:{prom_port}/-/ready", prometheus, auth)
-        yield {"prometheus": f"http://127.0.0.1:{prom_port}", "alertmanager": f"http://127.0.0.1:{am_port}",
-               "folder": str(folder), "password": password}
+        yield {
+            "prometheus": f"http://127.0.0.1:{prom_port}",
+            "alertmanager": f"http://127.0.0.1:{am_port}",
+            "folder": str(folder),
+            "password": password,
+        }
     finally:
         stop(prometheus)
         stop(alertmanager)
@@ -139,7 +168,9 @@ def test_without_a_password_nothing_asks_for_one(monitoring: dict[str, str]) -> 
 
 def healthcheck_command() -> str:
     """Prometheus' healthcheck in the compose files, as the container's shell runs it."""
-    test = yaml.safe_load((REPO / "compose" / "cpu-demo.yml").read_text())["services"]["prometheus"]["healthcheck"]["test"]
+    test = yaml.safe_load((REPO / "compose" / "cpu-demo.yml").read_text())["services"]["prometheus"]["healthcheck"][
+        "test"
+    ]
     assert test[0] == "CMD-SHELL"
     return str(test[1]).replace("$$", "$")
 
@@ -150,8 +181,11 @@ def healthcheck_command() -> str:
 def test_the_prometheus_healthcheck_passes_with_or_without_a_password(monitoring: dict[str, str]) -> None:
     port = monitoring["prometheus"].rsplit(":", 1)[1]
     ready_url = Path(monitoring["folder"]) / "prometheus-ready-url"
-    command = (healthcheck_command().replace(D.MONITORING_READY_URL_FILE, str(ready_url))
-               .replace(f"127.0.0.1:{D.PROMETHEUS_PORT}", f"127.0.0.1:{port}"))
+    command = (
+        healthcheck_command()
+        .replace(D.MONITORING_READY_URL_FILE, str(ready_url))
+        .replace(f"127.0.0.1:{D.PROMETHEUS_PORT}", f"127.0.0.1:{port}")
+    )
     url = ready_url.read_text().replace(f":{D.PROMETHEUS_PORT}/", f":{port}/")
     ready_url.chmod(0o644)
     ready_url.write_text(url)
@@ -162,8 +196,9 @@ def test_the_prometheus_healthcheck_passes_with_or_without_a_password(monitoring
 @pytest.mark.parametrize("password", [PASSWORD, ""])
 def test_promtool_accepts_the_web_config(tmp_path: Path, password: str) -> None:
     folder = auth_files(tmp_path, password)
-    result = subprocess.run([str(PROMTOOL), "check", "web-config", str(folder / "web.yml")], capture_output=True,
-                            text=True, check=False)
+    result = subprocess.run(
+        [str(PROMTOOL), "check", "web-config", str(folder / "web.yml")], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert ("basic_auth_users" in (folder / "web.yml").read_text()) == bool(password)
     assert (folder / "password").read_text() == password
@@ -171,13 +206,16 @@ def test_promtool_accepts_the_web_config(tmp_path: Path, password: str) -> None:
 
 @pytest.mark.parametrize("bind", ["0.0.0.0", "192.0.2.7", "::"])
 def test_a_monitoring_bind_beyond_loopback_without_a_password_starts_nothing(
-        tmp_path: Path, bind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, bind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert M.main([str(tmp_path / "auth")], {D.MONITORING_BIND_VARIABLE: bind}) == 1
     error = capsys.readouterr().err.strip()
     assert error.startswith(f"error: {D.MONITORING_BIND_VARIABLE}={bind} would publish") and "\n" not in error
     assert not (tmp_path / "auth").exists()
-    assert M.main([str(tmp_path / "auth")], {D.MONITORING_BIND_VARIABLE: bind,
-                                             D.MONITORING_PASSWORD_VARIABLE: PASSWORD}) == 0
+    assert (
+        M.main([str(tmp_path / "auth")], {D.MONITORING_BIND_VARIABLE: bind, D.MONITORING_PASSWORD_VARIABLE: PASSWORD})
+        == 0
+    )
 
 
 def grafana(folder: Path) -> dict[str, dict[str, str]]:
@@ -192,7 +230,10 @@ def test_with_a_password_grafana_asks_for_a_login(tmp_path: Path) -> None:
     ini = grafana(auth_files(tmp_path, PASSWORD, ORNITH_GRAFANA_LOGIN_DISABLED="true"))
     assert ini["auth.anonymous"]["enabled"] == "false"
     assert ini["auth"]["disable_login_form"] == "false"
-    assert ini["security"] == {"admin_user": D.MONITORING_USER, "admin_password": f"$__file{{{D.MONITORING_PASSWORD_FILE}}}"}
+    assert ini["security"] == {
+        "admin_user": D.MONITORING_USER,
+        "admin_password": f"$__file{{{D.MONITORING_PASSWORD_FILE}}}",
+    }
     assert PASSWORD not in (tmp_path / "auth" / "grafana.ini").read_text()
 
 
@@ -200,6 +241,7 @@ def test_without_a_password_grafana_keeps_its_anonymous_viewer_and_the_operators
     ini = grafana(auth_files(tmp_path, ""))
     assert ini["auth.anonymous"] == {"enabled": "true", "org_role": "Viewer"}
     assert ini["auth"]["disable_login_form"] == "true" and ini["auth.basic"]["enabled"] == "false"
-    turned_on = grafana(auth_files(tmp_path / "on", "", ORNITH_GRAFANA_LOGIN_DISABLED="false",
-                                   ORNITH_GRAFANA_BASIC_AUTH="true"))
+    turned_on = grafana(
+        auth_files(tmp_path / "on", "", ORNITH_GRAFANA_LOGIN_DISABLED="false", ORNITH_GRAFANA_BASIC_AUTH="true")
+    )
     assert turned_on["auth"]["disable_login_form"] == "false" and turned_on["auth.basic"]["enabled"] == "true"

@@ -59,16 +59,24 @@ def _flag(value: str, default: bool) -> str:
 def grafana_ini(password: str, environ: Mapping[str, str]) -> str:
     """Grafana's settings: a login as `ornith` with the password, else the anonymous viewer of loopback."""
     if password:
-        auth = {"auth": {"disable_login_form": "false"}, "auth.anonymous": {"enabled": "false"},
-                "auth.basic": {"enabled": "true"},
-                "security": {"admin_user": D.MONITORING_USER,
-                             "admin_password": "$__file{" + D.MONITORING_PASSWORD_FILE + "}"}}
+        auth = {
+            "auth": {"disable_login_form": "false"},
+            "auth.anonymous": {"enabled": "false"},
+            "auth.basic": {"enabled": "true"},
+            "security": {
+                "admin_user": D.MONITORING_USER,
+                "admin_password": "$__file{" + D.MONITORING_PASSWORD_FILE + "}",
+            },
+        }
     else:
-        auth = {"auth": {"disable_login_form": _flag(environ.get(LOGIN_DISABLED_ENV, ""), True)},
-                "auth.anonymous": {"enabled": "true", "org_role": "Viewer"},
-                "auth.basic": {"enabled": _flag(environ.get(BASIC_AUTH_ENV, ""), False)}}
-    return "\n".join(f"[{section}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items())
-                     for section, keys in auth.items())
+        auth = {
+            "auth": {"disable_login_form": _flag(environ.get(LOGIN_DISABLED_ENV, ""), True)},
+            "auth.anonymous": {"enabled": "true", "org_role": "Viewer"},
+            "auth.basic": {"enabled": _flag(environ.get(BASIC_AUTH_ENV, ""), False)},
+        }
+    return "\n".join(
+        f"[{section}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items()) for section, keys in auth.items()
+    )
 
 
 def ready_url(password: str) -> str:
@@ -82,9 +90,11 @@ def refusal(environ: Mapping[str, str]) -> str | None:
     bind = environ.get(D.MONITORING_BIND_VARIABLE, "") or "127.0.0.1"
     if environ.get(D.MONITORING_PASSWORD_VARIABLE, "") or is_loopback(bind):
         return None
-    return (f"{D.MONITORING_BIND_VARIABLE}={bind} would publish Prometheus, Alertmanager and Grafana without a "
-            f"password: set {D.MONITORING_PASSWORD_VARIABLE} in compose/.env (`ornith-stack up` makes one), or "
-            f"keep {D.MONITORING_BIND_VARIABLE}=127.0.0.1")
+    return (
+        f"{D.MONITORING_BIND_VARIABLE}={bind} would publish Prometheus, Alertmanager and Grafana without a "
+        f"password: set {D.MONITORING_PASSWORD_VARIABLE} in compose/.env (`ornith-stack up` makes one), or "
+        f"keep {D.MONITORING_BIND_VARIABLE}=127.0.0.1"
+    )
 
 
 def write(folder: Path, environ: Mapping[str, str]) -> None:
