@@ -15,8 +15,10 @@ import yaml
 from ports import free_port
 
 from ornith_stack import deployment as D
+from ornith_stack.errors import UserError
 from ornith_stack.generate import monitoring_auth as M
 from ornith_stack.generate.prometheus import PROMETHEUS_SELF, compose_config
+from ornith_stack.stack.bringup import refuse_monitoring
 from ornith_stack.stack.status import alerts_go_nowhere, asks_for_login
 
 REPO = Path(__file__).resolve().parents[2]
@@ -245,3 +247,19 @@ def test_without_a_password_grafana_keeps_its_anonymous_viewer_and_the_operators
         auth_files(tmp_path / "on", "", ORNITH_GRAFANA_LOGIN_DISABLED="false", ORNITH_GRAFANA_BASIC_AUTH="true")
     )
     assert turned_on["auth"]["disable_login_form"] == "false" and turned_on["auth.basic"]["enabled"] == "true"
+
+
+@needs_binaries
+@pytest.mark.parametrize("monitoring", [PASSWORD, ""], indirect=True)
+def test_up_proves_that_prometheus_and_alertmanager_ask_for_the_password(monitoring: dict[str, str]) -> None:
+    addresses = {name: monitoring[name].removeprefix("http://") for name in ("prometheus", "alertmanager")}
+    if monitoring["password"]:
+        refuse_monitoring(addresses, timeout=10)
+    else:
+        with pytest.raises(UserError, match=r"^prometheus at 127\.0\.0\.1:\d+ answered without the password"):
+            refuse_monitoring(addresses, timeout=10)
+
+
+def test_up_says_so_when_alertmanager_never_answers() -> None:
+    with pytest.raises(UserError, match=r"^alertmanager at 127\.0\.0\.1:\d+ answered nothing \(expected 401\)"):
+        refuse_monitoring({"alertmanager": f"127.0.0.1:{free_port()}"}, timeout=0.5)

@@ -34,7 +34,7 @@ from ornith_stack.stack.compose import (
 from ornith_stack.stack.envfile import Secret, api_key, monitoring_password, read_env, set_env
 from ornith_stack.stack.preflight import preflight
 from ornith_stack.stack.shell import Runner, first_line
-from ornith_stack.stack.status import chat_body, post_without_key
+from ornith_stack.stack.status import asks_for_login, chat_body, post_without_key
 
 # How long the engine may take to answer its health route after `up -d`: the compose healthchecks'
 # start periods (900 s on GPUs: a cold load took 440 s on a Spark, then compile and graph capture;
@@ -150,6 +150,8 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
         else:
             reporter.note(f"the {layout.gateway} service gets no API key: its {deployment.GATEWAY_WORKERS_PATH} "
                           "routes are open to anyone who reaches its port")
+    if login.value:
+        refuse_monitoring(access.addresses, timeout=120.0)
     exporter = access.addresses.get("exporter")
     if exporter:
         wait_exporter(exporter, timeout=120.0)
@@ -285,6 +287,23 @@ def refuse_workers(base: str) -> None:
 
 def _answer(code: int | None) -> str:
     return "nothing" if code is None else f"HTTP {code}"
+
+
+LOGIN_SERVICES = ("prometheus", "alertmanager")
+
+
+def refuse_monitoring(addresses: Mapping[str, str], timeout: float) -> None:
+    """With a monitoring password, Prometheus and Alertmanager refuse a request without it (each waited for
+    until it answers at all): an open one would let anyone who reaches it read the metrics or silence alerts."""
+    deadline = time.monotonic() + timeout
+    for name in (n for n in LOGIN_SERVICES if n in addresses):
+        while (refused := asks_for_login(addresses[name])) is None and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        if refused is not True:
+            answer = "nothing" if refused is None else "without the password"
+            raise UserError(f"{name} at {addresses[name]} answered {answer} (expected 401): it does not ask for "
+                            f"{deployment.MONITORING_PASSWORD_VARIABLE}; `ornith-stack logs {name}` and "
+                            f"`ornith-stack logs {deployment.MONITORING_AUTH_SERVICE}`")
 
 
 def wait_exporter(address: str, timeout: float) -> None:
