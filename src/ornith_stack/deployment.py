@@ -53,6 +53,22 @@ ALERT_WEBHOOK_PLACEHOLDER = "http://ornith-webhook.invalid/alerts"
 # Grafana: the provisioned Prometheus datasource every dashboard panel names.
 GRAFANA_DATASOURCE_UID = "ornith-prometheus"
 
+# Monitoring beyond loopback (compose's ORNITH_MONITORING_BIND): Prometheus and Alertmanager ask for HTTP
+# basic auth (their own --web.config.file), Grafana for a login, all as one user with the password
+# ORNITH_MONITORING_PASSWORD. The one-shot service below writes the files into a volume mounted at
+# MONITORING_AUTH_DIR: the password, the web config (a bcrypt hash) and Grafana's settings.
+MONITORING_BIND_VARIABLE = "ORNITH_MONITORING_BIND"
+MONITORING_PASSWORD_VARIABLE = "ORNITH_MONITORING_PASSWORD"
+MONITORING_USER = "ornith"
+MONITORING_AUTH_SERVICE = "monitoring-auth"
+MONITORING_AUTH_DIR = "/auth"
+MONITORING_PASSWORD_FILE = f"{MONITORING_AUTH_DIR}/password"
+MONITORING_WEB_CONFIG = f"{MONITORING_AUTH_DIR}/web.yml"
+MONITORING_GRAFANA_INI = f"{MONITORING_AUTH_DIR}/grafana.ini"
+# Prometheus' readiness URL, with the credentials in it when there is a password: its healthcheck's wget
+# (busybox in the official image) takes them from the URL only.
+MONITORING_READY_URL_FILE = f"{MONITORING_AUTH_DIR}/prometheus-ready-url"
+
 # The rule files Prometheus loads (generated under monitoring/prometheus/rules/).
 RULE_FILES = ("ornith-recording.yml", "ornith-alerts.yml")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from urllib.parse import urlsplit, urlunsplit
 
@@ -48,3 +49,11 @@ def redact(url: str) -> str:
     parts = urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
     return url if host == parts.netloc else urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+def is_loopback(bind: str) -> bool:
+    """Whether a bind address (compose's ORNITH_BIND, ORNITH_MONITORING_BIND) reaches this machine only."""
+    try:
+        return ipaddress.ip_address(bind.strip("[]")).is_loopback
+    except ValueError:
+        return bind == "localhost"

@@ -374,6 +374,47 @@ def test_the_exporter_image_is_the_lightest_and_carries_no_bench(first_up: subpr
     assert sizes["exporter"] < sizes["engine"]
 
 
+def test_monitoring_beyond_loopback_asks_for_the_password(first_up: subprocess.CompletedProcess[str],
+                                                          demo_env: dict[str, str]) -> None:
+    """ORNITH_MONITORING_BIND=0.0.0.0 with ORNITH_MONITORING_PASSWORD: Prometheus and Alertmanager (Debian's,
+    with the web config monitoring-auth wrote) answer 401 without it and 200 with it, and Prometheus still
+    gets its alerts through (the always-firing watchdog arrives in Alertmanager); without a password the
+    one-shot refuses in one line and nothing is published. A project of its own, the images `up` built,
+    no engine (--no-deps)."""
+    password = "pa:ss@w/rd%"
+    ports = {name: str(free_port()) for name in ("PROMETHEUS", "ALERTMANAGER")}
+    env = {**demo_env, "COMPOSE_PROJECT_NAME": f"{PROJECT}-auth", "ORNITH_MONITORING_BIND": "0.0.0.0",
+           **{f"ORNITH_{name}_PORT": port for name, port in ports.items()}}
+    project = ["-p", f"{PROJECT}-auth", "--env-file", os.devnull]
+    try:
+        refused = compose(env, *project, "up", "--no-deps", "--no-build", "monitoring-auth", timeout=300, check=False)
+        assert "error: ORNITH_MONITORING_BIND=0.0.0.0 would publish Prometheus" in refused.stdout + refused.stderr
+        assert '"ExitCode":1' in compose(env, *project, "ps", "--all", "--format", "json",
+                                         "monitoring-auth").stdout.replace(" ", "")
+        env["ORNITH_MONITORING_PASSWORD"] = password
+        compose(env, *project, "up", "--no-deps", "--no-build", "monitoring-auth", "alertmanager-config", timeout=300)
+        compose(env, *project, "up", "--detach", "--no-deps", "--no-build", "alertmanager", "prometheus", timeout=300)
+        prometheus, alertmanager = (f"http://127.0.0.1:{ports[name]}" for name in ("PROMETHEUS", "ALERTMANAGER"))
+        login = ("ornith", password)
+        wait_for("Prometheus ready with the password",
+                 lambda: httpx.get(f"{prometheus}/-/ready", auth=login, timeout=5).status_code == 200, 120, env)
+        for base in (prometheus, alertmanager):
+            assert httpx.get(f"{base}/-/ready", timeout=5).status_code == 401, base
+            assert httpx.get(f"{base}/-/ready", auth=("ornith", "wrong"), timeout=5).status_code == 401, base
+            assert httpx.get(f"{base}/-/ready", auth=login, timeout=5).status_code == 200, base
+        assert httpx.get(f"{alertmanager}/api/v2/silences", timeout=5).status_code == 401
+        wait_for("the watchdog in Alertmanager (Prometheus sends with the password)",
+                 lambda: any(a["labels"]["alertname"] == "OrnithWatchdog"
+                             for a in httpx.get(f"{alertmanager}/api/v2/alerts", auth=login, timeout=5).json()),
+                 120, env)
+        # Its healthcheck fetches the readiness URL with the credentials monitoring-auth wrote.
+        wait_for("Prometheus' healthcheck healthy",
+                 lambda: '"Health":"healthy"' in compose(env, *project, "ps", "--format", "json",
+                                                        "prometheus").stdout.replace(" ", ""), 120, env)
+    finally:
+        compose(env, *project, "down", "--volumes", "--remove-orphans", timeout=300, check=False)
+
+
 # -- the cpu-demo stack ---------------------------------------------------------------------------------
 
 
@@ -388,7 +429,7 @@ class TestCpuDemoStack:
     def test_every_service_of_the_readme_command_is_running(self, stack: dict[str, str],
                                                             demo_env: dict[str, str]) -> None:
         services = yaml.safe_load(DEMO.read_text())["services"]
-        # One-shot services (restart: "no", e.g. alertmanager-config) run to completion before the others.
+        # One-shot services (restart: "no": alertmanager-config, monitoring-auth) run to completion before the others.
         one_shot = {name for name, service in services.items() if service.get("restart") == "no"}
         running = compose(demo_env, "ps", "--status", "running", "--services").stdout.split()
         assert sorted(running) == sorted(set(services) - one_shot)

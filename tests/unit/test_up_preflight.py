@@ -24,7 +24,7 @@ from ornith_stack.errors import UserError
 from ornith_stack.profiles import load_profile
 from ornith_stack.stack import preflight as P
 from ornith_stack.stack.bringup import hf_cache, hf_mount
-from ornith_stack.stack.envfile import api_key, read_env, set_env
+from ornith_stack.stack.envfile import api_key, monitoring_password, read_env, set_env
 from ornith_stack.stack.shell import Result, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -201,12 +201,35 @@ def test_up_refuses_a_key_that_would_break_the_env_file_or_the_header(tmp_path: 
 
 @pytest.mark.parametrize(("bind", "refused"), [("0.0.0.0", True), ("10.0.0.7", True), ("[::]", True),
                                                ("127.0.0.1", False), ("::1", False), ("localhost", False)])
-def test_monitoring_stays_on_loopback_whatever_the_api_bind(bind: str, refused: bool) -> None:
+def test_monitoring_leaves_loopback_only_with_a_password(bind: str, refused: bool) -> None:
     if refused:
-        with pytest.raises(UserError, match=rf"^ORNITH_MONITORING_BIND={re.escape(bind)} would publish Prometheus"):
-            P.check_monitoring_exposure(bind)
+        with pytest.raises(UserError, match=rf"^ORNITH_MONITORING_BIND={re.escape(bind)} would publish Prometheus, "
+                           r"Alertmanager and Grafana without a login .*set ORNITH_MONITORING_PASSWORD"):
+            P.check_monitoring_exposure(bind, has_password=False)
     else:
-        P.check_monitoring_exposure(bind)
+        P.check_monitoring_exposure(bind, has_password=False)
+    P.check_monitoring_exposure(bind, has_password=True)
+
+
+def test_up_makes_a_monitoring_password_only_beyond_loopback(tmp_path: Path) -> None:
+    env = tmp_path / ".env"
+    assert monitoring_password(env, {}, "127.0.0.1").value == "" and not env.exists()
+    made = monitoring_password(env, {}, "0.0.0.0")
+    assert made.created and len(made.value) >= 40 and env.stat().st_mode & 0o777 == 0o600
+    assert read_env(env)["ORNITH_MONITORING_PASSWORD"] == made.value and made.value not in made.where
+    # Kept: a later `up`, on loopback or not, runs with the same one (compose reads it from the file too).
+    assert monitoring_password(env, {}, "127.0.0.1").value == made.value
+    again = monitoring_password(env, {}, "0.0.0.0")
+    assert again.value == made.value and not again.created
+    given = monitoring_password(env, {"ORNITH_MONITORING_PASSWORD": "mine"}, "0.0.0.0")
+    assert given.value == "mine" and read_env(env)["ORNITH_MONITORING_PASSWORD"] == "mine"
+
+
+def test_a_monitoring_password_with_a_line_break_is_refused_unechoed(tmp_path: Path) -> None:
+    with pytest.raises(UserError) as caught:
+        monitoring_password(tmp_path / ".env", {"ORNITH_MONITORING_PASSWORD": "p\nORNITH_BIND=0.0.0.0"}, "0.0.0.0")
+    assert str(caught.value).startswith("$ORNITH_MONITORING_PASSWORD holds a line break")
+    assert "ORNITH_BIND=0.0.0.0" not in str(caught.value) and not (tmp_path / ".env").exists()
 
 
 def test_up_mounts_only_the_hub_folder_read_only(tmp_path: Path) -> None:

@@ -28,10 +28,12 @@ from ornith_stack.stack.compose import (
     log_services,
     pick_stack,
     published,
+    service_environment,
     stack_services,
 )
+from ornith_stack.stack.envfile import PASSWORD_VAR
 from ornith_stack.stack.shell import run
-from ornith_stack.stack.status import alerts_go_nowhere, endpoint_access, engine_status
+from ornith_stack.stack.status import alerts_go_nowhere, asks_for_login, endpoint_access, engine_status
 
 out = Console(highlight=False, soft_wrap=True)
 # Compose's own rule for a project name; checked here so that a bad one is refused before Docker is called.
@@ -113,10 +115,15 @@ def print_access(outcome: Outcome) -> None:
                         ("exporter", "Exporter /metrics")):
         if name in access.addresses:
             out.print(f"{label}: http://{access.addresses[name]}")
+    if access.monitoring.value:
+        out.print(f"Grafana, Prometheus and Alertmanager login: user {deployment.MONITORING_USER}, password "
+                  f"{access.monitoring.where}", markup=False)
 
 
 AUTH_NOTE = {True: "requires the API key", False: "UNAUTHENTICATED: anyone who reaches it can use it",
              None: "not answering"}
+LOGIN_NOTE = {True: f"require a login (user {deployment.MONITORING_USER}, ORNITH_MONITORING_PASSWORD)",
+              False: "no login (ORNITH_MONITORING_BIND keeps them on loopback)", None: "Alertmanager not answering"}
 
 
 def _health(up: bool) -> str:
@@ -180,7 +187,12 @@ def register(app: typer.Typer) -> None:
                           f"{AUTH_NOTE[access.workers]}")
                 gateway_up = access.gateway_ready
         alertmanager = published(run, stack, deployment.ALERTMANAGER_SERVICE, deployment.ALERTMANAGER_PORT)
-        if alertmanager is not None and alerts_go_nowhere(alertmanager):
+        # The monitoring password as compose resolves it (the env file, or the caller's environment).
+        password = (service_environment(run, stack, deployment.MONITORING_AUTH_SERVICE).get(PASSWORD_VAR, "")
+                    if stack.compose_file.is_file() else "")
+        if alertmanager is not None:
+            out.print(f"Prometheus, Alertmanager, Grafana: {LOGIN_NOTE[asks_for_login(alertmanager)]}")
+        if alertmanager is not None and alerts_go_nowhere(alertmanager, password):
             out.print("alerts go NOWHERE: Alertmanager sends to the placeholder webhook; set "
                       "ORNITH_ALERT_WEBHOOK_URL in the env file and run `ornith-stack up` again")
         if exporter is None:

@@ -103,12 +103,15 @@ def recording_rules() -> dict[str, Any]:
 
 
 def prometheus_config(exporter: str, alertmanager: str, scrape_interval: str = D.SCRAPE_INTERVAL,
-                      rules_dir: str = "rules") -> dict[str, Any]:
+                      rules_dir: str = "rules", password_file: str | None = None) -> dict[str, Any]:
     """Scrape configuration: the exporter at `exporter` (host:port), the engines it watches, and the
-    Alertmanager at `alertmanager` (host:port) that receives the alerts."""
+    Alertmanager at `alertmanager` (host:port) that receives the alerts. With `password_file`, Prometheus
+    reaches itself and Alertmanager as the monitoring user (an empty file: no password, which a server
+    without a web config ignores)."""
+    auth = {"basic_auth": {"username": D.MONITORING_USER, "password_file": password_file}} if password_file else {}
     return {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
+        "alerting": {"alertmanagers": [{**auth, "static_configs": [{"targets": [alertmanager]}]}]},
         "rule_files": [f"{rules_dir}/{name}" for name in D.RULE_FILES],
         "scrape_configs": [
             _job(D.EXPORTER_JOB, static_configs=[{"targets": [exporter]}]),
@@ -117,15 +120,17 @@ def prometheus_config(exporter: str, alertmanager: str, scrape_interval: str = D
             _job(D.ENGINE_JOB, http_sd_configs=[{"url": f"http://{exporter}{D.SD_PATH}"}]),
             # The Model Gateway's own metrics (smg_*) where replicas run behind one; no targets otherwise.
             _job(D.GATEWAY_JOB, http_sd_configs=[{"url": f"http://{exporter}{D.GATEWAY_SD_PATH}"}]),
-            _job(PROMETHEUS_JOB, static_configs=[{"targets": [PROMETHEUS_SELF]}]),
-            _job(ALERTMANAGER_JOB, static_configs=[{"targets": [alertmanager]}]),
+            _job(PROMETHEUS_JOB, **auth, static_configs=[{"targets": [PROMETHEUS_SELF]}]),
+            _job(ALERTMANAGER_JOB, **auth, static_configs=[{"targets": [alertmanager]}]),
         ],
     }
 
 
 def compose_config() -> dict[str, Any]:
     # Rules relative to this file: /etc/prometheus/rules/ in compose, beside it for promtool.
-    return prometheus_config(f"{D.EXPORTER_SERVICE}:{D.EXPORTER_PORT}", f"{D.ALERTMANAGER_SERVICE}:{D.ALERTMANAGER_PORT}")
+    # The password file: compose's monitoring-auth one-shot writes it (empty without a password).
+    return prometheus_config(f"{D.EXPORTER_SERVICE}:{D.EXPORTER_PORT}", f"{D.ALERTMANAGER_SERVICE}:{D.ALERTMANAGER_PORT}",
+                             password_file=D.MONITORING_PASSWORD_FILE)
 
 
 def ansible_config() -> dict[str, Any]:

@@ -30,10 +30,10 @@ from ornith_stack.stack.compose import (
     service_of,
     stack_for,
 )
-from ornith_stack.stack.envfile import ApiKey, api_key, read_env, set_env
+from ornith_stack.stack.envfile import Secret, api_key, monitoring_password, read_env, set_env
 from ornith_stack.stack.preflight import preflight
 from ornith_stack.stack.shell import Runner, first_line
-from ornith_stack.stack.status import chat_body, post_without_key
+from ornith_stack.stack.status import asks_for_login, chat_body, post_without_key
 from ornith_stack.wire.http import ERROR_BYTES, METRICS_BYTES, WireError, bearer, fetch
 from ornith_stack.wire.metrics import BadExposition, parse
 
@@ -71,7 +71,8 @@ class Access:
 
     api_base: str
     model: str
-    key: ApiKey
+    key: Secret
+    monitoring: Secret = Secret("", "")  # the login of Prometheus, Alertmanager and Grafana (empty: none)
     thinking_field: str = ""  # where the smoke request's answer was: reasoning_content or content
     addresses: dict[str, str] = field(default_factory=dict)  # Grafana, Prometheus, ... -> URL
 
@@ -90,9 +91,10 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
     env_path = options.env_file or options.root / "compose" / ".env"
     values = {**read_env(env_path), **environ}
     hf_home = hf_cache(values)
+    monitoring_bind = values.get(deployment.MONITORING_BIND_VARIABLE) or "127.0.0.1"
+    # Beyond loopback the monitoring services always get a password: `up` makes one below if none is set.
     ready = preflight(options.profile, run, values.get("ORNITH_BIND", "127.0.0.1"), options.with_key, hf_home,
-                      root=options.root,
-                      monitoring_bind=values.get("ORNITH_MONITORING_BIND", "127.0.0.1"))
+                      root=options.root, monitoring_bind=monitoring_bind, monitoring_password=True)
     profile = ready.profile
     stack = stack_for(options.root, profile.name, options.project, env_path)
     changed: list[str] = []
@@ -101,6 +103,9 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
     key = api_key(env_path, environ, options.with_key)
     if key.created:
         changed.append(f"new API key: {key.where}")
+    login = monitoring_password(env_path, environ, monitoring_bind)
+    if login.created:
+        changed.append(f"new monitoring password: {login.where}")
 
     reporter.step("weights")
     if hub_models(profile):
@@ -138,7 +143,7 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
 
     reporter.step("smoke request")
     model = profile.serve.served_name or profile.model.repo or ""
-    access = Access(f"http://{endpoint}/v1", model, key, addresses=addresses(run, stack))
+    access = Access(f"http://{endpoint}/v1", model, key, login, addresses=addresses(run, stack))
     access.thinking_field = smoke(f"http://{endpoint}", adapter, model, key.value, layout)
     if key.value and layout.gateway is not None:
         if gateway_keyed(run, stack, layout):
@@ -146,6 +151,8 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
         else:
             reporter.note(f"the {layout.gateway} service gets no API key: its {deployment.GATEWAY_WORKERS_PATH} "
                           "routes are open to anyone who reaches its port")
+    if login.value:
+        refuse_monitoring(access.addresses, timeout=120.0)
     exporter = access.addresses.get("exporter")
     if exporter:
         wait_exporter(exporter, timeout=120.0)
@@ -280,6 +287,23 @@ def refuse_workers(base: str) -> None:
 
 def _answer(code: int | None) -> str:
     return "nothing" if code is None else f"HTTP {code}"
+
+
+LOGIN_SERVICES = ("prometheus", "alertmanager")
+
+
+def refuse_monitoring(addresses: Mapping[str, str], timeout: float) -> None:
+    """With a monitoring password, Prometheus and Alertmanager refuse a request without it (each waited for
+    until it answers at all): an open one would let anyone who reaches it read the metrics or silence alerts."""
+    deadline = time.monotonic() + timeout
+    for name in (n for n in LOGIN_SERVICES if n in addresses):
+        while (refused := asks_for_login(addresses[name])) is None and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        if refused is not True:
+            answer = "nothing" if refused is None else "without the password"
+            raise UserError(f"{name} at {addresses[name]} answered {answer} (expected 401): it does not ask for "
+                            f"{deployment.MONITORING_PASSWORD_VARIABLE}; `ornith-stack logs {name}` and "
+                            f"`ornith-stack logs {deployment.MONITORING_AUTH_SERVICE}`")
 
 
 def wait_exporter(address: str, timeout: float) -> None:

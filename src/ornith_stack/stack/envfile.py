@@ -1,4 +1,5 @@
-"""compose/.env: the variables compose reads, and the API key kept there (mode 0600)."""
+"""compose/.env: the variables compose reads, and the secrets kept there (mode 0600): the API key and the
+monitoring password."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ornith_stack import deployment
 from ornith_stack.errors import UserError
+from ornith_stack.urls import is_loopback
 
 KEY_VAR = "ORNITH_API_KEY"
+PASSWORD_VAR = deployment.MONITORING_PASSWORD_VARIABLE
 # What a key may hold: visible ASCII. A line break would end its line in compose/.env and make the rest a
 # setting of its own (`k<newline>ORNITH_BIND=0.0.0.0`); a space or a control character breaks the
 # `Authorization: Bearer` header clients send it in.
@@ -18,8 +22,8 @@ _KEY_CHARS = frozenset(chr(c) for c in range(0x21, 0x7F))
 
 
 @dataclass(frozen=True)
-class ApiKey:
-    value: str  # empty: no key (the API is unauthenticated)
+class Secret:
+    value: str  # empty: none (the API, or monitoring, is unauthenticated)
     where: str  # what `up` tells the user about where it is kept
     created: bool = False
 
@@ -60,16 +64,29 @@ def check_key(value: str, where: str = f"${KEY_VAR}") -> str:
     return value
 
 
-def api_key(path: Path, environ: Mapping[str, str], wanted: bool) -> ApiKey:
-    """The key the stack runs with: $ORNITH_API_KEY, else the env file's, else a new one; kept in the env
-    file (0600) so that a later plain `docker compose` starts the same stack. `wanted` False: no key."""
+def kept_secret(path: Path, environ: Mapping[str, str], name: str, create: bool) -> Secret:
+    """$NAME, else the env file's, else (`create`) a new one; kept in the env file (0600) so that a later
+    plain `docker compose` starts the same stack. Neither and not `create`: none (an empty value)."""
+    given = check_key(environ.get(name, ""), f"${name}")
+    stored = check_key(read_env(path).get(name, ""), f"{name} in {path}")
+    value = given or stored or (secrets.token_urlsafe(32) if create else "")
+    if value and (value != stored or (path.stat().st_mode & 0o777) != 0o600):
+        set_env(path, name, value)
+    source = f"from ${name}, " if given else "" if stored else "new, "
+    return Secret(value, f"{name} in {path} ({source}mode 0600)", created=bool(value) and not given and not stored)
+
+
+def api_key(path: Path, environ: Mapping[str, str], wanted: bool) -> Secret:
+    """The key the stack runs with (kept_secret); `wanted` False: no key."""
     if not wanted:
-        return ApiKey("", "none: the API is unauthenticated (--no-api-key)")
-    given = check_key(environ.get(KEY_VAR, ""))
-    stored = check_key(read_env(path).get(KEY_VAR, ""), f"{KEY_VAR} in {path}")
-    value = given or stored or secrets.token_urlsafe(32)
-    if value != stored or (path.stat().st_mode & 0o777) != 0o600:
-        set_env(path, KEY_VAR, value)
-    source = "from $ORNITH_API_KEY, " if given else "" if stored else "new, "
-    return ApiKey(value, f"{KEY_VAR} in {path} ({source}mode 0600)", created=not given and not stored)
+        return Secret("", "none: the API is unauthenticated (--no-api-key)")
+    return kept_secret(path, environ, KEY_VAR, create=True)
+
+
+def monitoring_password(path: Path, environ: Mapping[str, str], bind: str) -> Secret:
+    """The password Prometheus, Alertmanager and Grafana ask for: a new one when `bind`
+    (ORNITH_MONITORING_BIND) leaves loopback and none is set; on loopback, only the operator's."""
+    found = kept_secret(path, environ, PASSWORD_VAR, create=not is_loopback(bind))
+    return found if found.value else Secret("", "none: Prometheus, Alertmanager and Grafana ask for no login "
+                                                "(they are published on loopback only)")
 

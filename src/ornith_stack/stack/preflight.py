@@ -8,7 +8,6 @@ preflight checks too).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 import shutil
@@ -25,6 +24,7 @@ from ornith_stack.planner.disk import DISK_MARGIN, GIB, disk_need
 from ornith_stack.profiles import load_profile, user_profile_dir
 from ornith_stack.profiles.model import Profile
 from ornith_stack.stack.shell import Runner, first_line
+from ornith_stack.urls import is_loopback
 
 DiskUsage = Callable[[Path], Any]  # shutil.disk_usage: .free in bytes
 
@@ -64,24 +64,18 @@ def choose_profile(name: str, root: Path | None = None) -> tuple[Profile, str | 
 
 def check_exposure(bind: str, has_key: bool) -> None:
     """No key, no network: without ORNITH_API_KEY the API may only be published on loopback."""
-    if not has_key and not _loopback(bind):
+    if not has_key and not is_loopback(bind):
         raise UserError(f"ORNITH_BIND={bind} would publish an unauthenticated API beyond this machine: keep "
                         "ORNITH_BIND=127.0.0.1, or drop --no-api-key so that `up` sets ORNITH_API_KEY")
 
 
-def check_monitoring_exposure(bind: str) -> None:
-    """The exporter, Prometheus, Alertmanager and Grafana have no authentication in these stacks: loopback only."""
-    if not _loopback(bind):
-        raise UserError(f"ORNITH_MONITORING_BIND={bind} would publish Prometheus, Alertmanager, Grafana and the "
-                        "exporter without authentication (anyone could silence alerts): keep it 127.0.0.1 and reach "
-                        "them through an SSH tunnel (ssh -L 3000:127.0.0.1:3000 HOST); ORNITH_BIND opens the API alone")
-
-
-def _loopback(bind: str) -> bool:
-    try:
-        return ipaddress.ip_address(bind.strip("[]")).is_loopback
-    except ValueError:
-        return bind == "localhost"
+def check_monitoring_exposure(bind: str, has_password: bool) -> None:
+    """No password, no network: Prometheus, Alertmanager and Grafana leave loopback only behind their login
+    (ORNITH_MONITORING_PASSWORD); the exporter never does."""
+    if not has_password and not is_loopback(bind):
+        raise UserError(f"ORNITH_MONITORING_BIND={bind} would publish Prometheus, Alertmanager and Grafana without "
+                        "a login (anyone could silence alerts): set ORNITH_MONITORING_PASSWORD, or keep it 127.0.0.1 "
+                        "and reach them through an SSH tunnel (ssh -L 3000:127.0.0.1:3000 HOST)")
 
 
 def docker_info(run: Runner) -> dict[str, Any]:
@@ -156,11 +150,12 @@ def _existing(folder: Path) -> Path:
 
 def preflight(name: str, run: Runner, bind: str, has_key: bool, hf_cache: Path,
               usage: DiskUsage = shutil.disk_usage, root: Path | None = None,
-              monitoring_bind: str = "127.0.0.1") -> Ready:
-    """Every check, before anything is written, pulled, built or started."""
+              monitoring_bind: str = "127.0.0.1", monitoring_password: bool = False) -> Ready:
+    """Every check, before anything is written, pulled, built or started. `monitoring_password`: the
+    monitoring services will ask for one (`up` makes one beyond loopback)."""
     profile, reason = choose_profile(name, root)
     check_exposure(bind, has_key)
-    check_monitoring_exposure(monitoring_bind)
+    check_monitoring_exposure(monitoring_bind, monitoring_password)
     info = docker_info(run)
     version = compose_version(run)
     check_nvidia_runtime(profile, info)

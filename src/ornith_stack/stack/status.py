@@ -13,7 +13,7 @@ from ornith_stack.engines import SpecCounters, acceptance_length
 from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.stack.compose import Layout
-from ornith_stack.wire.http import ERROR_BYTES, METRICS_BYTES, WireError, fetch
+from ornith_stack.wire.http import ERROR_BYTES, METRICS_BYTES, WireError, basic_auth, fetch
 from ornith_stack.wire.metrics import parse
 
 Reading = dict[str, dict[str, float]]  # target -> series name -> value
@@ -128,12 +128,27 @@ def answers_ready(url: str) -> bool:
         return False
 
 
-def alerts_go_nowhere(address: str) -> bool | None:
-    """Whether the running Alertmanager at host:port still sends to the generated placeholder webhook, a
-    reserved name that never resolves (None: it did not answer). Read from its own API, so it is what
-    Alertmanager loaded, not what a file on the host says."""
+def monitoring_login(password: str) -> dict[str, str]:
+    """The basic-auth header of Prometheus and Alertmanager with the monitoring password (none: no password)."""
+    return basic_auth(deployment.MONITORING_USER, password) if password else {}
+
+
+def asks_for_login(address: str) -> bool | None:
+    """Whether the service at host:port refuses a request without the monitoring password (None: it did
+    not answer)."""
     try:
-        loaded = fetch(f"http://{address}/api/v2/status", 10).json()["config"]["original"]
+        return refuses(fetch(f"http://{address}/-/ready", 10, limit=ERROR_BYTES, cut=True).status)
+    except WireError:
+        return None
+
+
+def alerts_go_nowhere(address: str, password: str = "") -> bool | None:
+    """Whether the running Alertmanager at host:port still sends to the generated placeholder webhook, a
+    reserved name that never resolves (None: it did not answer, or not to `password`). Read from its own
+    API, so it is what Alertmanager loaded, not what a file on the host says."""
+    try:
+        loaded = fetch(f"http://{address}/api/v2/status", 10, headers=monitoring_login(password)).json()
+        loaded = loaded["config"]["original"]
     except (WireError, ValueError, KeyError, TypeError, RecursionError):
         return None
     return isinstance(loaded, str) and deployment.ALERT_WEBHOOK_PLACEHOLDER in loaded

@@ -59,6 +59,11 @@ def bearer(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def basic_auth(user: str, password: str) -> dict[str, str]:
+    """The request header of HTTP basic authentication (RFC 7617: user:password, UTF-8, base64)."""
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")}
+
+
 def size(limit: int) -> str:
     """A byte limit as a person reads it: 4 MiB, 4 KiB, 100 bytes."""
     for unit, shift in (("MiB", 20), ("KiB", 10)):
