@@ -59,6 +59,8 @@ GRAFANA_DATASOURCE_UID = "ornith-prometheus"
 # MONITORING_AUTH_DIR: the password, the web config (a bcrypt hash) and Grafana's settings.
 MONITORING_BIND_VARIABLE = "ORNITH_MONITORING_BIND"
 MONITORING_PASSWORD_VARIABLE = "ORNITH_MONITORING_PASSWORD"
+# bcrypt hashes the first 72 bytes of a password only (the bcrypt package refuses longer ones).
+MONITORING_PASSWORD_MAX_BYTES = 72
 MONITORING_USER = "ornith"
 MONITORING_AUTH_SERVICE = "monitoring-auth"
 MONITORING_AUTH_DIR = "/auth"

@@ -47,6 +47,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -546,8 +547,7 @@ STANDINS = {"sglang": "a100x2", "vllm": "spark"}
 def standins(bases: dict[str, str]) -> Iterator[dict[str, dict]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORNITH_")}
     env["ORNITH_MODEL_REPO"] = "example-org/Ornith-1.0-35B"  # spark's required value
-    built = {}
-    for kind, profile in STANDINS.items():
+    def build(kind: str, profile: str) -> dict:
         engine = _compose_engine(profile, env)
         args = {**engine["build"]["args"], "BASE_IMAGE": bases["python"]}
         tag = f"ornith-it/{kind}-standin:{os.getpid()}"
@@ -555,7 +555,13 @@ def standins(bases: dict[str, str]) -> Iterator[dict[str, dict]]:
         run(["docker", "build", "-q", "-f", engine["build"]["dockerfile"], "-t", tag,
              *[f"--build-arg={k}={v}" for k, v in args.items()], "."], timeout=BUILD_TIMEOUT_S)
         print(f"{kind} stand-in built in {time.monotonic() - start:.0f} s")
-        built[kind] = {"tag": tag, "profile": profile, "engine": engine}
+        return {"tag": tag, "profile": profile, "engine": engine}
+
+    # Both at once: most of a build is pip downloading and unpacking, which the two share the machine for better
+    # than they would one after the other (75 s + 40 s in turn on two cores).
+    with ThreadPoolExecutor(len(STANDINS)) as pool:
+        futures = {kind: pool.submit(build, kind, profile) for kind, profile in STANDINS.items()}
+        built = {kind: future.result() for kind, future in futures.items()}
     yield built
     for item in built.values():
         remove_image(item["tag"])

@@ -220,6 +220,15 @@ def test_a_monitoring_bind_beyond_loopback_without_a_password_starts_nothing(
     )
 
 
+def test_a_password_past_bcrypts_72_bytes_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Plain `docker compose` users set the password themselves: bcrypt would hash only its first 72 bytes."""
+    environ = {D.MONITORING_BIND_VARIABLE: "0.0.0.0", D.MONITORING_PASSWORD_VARIABLE: "x" * 73}
+    assert M.main([str(tmp_path / "auth")], environ) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: ORNITH_MONITORING_PASSWORD is longer than bcrypt's 72 bytes") and "x" * 73 not in error
+    assert not (tmp_path / "auth").exists()
+
+
 def grafana(folder: Path) -> dict[str, dict[str, str]]:
     import configparser
 

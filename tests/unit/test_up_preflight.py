@@ -232,6 +232,15 @@ def test_a_monitoring_password_with_a_line_break_is_refused_unechoed(tmp_path: P
     assert "ORNITH_BIND=0.0.0.0" not in str(caught.value) and not (tmp_path / ".env").exists()
 
 
+def test_a_monitoring_password_past_bcrypts_72_bytes_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    env = tmp_path / ".env"
+    with pytest.raises(UserError) as caught:
+        monitoring_password(env, {"ORNITH_MONITORING_PASSWORD": "p" * 73}, "0.0.0.0")
+    assert "longer than bcrypt's 72 bytes" in str(caught.value) and "p" * 73 not in str(caught.value)
+    assert not env.exists()
+    assert monitoring_password(env, {"ORNITH_MONITORING_PASSWORD": "p" * 72}, "0.0.0.0").value == "p" * 72
+
+
 def test_up_mounts_only_the_hub_folder_read_only(tmp_path: Path) -> None:
     home = tmp_path / "huggingface"
     mount = hf_mount(home)

@@ -19,32 +19,25 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote
+
+import bcrypt
 
 from ornith_stack import deployment as D
 from ornith_stack.generate.prometheus import dump
 from ornith_stack.urls import is_loopback
 
-with warnings.catch_warnings():
-    # Deprecated (removed in Python 3.13), but in the standard library of the exporter image's Python 3.11,
-    # whose libxcrypt makes bcrypt hashes: no extra dependency for one hash per start.
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import crypt
-
 # bcrypt cost 2^10: Prometheus checks the hash on every request it has not cached (scrapes, healthchecks).
-BCRYPT_ROUNDS = 2**10
+BCRYPT_COST = 10
 LOGIN_DISABLED_ENV = "ORNITH_GRAFANA_LOGIN_DISABLED"
 BASIC_AUTH_ENV = "ORNITH_GRAFANA_BASIC_AUTH"
 
 
 def bcrypt_hash(password: str) -> str:
-    hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=BCRYPT_ROUNDS))
-    if not hashed or not hashed.startswith("$2"):
-        raise RuntimeError("this C library's crypt() makes no bcrypt hashes")
-    return hashed
+    """The $2b$ hash Prometheus' and Alertmanager's web config take (exporter-toolkit's basic_auth_users)."""
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=BCRYPT_COST)).decode("ascii")
 
 
 def web_config(password: str) -> dict[str, object]:
@@ -88,7 +81,10 @@ def ready_url(password: str) -> str:
 def refusal(environ: Mapping[str, str]) -> str | None:
     """Why nothing may start: a monitoring bind beyond loopback without a password (None: fine)."""
     bind = environ.get(D.MONITORING_BIND_VARIABLE, "") or "127.0.0.1"
-    if environ.get(D.MONITORING_PASSWORD_VARIABLE, "") or is_loopback(bind):
+    password = environ.get(D.MONITORING_PASSWORD_VARIABLE, "")
+    if len(password.encode()) > D.MONITORING_PASSWORD_MAX_BYTES:
+        return f"{D.MONITORING_PASSWORD_VARIABLE} is longer than bcrypt's {D.MONITORING_PASSWORD_MAX_BYTES} bytes: use a shorter one"
+    if password or is_loopback(bind):
         return None
     return (
         f"{D.MONITORING_BIND_VARIABLE}={bind} would publish Prometheus, Alertmanager and Grafana without a "

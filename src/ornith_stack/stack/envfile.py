@@ -86,6 +86,12 @@ def api_key(path: Path, environ: Mapping[str, str], wanted: bool) -> Secret:
 def monitoring_password(path: Path, environ: Mapping[str, str], bind: str) -> Secret:
     """The password Prometheus, Alertmanager and Grafana ask for: a new one when `bind`
     (ORNITH_MONITORING_BIND) leaves loopback and none is set; on loopback, only the operator's."""
+    limit = deployment.MONITORING_PASSWORD_MAX_BYTES
+    for where, given in ((f"${PASSWORD_VAR}", environ.get(PASSWORD_VAR, "")),
+                         (f"{PASSWORD_VAR} in {path}", read_env(path).get(PASSWORD_VAR, ""))):
+        if len(given.encode()) > limit:  # refused before the env file is touched
+            raise UserError(f"{where} is longer than bcrypt's {limit} bytes (Prometheus and Alertmanager check a "
+                            "bcrypt hash of it): use a shorter one")
     found = kept_secret(path, environ, PASSWORD_VAR, create=not is_loopback(bind))
     return found if found.value else Secret("", "none: Prometheus, Alertmanager and Grafana ask for no login "
                                                 "(they are published on loopback only)")
