@@ -53,7 +53,7 @@ def main() -> None:
         print(f"healthy after {engine.wait_healthy(out / 'health.txt', 300):.0f} s", flush=True)
         base = engine.base
         model = json.loads(sglang_run._get(f"{base}/v1/models")[1])["data"][0]["id"]
-        bench_peer_run._save(out / "metrics-before.txt", f"{base}/metrics")
+        sglang_run._save(out / "metrics-before.txt", f"{base}/metrics")
         log: list[dict] = []
         dropped = [threading.Thread(target=stream, args=(base, model, 0.3, log)) for _ in range(8)]
         for t in dropped:
@@ -73,9 +73,9 @@ def main() -> None:
             t.join()
         time.sleep(2)
         (out / "clients.json").write_text(json.dumps(log, indent=1))
-        bench_peer_run._save(out / "metrics-after.txt", f"{base}/metrics")
+        sglang_run._save(out / "metrics-after.txt", f"{base}/metrics")
         print([line for line in (out / "metrics-after.txt").read_text().splitlines() if "abort" in line], flush=True)
-        bench_peer_run.record_canary(base, model, out)
+        bench_peer_run.record_canary(base, out)
     finally:
         engine.stop()
 

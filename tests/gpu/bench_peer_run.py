@@ -29,9 +29,8 @@ bench_serving runs in one long-lived process (`--theirs-driver`, reading one arg
 (`cli_main`) makes the arguments and its own `run_benchmark` measures; only the 25 s import and start of each
 separate `python -m sglang.bench_serving` are saved, which in the first recording took most of the call.
 
-`--record-canary` (issue 33): after the levels, the exporter with `--canary` beside the engine for a few canary runs,
-while eight streamed chat requests are dropped after their first chunk (SGLang counts each as aborted); the engine's
-and the exporter's /metrics and the exporter's log go to OUT/canary/.
+`--record-canary` (issue 33): after the levels, the exporter with `--canary` beside the engine for a few canary runs;
+the engine's and the exporter's /metrics and the exporter's log go to OUT/canary/ (aborted requests: abort_run.py).
 """
 
 from __future__ import annotations
@@ -308,21 +307,19 @@ def runs_from_log(log: Path) -> dict[int, dict[str, list[dict]]]:
     return runs
 
 
-def record_canary(base: str, model: str, out: Path) -> None:
-    """The exporter with --canary beside the engine while eight streams are dropped after their first chunk."""
+def record_canary(base: str, out: Path) -> None:
+    """The exporter with --canary beside the engine for three or four runs (aborted requests: abort_run.py)."""
     rec = out / "canary"
     rec.mkdir(exist_ok=True)
-    _save(rec / "metrics-before.txt", f"{base}/metrics")
+    sglang_run._save(rec / "metrics-before.txt", f"{base}/metrics")
     with open(rec / "exporter.log", "wb") as log:
         exporter = subprocess.Popen([sys.executable, "-m", "ornith_stack", "exporter", "--target", base,
                                      "--listen", "127.0.0.1:9400", "--canary", "--canary-interval", "5"],
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         try:
-            dropped = [drop_after_first_chunk(base, model) for _ in range(8)]
-            (rec / "dropped.json").write_text(json.dumps(dropped, indent=1))
             time.sleep(17)  # three or four canary runs at a 5 s interval
-            _save(rec / "metrics-after.txt", f"{base}/metrics")
-            _save(rec / "exporter-metrics.txt", "http://127.0.0.1:9400/metrics")
+            sglang_run._save(rec / "metrics-after.txt", f"{base}/metrics")
+            sglang_run._save(rec / "exporter-metrics.txt", "http://127.0.0.1:9400/metrics")
         finally:
             os.killpg(exporter.pid, signal.SIGTERM)
             exporter.wait(20)
@@ -330,26 +327,6 @@ def record_canary(base: str, model: str, out: Path) -> None:
     print("canary:", [line for line in after.splitlines() if line.startswith("sglang:num_aborted_requests_total")],
           [line for line in (rec / "exporter-metrics.txt").read_text().splitlines()
            if line.startswith(("ornith_canary_success", "ornith_canary_runs_total"))], flush=True)  # fmt: skip
-
-
-def drop_after_first_chunk(base: str, model: str) -> dict:
-    """One streamed chat of 2,000 tokens, the connection closed after its first chunk (an aborted request)."""
-    body = {"model": model, "messages": [{"role": "user", "content": "Count from one to a thousand."}],
-            "max_tokens": 2000, "stream": True, "ignore_eos": True, "temperature": 0}  # fmt: skip
-    request = urllib.request.Request(f"{base}/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
-    t0 = time.monotonic()
-    with urllib.request.urlopen(request, timeout=60) as response:
-        first = response.readline()
-    return {"first_line": first[:200].decode(errors="replace"), "closed_after_s": round(time.monotonic() - t0, 3)}
-
-
-def _save(path: Path, url: str) -> None:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            path.write_bytes(response.read())
-    except OSError as exc:
-        path.write_text(f"# fetching {url} failed: {exc!r}\n")
 
 
 def main() -> None:
@@ -429,7 +406,7 @@ def main() -> None:
             )
             print(text, flush=True)
         if args.record_canary:
-            record_canary(base, model, out)
+            record_canary(base, out)
     finally:
         driver.close()
         engine.stop()

@@ -147,7 +147,11 @@ class Engine:
 
 
 def _save(path: Path, url: str) -> bytes:
-    code, body = _get(url)
+    """What `url` answered, into `path`; a fetch that failed leaves a note there instead (the recording goes on)."""
+    try:
+        code, body = _get(url)
+    except OSError as exc:
+        body = f"# fetching {url} failed: {exc!r}\n".encode()
     path.write_bytes(body)
     return body
 
