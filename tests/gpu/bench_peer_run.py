@@ -13,21 +13,24 @@ request (ours: /v1/chat/completions; theirs: --backend sglang-oai-chat), the eng
 Each run: the prefix cache emptied first (ours: itself, before each recorded run; theirs: POST /flush_cache), then
 warm-up (ours: one full round of c requests, --warmup 1; theirs: --warmup-requests c), then the recorded run.
 
-Writes to OUT: engine.log, health.txt, launch.json, prompts, every run's output (ours-C-N/ with bench.json, bench.md
-and the log; sglang-C-N.jsonl and its log), each process's CPU seconds (getrusage of the child: ours over the whole
-process, start-up included, and our bench's own figure over the run alone in bench.json), summary.json and table.md:
-per level and figure, each tool's two runs, their spread (max-min over mean), and ours / theirs.
+Writes to OUT: engine.log, health.txt, launch.json, prompts, every run's output (ours-C-N/ with bench.json and
+bench.md; sglang-C-N.jsonl), each tool's log (ours-driver.log, theirs-driver.log), each run's CPU seconds in its
+tool's process, summary.json and table.md: per level and figure, each tool's median, its spread, ours / theirs of the
+medians, and the ratios of the runs that ran next to each other (A B B A: the k-th run of one tool beside the k-th of
+the other), their median, range and the 90% bootstrap interval of that median.
 
     python3 tests/gpu/bench_peer_run.py OUT --target MODELS/target --draft MODELS/draft
 
-Levels are split over device calls (`--levels 1,8,32`, then `--levels 128,256 --record-canary`), each call at most
-10 minutes; the compile caches live under ORNITH_GPU_WORK, so the second call's engine starts warm. `--rounds R`
-repeats the A B B A order R times. Before the first level, one discarded run of each tool at concurrency 8 (the
+Levels are split over device calls (`--levels 1,8,32 --rounds 2`, then the same levels in another order), each call
+at most 10 minutes; the compile caches live under ORNITH_GPU_WORK, so a later call's engine starts warm. `--rounds
+R` repeats the A B B A order R times. Before the first level, one discarded run of each tool at concurrency 8 (the
 engine's first traffic after start ran 50% faster than every later run in the first recording).
 
-bench_serving runs in one long-lived process (`--theirs-driver`, reading one argv per line): its own parser
-(`cli_main`) makes the arguments and its own `run_benchmark` measures; only the 25 s import and start of each
-separate `python -m sglang.bench_serving` are saved, which in the first recording took most of the call.
+Both tools run in a long-lived process each (`--driver ours|theirs`, one argv per line on stdin): ours through the
+CLI's own entry point (`ornith_stack.cli.main`, what the `ornith-stack` command runs), bench_serving through its own
+parser (`cli_main`) and `run_benchmark`. Neither pays its start (imports, torch, the tokenizer: 5 s for ours, 25 s
+for bench_serving) between runs, so more pairs fit in a call, and both tools run alike: in the second recording ours
+started a process per run and bench_serving did not.
 
 `--record-canary` (issue 33): after the levels, the exporter with `--canary` beside the engine for a few canary runs;
 the engine's and the exporter's /metrics and the exporter's log go to OUT/canary/ (aborted requests: abort_run.py).
@@ -36,6 +39,7 @@ the engine's and the exporter's /metrics and the exporter's log go to OUT/canary
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -47,6 +51,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -96,52 +101,14 @@ def write_prompts(out: Path, tokenizer_path: str) -> None:
         )
 
 
-def _child_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _run(cmd: list[str], log: Path) -> tuple[int, float, float]:
-    """(exit status, wall seconds, CPU seconds of the process)."""
-    cpu, t0 = _child_cpu(), time.monotonic()
-    with open(log, "wb") as f:
-        try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S).returncode
-        except subprocess.TimeoutExpired:
-            rc = -1
-    return rc, time.monotonic() - t0, _child_cpu() - cpu
-
-
-def ours(base: str, out: Path, level: int, n: int | str, prompts: int | None = None) -> dict:
+def ours(driver: Driver, base: str, out: Path, level: int, n: int | str, prompts: int | None = None) -> dict:
     run = out / f"ours-{level}-{n}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "ornith_stack",
-        "bench",
-        "--url",
-        base,
-        "--suite",
-        "serving",
-        "--out",
-        str(run),
-        "--dataset-path",
-        str(out / f"ours-{level}.jsonl"),
-        "--num-prompts",
-        str(prompts or PROMPTS_PER_LEVEL[level]),
-        "--max-concurrency",
-        str(level),
-        "--random-output-len",
-        str(OUTPUT_TOKENS),
-        "--repeats",
-        "1",
-        "--warmup",
-        "1",
-        "--seed",
-        "0",
-    ]
-    rc, wall, cpu = _run(cmd, out / f"ours-{level}-{n}.log")
-    figures: dict = {"rc": rc, "wall_s": round(wall, 1), "process_cpu_s": round(cpu, 2)}
+    argv = ["bench", "--url", base, "--suite", "serving", "--out", str(run),
+            "--dataset-path", str(out / f"ours-{level}.jsonl"), "--num-prompts", str(prompts or PROMPTS_PER_LEVEL[level]),
+            "--max-concurrency", str(level), "--random-output-len", str(OUTPUT_TOKENS), "--repeats", "1",
+            "--warmup", "1", "--seed", "0"]  # fmt: skip
+    done = driver.run(argv)
+    figures: dict = {"rc": done["rc"], "wall_s": done["wall_s"], "process_cpu_s": done["cpu_s"]}
     try:
         level_result = json.loads((run / "bench.json").read_text())["suites"]["serving"]["levels"][0]
         metrics = level_result["runs"][0]
@@ -157,13 +124,14 @@ def ours(base: str, out: Path, level: int, n: int | str, prompts: int | None = N
     return figures
 
 
-class TheirsDriver:
-    """One `python3 bench_peer_run.py --theirs-driver` process: bench_serving imported once, one run per argv line."""
+class Driver:
+    """One long-lived `python3 bench_peer_run.py --driver KIND OUT` process per tool: the tool imported once,
+    one run per argv line on its stdin, one JSON answer line (exit status, wall and CPU seconds) on its stdout."""
 
-    def __init__(self, out: Path) -> None:
-        self.log = open(out / "sglang-driver.log", "ab")  # noqa: SIM115 (closed in close)
-        self.proc = subprocess.Popen([sys.executable, __file__, "--theirs-driver", str(out)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True)  # fmt: skip
+    def __init__(self, out: Path, kind: str, options: tuple[str, ...] = ()) -> None:
+        self.log = open(out / f"{kind}-driver.log", "ab")  # noqa: SIM115 (closed in close)
+        self.proc = subprocess.Popen([sys.executable, __file__, "--driver", kind, *options, str(out)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)  # fmt: skip
 
     def run(self, argv: list[str]) -> dict:
         assert self.proc.stdin and self.proc.stdout
@@ -182,27 +150,58 @@ class TheirsDriver:
         self.log.close()
 
 
-def theirs_driver() -> None:
-    """Run bench_serving once per argv line on stdin; answer one JSON line (exit status, wall and CPU seconds)."""
-    # bench_serving prints its arguments and results on standard output: that goes to the log (fd 2); the answers
-    # go to the pipe the recording reads, kept as its own descriptor.
-    reply = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+def _bench_serving() -> Callable[[list[str]], int]:
+    """SGLang's bench_serving: its own parser (`cli_main`) makes the arguments, its own `run_benchmark` measures."""
     from sglang.benchmark import serving
 
     real_run, captured = serving.run_benchmark, []
-    for line in sys.stdin:
-        argv = json.loads(line)
-        usage, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+
+    def run(argv: list[str]) -> int:
         try:
-            serving.run_benchmark = captured.append  # its own parser and checks make the arguments
+            serving.run_benchmark = captured.append
             sys.argv = ["bench_serving", *argv]
             serving.cli_main()
+        finally:
             serving.run_benchmark = real_run
-            real_run(captured.pop())
-            rc = 0
+        real_run(captured.pop())
+        return 0
+
+    return run
+
+
+def _ornith_bench() -> Callable[[list[str]], int]:
+    """`ornith-stack ARGV` through the CLI's own entry point, as the installed command runs it."""
+    from ornith_stack.cli import main as cli
+
+    return cli
+
+
+def _connection_per_request() -> None:
+    """Ours opening a new connection for every request, as bench_serving does (a new aiohttp session per request),
+    instead of keeping a pool as `vllm bench serve` and OpenAI clients do: the lead the third recording left for
+    our lower TTFT at 32 streams, where the engine's HTTP loop that accepts a connection is busy with the others."""
+    import aiohttp
+
+    pooled = aiohttp.TCPConnector
+    aiohttp.TCPConnector = functools.partial(pooled, force_close=True)  # type: ignore[misc]
+
+
+def driver_loop(kind: str, connection_per_request: bool = False) -> None:
+    """Run the tool once per argv line on stdin; answer one JSON line (exit status, wall and CPU seconds)."""
+    # The tools print on standard output: that goes to the log (fd 2); the answers go to the pipe the
+    # recording reads, kept as its own descriptor.
+    reply = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    if connection_per_request:
+        _connection_per_request()
+    tool = _ornith_bench() if kind == "ours" else _bench_serving()
+    for line in sys.stdin:
+        argv = json.loads(line)
+        print(f"--- run: {' '.join(argv)}", flush=True)
+        usage, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        try:
+            rc = tool(argv)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 (the recording notes a failed run and goes on)
-            serving.run_benchmark = real_run
             print(f"run failed: {exc!r}", file=sys.stderr, flush=True)
             rc = 1
         after = resource.getrusage(resource.RUSAGE_SELF)
@@ -212,7 +211,7 @@ def theirs_driver() -> None:
 
 
 def theirs(
-    driver: TheirsDriver,
+    driver: Driver,
     base: str,
     model: str,
     tokenizer: str,
@@ -250,10 +249,27 @@ def _spread(values: list[float]) -> float | None:
     return (max(values) - min(values)) / statistics.median(values) if values and statistics.median(values) else None
 
 
+def _pairs(ours_runs: list[float], theirs_runs: list[float]) -> list[float]:
+    """ours / theirs of the runs next to each other in time: in A B B A blocks the k-th run of one tool ran
+    beside the k-th of the other, so a drift of the engine slower than one run weighs on both sides of a pair."""
+    return [a / b for a, b in zip(ours_runs, theirs_runs, strict=False) if b]
+
+
+def _interval(pairs: list[float], draws: int = 5000) -> tuple[float, float] | None:
+    """The 90% bootstrap interval of the pairs' median (seeded: the same table from the same logs): where the
+    tools' true ratio lies given how much the engine moved between pairs."""
+    if len(pairs) < 3:
+        return None
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(pairs, k=len(pairs))) for _ in range(draws))
+    return medians[int(0.05 * draws)], medians[int(0.95 * draws) - 1]
+
+
 def table(runs: dict[int, dict[str, list[dict]]]) -> tuple[str, dict]:
     lines = [
-        "| concurrency | figure | ours (runs) | spread | bench_serving (runs) | spread | median ours / theirs |",
-        "|---|---|---|---|---|---|---|",
+        "| concurrency | figure | ours: median of runs (n) | spread | bench_serving: median (n) | spread "
+        "| ours / theirs, medians | adjacent pairs: median ratio [min-max] | 90% interval of the pairs' median |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     summary: dict = {}
     for level, sides in runs.items():
@@ -261,6 +277,8 @@ def table(runs: dict[int, dict[str, list[dict]]]) -> tuple[str, dict]:
             a = [r[name] for r in sides["ours"] if r.get(name) is not None]
             b = [r[name] for r in sides["theirs"] if r.get(name) is not None]
             ratio = statistics.median(a) / statistics.median(b) if a and b and statistics.median(b) else None
+            pairs = _pairs(a, b)
+            interval = _interval(pairs)
             sa, sb = _spread(a), _spread(b)
             summary.setdefault(str(level), {})[name] = {
                 "ours": a,
@@ -268,16 +286,26 @@ def table(runs: dict[int, dict[str, list[dict]]]) -> tuple[str, dict]:
                 "ours_spread": sa,
                 "theirs_spread": sb,
                 "ratio": ratio,
+                "pair_ratios": pairs,
+                "pair_median": statistics.median(pairs) if pairs else None,
+                "pair_median_interval_90": interval,
             }
-            fmt = ", ".join
             lines.append(
-                f"| {level} | {name} | {fmt(f'{v:,.2f}' for v in a)} | {_pct(sa)} | "
-                f"{fmt(f'{v:,.2f}' for v in b)} | {_pct(sb)} | {'' if ratio is None else f'{ratio:.3f}'} |"
+                f"| {level} | {name} | {_median(a)} ({len(a)}) | {_pct(sa)} | {_median(b)} ({len(b)}) | {_pct(sb)} | "
+                f"{'' if ratio is None else f'{ratio:.3f}'} | "
+                + (f"{statistics.median(pairs):.3f} [{min(pairs):.3f}-{max(pairs):.3f}]" if pairs else "")
+                + " | "
+                + (f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else "")
+                + " |"
             )
         cpu = [r.get("client_cpu_s_per_1k_tokens") for r in sides["ours"]]
         summary[str(level)]["ours client CPU s per 1k tokens"] = cpu
         summary[str(level)]["process CPU s"] = {side: [r["process_cpu_s"] for r in sides[side]] for side in sides}
     return "\n".join(lines) + "\n", summary
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):,.2f}" if values else ""
 
 
 def _pct(value: float | None) -> str:
@@ -342,7 +370,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="times the A B B A order is run per level")
     parser.add_argument("--compile-cache", type=Path, help="folder for every compile cache (kept between calls)")
     parser.add_argument("--record-canary", action="store_true", help="afterwards, the canary and aborted requests")
-    parser.add_argument("--theirs-driver", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--driver", choices=("ours", "theirs"), help=argparse.SUPPRESS)
+    parser.add_argument("--connection-per-request", action="store_true",
+                        help="ours opens a new connection for each request, as bench_serving does")  # fmt: skip
     parser.add_argument(
         "--table-from",
         type=Path,
@@ -351,13 +381,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     out: Path = args.out
-    if args.theirs_driver:
-        return theirs_driver()
+    if args.driver:
+        return driver_loop(args.driver, args.connection_per_request)
     if args.table_from:
         runs: dict[int, dict[str, list[dict]]] = {}
-        for log in args.table_from:
+        for log in args.table_from:  # a level measured in several calls: their runs together, in call order
             for level, sides in runs_from_log(log).items():
-                runs[level] = sides
+                for who, measured in sides.items():
+                    runs.setdefault(level, {"ours": [], "theirs": []})[who] += measured
         print(write_table(out, dict(sorted(runs.items())), {"from": [log.name for log in args.table_from]}))
         return
     if not (args.target and args.draft):
@@ -372,7 +403,8 @@ def main() -> None:
 
         env.update(cache_env(args.compile_cache))
     engine = sglang_run.Engine(cmd, out, args.port, env)
-    driver = TheirsDriver(out)
+    mode = ("--connection-per-request",) if args.connection_per_request else ()
+    drivers = {"ours": Driver(out, "ours", mode), "theirs": Driver(out, "theirs")}
     base = engine.base
     try:
         healthy = engine.wait_healthy(out / "health.txt", args.health_deadline_s)
@@ -380,8 +412,8 @@ def main() -> None:
         write_prompts(out, args.target)
         model = json.loads(sglang_run._get(f"{base}/v1/models")[1])["data"][0]["id"]
         started = time.monotonic()
-        primed = [ours(base, out, 8, "priming", PRIMING_PROMPTS),
-                  theirs(driver, base, model, args.target, out, 8, "priming", PRIMING_PROMPTS)]  # fmt: skip
+        primed = [ours(drivers["ours"], base, out, 8, "priming", PRIMING_PROMPTS),
+                  theirs(drivers["theirs"], base, model, args.target, out, 8, "priming", PRIMING_PROMPTS)]  # fmt: skip
         print(
             f"[{time.monotonic() - started:5.0f} s] priming (discarded): "
             + json.dumps([{k: p.get(k) for k in ("rc", "wall_s", "output tok/s")} for p in primed]),
@@ -392,9 +424,9 @@ def main() -> None:
             runs[level] = {"ours": [], "theirs": []}
             for n, who in enumerate(ORDER * args.rounds):
                 figures = (
-                    ours(base, out, level, n)
+                    ours(drivers["ours"], base, out, level, n)
                     if who == "ours"
-                    else theirs(driver, base, model, args.target, out, level, n)
+                    else theirs(drivers["theirs"], base, model, args.target, out, level, n)
                 )
                 runs[level][who].append(figures)
                 print(f"[{time.monotonic() - started:5.0f} s] concurrency {level} {who}: "
@@ -408,7 +440,8 @@ def main() -> None:
         if args.record_canary:
             record_canary(base, out)
     finally:
-        driver.close()
+        for driver in drivers.values():
+            driver.close()
         engine.stop()
 
 

@@ -9,12 +9,15 @@
 #   FlashAttention-3 kernels: the run uses the triton attention backend, as an A100 would),
 #   `sgl_kernel/sm100/common_ops.abi3.so` (Blackwell) and `sgl_kernel/infllm_ops*.so` (never loaded);
 # - torch is not carried: the machine's own torch 2.11.0+cu130 is the one sglang 0.5.17 pins.
-# Packed as one tar.xz split into parts of PART_MIB (50 MiB), one per folder xferN, so that each device
-# call (64 MiB at most, the working tree included) carries one folder; xfer<last> holds the manifest.
+# - math-verify and its two dependencies as wheels in the last folder (the ornith-stack CLI imports it;
+#   run_sglang_h200.sh unpacks a staged folder's wheels into $W/wheels).
+# Packed as one tar.xz split into parts of PART_MIB (45 MiB), one per folder xferN, so that each device
+# call (64 MiB at most, the working tree of about 14 MiB included) carries one folder; xfer<last> holds
+# the manifest.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 G=$REPO/.gpu/sglang
-PART_MIB=${PART_MIB:-50}
+PART_MIB=${PART_MIB:-45}
 PY=${PYTHON:-python3}
 PLAT=()
 for p in manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 \
@@ -45,5 +48,7 @@ for part in parts/*; do
     i=$((i + 1)); mkdir "xfer$i"; mv "$part" "xfer$i/"
 done
 cp manifest.sha256 "xfer$i/"
+"$PY" -m pip download -q --no-deps --only-binary=:all: -d "xfer$i" \
+    math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
 rmdir parts
 du -sh sglang.tar.xz xfer*

@@ -16,9 +16,10 @@
 #                                                                 # fraction behind the Model Gateway
 #   bash tests/gpu/run_sglang_h200.sh fit                         # the computed H200 profile as written, cold
 #                                                                 # and warm compile caches, beside uncapped
-#   BENCH_PEER_CALL=A BENCH_PEER_LEVELS=1,8,32 BENCH_PEER_ROUNDS=2 \
+#   BENCH_PEER_CALL=C BENCH_PEER_LEVELS=1,8,32 BENCH_PEER_ROUNDS=2 \
 #   bash tests/gpu/run_sglang_h200.sh bench-peer                  # ours beside sglang.bench_serving, same
-#                                                                 # prompts, A B B A at 1, 8, 32, 128, 256
+#                                                                 # prompts, A B B A; again as D (32,8,1)
+#                                                                 # and E (8,32,1); 128,256 as B
 #   bash tests/gpu/run_sglang_h200.sh tune                        # `ornith-stack tune gpu96 --launch local`:
 #                                                                 # seed caps, SGLang's defaults, DFlash depth
 # A staged folder may also hold wheels (sglang-router for `gateway`, math-verify which the CLI imports);
@@ -154,7 +155,7 @@ bench_peer() {  # tests/gpu/bench_peer_run.py on GPU 0: one uncapped gpu96 engin
     timeout "${BENCH_PEER_TIMEOUT_S:-590}" python3 "$REPO/tests/gpu/bench_peer_run.py" "$W/runs/bench-peer-$part" \
         --target "$W/models/target" --draft "$W/models/draft" --compile-cache "$W/compile-cache" \
         --levels "${BENCH_PEER_LEVELS:-1,8,32,128,256}" --rounds "${BENCH_PEER_ROUNDS:-1}" \
-        ${BENCH_PEER_CANARY:+--record-canary} 2>&1 | tee "$W/runs/bench-peer-run-$part.txt"
+        ${BENCH_PEER_CANARY:+--record-canary} ${BENCH_PEER_NEW_CONNECTIONS:+--connection-per-request} 2>&1 | tee "$W/runs/bench-peer-run-$part.txt"
     local rc=${PIPESTATUS[0]}
     cp "$W/machine.txt" "$W/runs/" 2>/dev/null
     tar -czf "$OUT/results-bench-peer-$part.tar.gz" -C "$W/runs" --exclude 'ours-*.jsonl' --exclude 'sglang-*.json' \

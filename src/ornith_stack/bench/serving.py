@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import random
 import time
@@ -91,9 +92,19 @@ def run_load(client: EngineClient, bodies: list[dict[str, Any]], load: Load, rng
     """Send every body under `load` and wait for all of them, each request a task on the client's event
     loop (as `vllm bench serve` does): a request starts as soon as its arrival time has come and a slot
     is free. Ctrl-C (or `client.stop` set) ends the run within 0.2 s; the samples that finished stay in
-    the result, the requests still in flight are dropped."""
+    the result, the requests still in flight are dropped.
+
+    Everything alive before the run (the tokenizer, a loaded torch, earlier levels' samples) is frozen out
+    of the garbage collector first, as `vllm bench serve` does: a full collection over that heap in the
+    middle of a run pauses every stream at once, and the client's pause would read as the engine's latency.
+    Thawed afterwards, so a long tune still collects what its runs left."""
     offsets = arrival_offsets(len(bodies), load.rate, load.burstiness, rng)
-    return client.run(_load(client, bodies, offsets, load.max_concurrency, on_done))
+    gc.collect()
+    gc.freeze()
+    try:
+        return client.run(_load(client, bodies, offsets, load.max_concurrency, on_done))
+    finally:
+        gc.unfreeze()
 
 
 async def _load(client: EngineClient, bodies: list[dict[str, Any]], offsets: list[float], limit: int | None,
