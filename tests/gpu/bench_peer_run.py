@@ -64,7 +64,6 @@ LEVELS = (1, 8, 32, 128, 256)
 PROMPTS_PER_LEVEL = {1: 24, 8: 128, 32: 384, 128: 768, 256: 1280}
 INPUT_TOKENS, OUTPUT_TOKENS = 256, 128
 ORDER = ("ours", "theirs", "theirs", "ours")
-RUN_TIMEOUT_S = 240
 PRIMING_PROMPTS = 32
 # (ours: a key path in a run of bench.json's serving level; theirs: bench_serving's result key)
 FIGURES = {
@@ -178,8 +177,8 @@ def _ornith_bench() -> Callable[[list[str]], int]:
 
 def _connection_per_request() -> None:
     """Ours opening a new connection for every request, as bench_serving does (a new aiohttp session per request),
-    instead of keeping a pool as `vllm bench serve` and OpenAI clients do: the lead the third recording left for
-    our lower TTFT at 32 streams, where the engine's HTTP loop that accepts a connection is busy with the others."""
+    instead of keeping a pool as `vllm bench serve` and OpenAI clients do. Call F tried it as the cause of our lower
+    TTFT at 32 streams in the third recording: the gap stayed (bench-peer/README.md)."""
     import aiohttp
 
     pooled = aiohttp.TCPConnector
