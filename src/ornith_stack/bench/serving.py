@@ -97,14 +97,17 @@ def run_load(client: EngineClient, bodies: list[dict[str, Any]], load: Load, rng
     Everything alive before the run (the tokenizer, a loaded torch, earlier levels' samples) is frozen out
     of the garbage collector first, as `vllm bench serve` does: a full collection over that heap in the
     middle of a run pauses every stream at once, and the client's pause would read as the engine's latency.
-    Thawed afterwards, so a long tune still collects what its runs left."""
+    Thawed afterwards, so a long tune still collects what its runs left; left frozen where the process had
+    frozen its heap itself (thawing is all or nothing)."""
     offsets = arrival_offsets(len(bodies), load.rate, load.burstiness, rng)
+    frozen_by_caller = gc.get_freeze_count() > 0
     gc.collect()
     gc.freeze()
     try:
         return client.run(_load(client, bodies, offsets, load.max_concurrency, on_done))
     finally:
-        gc.unfreeze()
+        if not frozen_by_caller:
+            gc.unfreeze()
 
 
 async def _load(client: EngineClient, bodies: list[dict[str, Any]], offsets: list[float], limit: int | None,
