@@ -69,10 +69,16 @@ PRIMING_PROMPTS = 32
 FIGURES = {
     "output tok/s": (("output_tok_s",), "output_throughput"),
     "median TTFT ms": (("ttft_ms", "median"), "median_ttft_ms"),
+    "mean TTFT ms": (("ttft_ms", "mean"), "mean_ttft_ms"),
     "median TPOT ms": (("tpot_ms", "median"), "median_tpot_ms"),
     "median ITL ms": (("itl_ms", "median"), "median_itl_ms"),
     "median E2E ms": (("e2el_ms", "median"), "median_e2e_latency_ms"),
 }
+# The engine's own view of the same run (its /metrics before and after; warm-up requests included, alike for
+# both tools): its mean TTFT counts from the request's arrival in its tokenizer manager, so a client's mean TTFT
+# above it is that client's own overhead and the loopback; `client - engine` is that gap per run.
+ENGINE_TTFT = "sglang:time_to_first_token_seconds"
+ENGINE_FIGURES = ("engine mean TTFT ms", "client - engine mean TTFT ms")
 
 
 def write_prompts(out: Path, tokenizer_path: str) -> None:
@@ -175,6 +181,47 @@ def _ornith_bench() -> Callable[[list[str]], int]:
     return cli
 
 
+def engine_ttft(base: str) -> tuple[float, float] | None:
+    """The engine's TTFT histogram so far: (sum of seconds, count), or None where /metrics did not answer."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        code, body = sglang_run._get(f"{base}/metrics")
+    except OSError:
+        return None
+    if code != 200:
+        return None
+    total = count = 0.0
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples if family.name == ENGINE_TTFT else ():
+            if sample.name == f"{ENGINE_TTFT}_sum":
+                total += sample.value
+            elif sample.name == f"{ENGINE_TTFT}_count":
+                count += sample.value
+    return total, count
+
+
+def engine_figures(before: tuple[float, float] | None, after: tuple[float, float] | None, figures: dict) -> dict:
+    """The engine's mean TTFT over one run (and its warm-up) beside the client's mean TTFT of that run."""
+    if before is None or after is None or after[1] <= before[1]:
+        return {}
+    engine_ms = 1000 * (after[0] - before[0]) / (after[1] - before[1])
+    client_ms = figures.get("mean TTFT ms")
+    return {"engine mean TTFT ms": engine_ms, "engine requests": after[1] - before[1],
+            "client - engine mean TTFT ms": None if client_ms is None else client_ms - engine_ms}  # fmt: skip
+
+
+def gpu_sampler(out: Path) -> subprocess.Popen | None:
+    """nvidia-smi's SM clock, power and utilization every 500 ms into OUT/gpu.csv (each run prints its start and
+    end, so a slow run can be set beside the GPU's clock then); None where nvidia-smi is missing."""
+    try:
+        return subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,utilization.gpu",
+                                 "--format=csv", "-i", "0", "-lms", "500", "-f", str(out / "gpu.csv")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    except OSError:
+        return None
+
+
 def _connection_per_request() -> None:
     """Ours opening a new connection for every request, as bench_serving does (a new aiohttp session per request),
     instead of keeping a pool as `vllm bench serve` and OpenAI clients do. Call F tried it as the cause of our lower
@@ -272,9 +319,11 @@ def table(runs: dict[int, dict[str, list[dict]]]) -> tuple[str, dict]:
     ]
     summary: dict = {}
     for level, sides in runs.items():
-        for name in FIGURES:
+        for name in (*FIGURES, *ENGINE_FIGURES):
             a = [r[name] for r in sides["ours"] if r.get(name) is not None]
             b = [r[name] for r in sides["theirs"] if r.get(name) is not None]
+            if not (a or b):  # a figure this recording did not take (the engine's were added in call G)
+                continue
             ratio = statistics.median(a) / statistics.median(b) if a and b and statistics.median(b) else None
             pairs = _pairs(a, b)
             interval = _interval(pairs)
@@ -402,6 +451,7 @@ def main() -> None:
 
         env.update(cache_env(args.compile_cache))
     engine = sglang_run.Engine(cmd, out, args.port, env)
+    sampler = gpu_sampler(out)
     mode = ("--connection-per-request",) if args.connection_per_request else ()
     drivers = {"ours": Driver(out, "ours", mode), "theirs": Driver(out, "theirs")}
     base = engine.base
@@ -422,15 +472,19 @@ def main() -> None:
         for level in levels:
             runs[level] = {"ours": [], "theirs": []}
             for n, who in enumerate(ORDER * args.rounds):
+                before, t0 = engine_ttft(base), time.time()
                 figures = (
                     ours(drivers["ours"], base, out, level, n)
                     if who == "ours"
                     else theirs(drivers["theirs"], base, model, args.target, out, level, n)
                 )
+                figures.update(
+                    engine_figures(before, engine_ttft(base), figures), t0=round(t0, 1), t1=round(time.time(), 1)
+                )
                 runs[level][who].append(figures)
                 print(f"[{time.monotonic() - started:5.0f} s] concurrency {level} {who}: "
-                      + json.dumps({k: v for k, v in figures.items()
-                                    if k in FIGURES or k in ("rc", "wall_s", "process_cpu_s")}),
+                      + json.dumps({k: v for k, v in figures.items() if k in FIGURES or k in ENGINE_FIGURES
+                                    or k in ("rc", "wall_s", "process_cpu_s", "engine requests", "t0", "t1")}),
                       flush=True)  # fmt: skip
             text = write_table(
                 out, runs, {"healthy_after_s": round(healthy, 1), "measured_s": round(time.monotonic() - started, 1)}
@@ -441,6 +495,8 @@ def main() -> None:
     finally:
         for driver in drivers.values():
             driver.close()
+        if sampler:
+            sampler.terminate()
         engine.stop()
 
 

@@ -173,6 +173,12 @@ tune() {  # `ornith-stack tune gpu96 --launch local` on GPU 0, within the device
     # The compile caches of the bench-peer calls (same kernels, same folder): candidates start warmer.
     eval "$(python3 -c "import sys; sys.path.insert(0, '$REPO/tests/gpu'); from fit_run import cache_env; from pathlib import Path
 print(' '.join(f'export {k}={v}' for k, v in cache_env(Path('$W/compile-cache')).items()))")"
+    # TUNE_RESUME_FROM: a recorded tune's folder (its tune-state.json) to resume from on a fresh machine: the
+    # candidates it measured are not measured again, the budget counts their time.
+    if [ -n "${TUNE_RESUME_FROM:-}" ]; then
+        mkdir -p "$W/runs/tune" && cp -rn "$REPO/$TUNE_RESUME_FROM"/. "$W/runs/tune/"
+        log "resuming from $TUNE_RESUME_FROM: $(grep -c '"key"' "$W/runs/tune/tune-state.json") candidates measured"
+    fi
     log "tune gpu96 (budget ${TUNE_BUDGET_MIN:-7} min)"
     timeout 560 python3 -m ornith_stack tune gpu96 --launch local \
         --set "model.repo=$W/models/target" --set "draft.repo=$W/models/draft" \
