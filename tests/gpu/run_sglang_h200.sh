@@ -176,7 +176,7 @@ print(' '.join(f'export {k}={v}' for k, v in cache_env(Path('$W/compile-cache'))
     # TUNE_RESUME_FROM: a recorded tune's folder (its tune-state.json) to resume from on a fresh machine: the
     # candidates it measured are not measured again, the budget counts their time.
     if [ -n "${TUNE_RESUME_FROM:-}" ]; then
-        mkdir -p "$W/runs/tune" && cp -rn "$REPO/$TUNE_RESUME_FROM"/. "$W/runs/tune/"
+        mkdir -p "$W/runs/tune" && cp -r --update=none "$REPO/$TUNE_RESUME_FROM"/. "$W/runs/tune/"
         log "resuming from $TUNE_RESUME_FROM: $(grep -c '"key"' "$W/runs/tune/tune-state.json") candidates measured"
     fi
     log "tune gpu96 (budget ${TUNE_BUDGET_MIN:-7} min)"

@@ -12,7 +12,10 @@ from pathlib import Path
 
 RECORDING = Path(__file__).resolve().parents[1] / "fixtures" / "engines" / "sglang-0.5.17" / "bench-peer"
 GPU = Path(__file__).resolve().parents[1] / "gpu"
-HEADLINE_CALLS = ("B", "C", "D", "E")  # 128 and 256 streams from B; 1, 8 and 32 from C, D and E
+# Both tools in long-lived drivers: 1, 8 and 32 streams from C, D, E, G, H; 128 and 256 from I, J, K.
+HEADLINE_CALLS = ("C", "D", "E", "G", "H", "I", "J", "K")
+# The figures the tools read more than 5% apart on the H200, ours the better side of each (README, "Fourth recording").
+APART = {("32", "median TTFT ms"), ("128", "output tok/s"), ("128", "median TTFT ms"), ("128", "median TPOT ms")}
 
 
 def _script(name: str, *args: str) -> None:
@@ -25,15 +28,25 @@ def test_the_committed_h200_table_is_what_the_recorded_runs_give(tmp_path: Path)
     assert (tmp_path / "table.md").read_text() == (RECORDING / "table.md").read_text()
 
 
-def test_on_the_h200_both_tools_agree_within_5_percent_except_bench_servings_ttft_at_32_streams() -> None:
+def test_on_the_h200_both_tools_agree_within_5_percent_but_where_ours_reads_the_better_side() -> None:
     figures = json.loads((RECORDING / "summary.json").read_text())["figures"]
     for level, sides in figures.items():
         for name in ("output tok/s", "median TTFT ms", "median TPOT ms"):
             low, high = sides[name]["pair_median_interval_90"] or (sides[name]["ratio"],) * 2
-            if (level, name) == ("32", "median TTFT ms"):
-                assert high < 0.95  # ours lower: bench_serving's own overhead (the synthetic recording)
-            else:
+            if (level, name) not in APART:
                 assert low <= 1.05 and high >= 0.95, (level, name, low, high)
+            elif name == "output tok/s":
+                assert low > 1.05, (level, name, low)  # ours drove the engine faster
+            else:
+                assert high < 0.95, (level, name, high)  # ours read the lower latency
+
+
+def test_where_the_tools_read_ttft_apart_the_engine_saw_the_same_ttft_and_bench_servings_gap_is_before_it() -> None:
+    figures = json.loads((RECORDING / "summary.json").read_text())["figures"]
+    for level in ("32", "128"):
+        low, high = figures[level]["engine mean TTFT ms"]["pair_median_interval_90"]
+        assert low <= 1.0 <= high, (level, low, high)
+        assert figures[level]["client - engine mean TTFT ms"]["pair_median_interval_90"][1] < 0.8
 
 
 def test_the_committed_synthetic_table_is_what_its_runs_give(tmp_path: Path) -> None:
