@@ -15,9 +15,11 @@ warm-up (ours: one full round of c requests, --warmup 1; theirs: --warmup-reques
 
 Writes to OUT: engine.log, health.txt, launch.json, prompts, every run's output (ours-C-N/ with bench.json and
 bench.md; sglang-C-N.jsonl), each tool's log (ours-driver.log, theirs-driver.log), each run's CPU seconds in its
-tool's process, summary.json and table.md: per level and figure, each tool's median, its spread, ours / theirs of the
-medians, and the ratios of the runs that ran next to each other (A B B A: the k-th run of one tool beside the k-th of
-the other), their median, range and the 90% bootstrap interval of that median.
+tool's process, the engine's own mean TTFT over each run (its /metrics before and after) beside the tool's, the GPU's
+SM clock, power and utilization every 500 ms (gpu.csv), summary.json and table.md: per level and figure, each tool's
+median, its spread, ours / theirs of the medians, and the ratios of the runs that ran next to each other (A B B A:
+the k-th run of one tool beside the k-th of the other), their median, range and the 90% bootstrap interval of that
+median.
 
     python3 tests/gpu/bench_peer_run.py OUT --target MODELS/target --draft MODELS/draft
 
@@ -54,6 +56,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from ornith_stack.engines.sglang.metrics import NAMES as SGLANG_METRICS
+
 sys.path.insert(0, str(Path(__file__).parent))
 import sglang_run  # noqa: E402
 
@@ -77,7 +81,7 @@ FIGURES = {
 # The engine's own view of the same run (its /metrics before and after; warm-up requests included, alike for
 # both tools): its mean TTFT counts from the request's arrival in its tokenizer manager, so a client's mean TTFT
 # above it is that client's own overhead and the loopback; `client - engine` is that gap per run.
-ENGINE_TTFT = "sglang:time_to_first_token_seconds"
+ENGINE_TTFT = SGLANG_METRICS.ttft
 ENGINE_FIGURES = ("engine mean TTFT ms", "client - engine mean TTFT ms")
 
 
