@@ -186,23 +186,16 @@ def _ornith_bench() -> Callable[[list[str]], int]:
 
 
 def engine_ttft(base: str) -> tuple[float, float] | None:
-    """The engine's TTFT histogram so far: (sum of seconds, count), or None where /metrics did not answer."""
-    from prometheus_client.parser import text_string_to_metric_families
+    """The engine's TTFT histogram so far: (sum of seconds, count), or None where /metrics did not answer it."""
+    from ornith_stack.wire.metrics import BadExposition, parse
 
     try:
         code, body = sglang_run._get(f"{base}/metrics")
-    except OSError:
+        samples = parse(body.decode(), keep=(f"{ENGINE_TTFT}_sum", f"{ENGINE_TTFT}_count"))
+    except (OSError, BadExposition):
         return None
-    if code != 200:
-        return None
-    total = count = 0.0
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples if family.name == ENGINE_TTFT else ():
-            if sample.name == f"{ENGINE_TTFT}_sum":
-                total += sample.value
-            elif sample.name == f"{ENGINE_TTFT}_count":
-                count += sample.value
-    return total, count
+    total, count = samples.total(f"{ENGINE_TTFT}_sum"), samples.total(f"{ENGINE_TTFT}_count")
+    return None if code != 200 or total is None or count is None else (total, count)
 
 
 def engine_figures(before: tuple[float, float] | None, after: tuple[float, float] | None, figures: dict) -> dict:
