@@ -23,15 +23,21 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_BREAK_SYSTEM_PACKAGES=1
 RUN if [ -n "$TRANSFORMERS_VERSION" ]; then python3 -m pip install "transformers==${TRANSFORMERS_VERSION}"; fi
-COPY pyproject.toml README.md /tmp/ornith/
-COPY src/ /tmp/ornith/src/
 # ornith-stack gets a virtual environment of its own, so its dependencies never move the engine's. Images
-# whose Python lacks ensurepip (Ubuntu without python3-venv) get one without pip, filled by the system pip.
-RUN { python3 -m venv /opt/ornith && /opt/ornith/bin/python -m pip install /tmp/ornith; } \
- || { rm -rf /opt/ornith && python3 -m venv --without-pip /opt/ornith \
-      && python3 -m pip --python /opt/ornith/bin/python install /tmp/ornith; } \
- && ln -s /opt/ornith/bin/ornith-stack /usr/local/bin/ornith-stack \
- && rm -rf /tmp/ornith
+# whose Python lacks ensurepip (Ubuntu without python3-venv) get one without pip, and the system pip puts
+# one in. Its dependencies come first, in a layer of their own (it changes with pyproject.toml only); the
+# project's source after, installed without them: a change to src/ rebuilds one small layer.
+COPY pyproject.toml README.md docker/pyproject-requirements.py /tmp/ornith/
+RUN { python3 -m venv /opt/ornith \
+      || { rm -rf /opt/ornith && python3 -m venv --without-pip /opt/ornith \
+           && python3 -m pip --python /opt/ornith/bin/python install pip; }; } \
+ && python3 /tmp/ornith/pyproject-requirements.py /tmp/ornith/pyproject.toml > /tmp/ornith/requirements.txt \
+ && /opt/ornith/bin/python -m pip install -r /tmp/ornith/requirements.txt
 # The upstream engine images run as root and keep their caches under /root/.cache; so does this one.
 ENV HF_HOME=/data/hf
 ENTRYPOINT ["ornith-stack", "entrypoint"]
+# Last: the steps a change to src/ redoes.
+COPY src/ /tmp/ornith/src/
+RUN /opt/ornith/bin/python -m pip install --no-deps --no-build-isolation /tmp/ornith \
+ && ln -s /opt/ornith/bin/ornith-stack /usr/local/bin/ornith-stack \
+ && rm -rf /tmp/ornith

@@ -9,18 +9,22 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
-COPY pyproject.toml README.md /tmp/ornith/
-COPY src/ /tmp/ornith/src/
-# pip itself is not needed at run time (16 MB).
+# The dependencies in a layer of their own (it changes with pyproject.toml only), then the project without
+# them: a change to src/ rebuilds one small layer instead of downloading every dependency again (72 s for
+# Ansible's exporter-only change on a 2-core machine before).
+COPY pyproject.toml README.md docker/pyproject-requirements.py /tmp/ornith/
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/python -m pip install /tmp/ornith \
- && /opt/venv/bin/python -m pip uninstall --yes --quiet pip
+ && python3 /tmp/ornith/pyproject-requirements.py /tmp/ornith/pyproject.toml > /tmp/ornith/requirements.txt \
+ && /opt/venv/bin/python -m pip install -r /tmp/ornith/requirements.txt
+COPY src/ /tmp/ornith/src/
+# pip (16 MB) and wheel are not needed at run time.
+RUN /opt/venv/bin/python -m pip install --no-deps --no-build-isolation /tmp/ornith \
+ && /opt/venv/bin/python -m pip uninstall --yes --quiet wheel pip
 
 FROM ${BASE_IMAGE}
 RUN groupadd --gid 10001 ornith \
  && useradd --uid 10001 --gid ornith --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin ornith
-COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1
 USER 10001:10001
@@ -30,3 +34,5 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
   CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9400/', timeout=4)"]
 ENTRYPOINT ["ornith-stack", "exporter"]
 CMD ["--target", "http://engine:8000", "--listen", ":9400"]
+# Last: the one step a change to src/ redoes here (each step after it would be redone too, seconds apiece).
+COPY --from=build /opt/venv /opt/venv

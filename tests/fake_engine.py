@@ -20,6 +20,7 @@ class FakeEngine:
     def __init__(self) -> None:
         self.routes: dict[str, Route] = {}
         self.hits: dict[str, int] = {}  # requests per path
+        self.posts: list[tuple[str, str, bytes]] = []  # POSTs: path, Authorization header, body
         self.lock = threading.Lock()
         routes, engine = self.routes, self
 
@@ -41,6 +42,12 @@ class FakeEngine:
                     self.wfile.write(route.body)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with engine.lock:
+                    engine.posts.append((self.path.split("?")[0], self.headers.get("Authorization", ""), body))
+                self.do_GET()
 
             def log_message(self, *args: object) -> None:
                 pass

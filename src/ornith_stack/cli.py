@@ -10,7 +10,10 @@ from __future__ import annotations
 import errno
 import functools
 import importlib
+import os
+import re
 import sys
+from collections.abc import Mapping
 from importlib.util import find_spec
 from typing import Any
 
@@ -22,7 +25,7 @@ from rich.markup import escape
 
 from ornith_stack import commands
 from ornith_stack.commands.index import command_index
-from ornith_stack.errors import UserError, one_line
+from ornith_stack.errors import LINE_LIMIT, UserError, one_line
 
 err = Console(stderr=True)
 
@@ -30,7 +33,8 @@ err = Console(stderr=True)
 # checks these modules against it): the bench's math grader (math-verify, which brings sympy) and its plots
 # (matplotlib) weigh about 200 MB that the exporter's image does without. Checked before the command starts, so
 # that a benchmark does not run for minutes and then fail to draw its plots.
-NEEDS_EXTRA: dict[str, tuple[str, tuple[str, ...]]] = {"bench": ("bench", ("math_verify", "matplotlib"))}
+NEEDS_EXTRA: dict[str, tuple[str, tuple[str, ...]]] = {"bench": ("bench", ("math_verify", "matplotlib")),
+                                                        "load": ("bench", ("math_verify", "matplotlib"))}
 
 
 class _LazyGroup(typer.core.TyperGroup):
@@ -99,9 +103,47 @@ def eager_commands() -> dict[str, Any]:
             for name, command in _loaded(entry).items()}
 
 
+# A control character (C0, DEL, C1) in a word or a variable: no name, number, path, URL or key holds one.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# ORNITH_EXTRA_ARGS is split as a shell splits it: a tab or a line break there separates words.
+_WHITESPACE_VARIABLES = {"ORNITH_EXTRA_ARGS": "\t\n"}
+
+
+def refuse_hostile_input(argv: list[str], environ: Mapping[str, str]) -> None:
+    """Refuse, before any command reads them, the values no option or variable of any command can mean: a
+    control character in a word of the command line or in an ORNITH_* variable (a line break in a name becomes
+    two lines of a file, one in a key a second header), and a number typed with non-ASCII digits (Python reads
+    '١٢' as 12). The message quotes neither: it may be a secret."""
+    # Every word after `entrypoint` is the engine's command (`sh -c SCRIPT` holds line breaks): not ours to read.
+    for i, word in enumerate(argv[:1] if argv[:1] == ["entrypoint"] else argv):
+        flag, eq, value = word.partition("=") if word.startswith("--") else ("", "", word)
+        where = flag if eq else argv[i - 1] if i and argv[i - 1].startswith("-") and not value.startswith("-") \
+            else f"word {i + 1} of the command line"
+        if _CONTROL.search(word):
+            raise UserError(f"{where} holds a control character (a line break, tab or escape): type the value "
+                            "without it")
+        if _foreign_number(value):
+            raise UserError(f"{where} is a number typed with non-ASCII digits: type it with 0-9")
+    for name in sorted(environ):
+        allowed = _WHITESPACE_VARIABLES.get(name, "")
+        if name.startswith("ORNITH_") and {c for c in _CONTROL.findall(environ[name]) if c not in allowed}:
+            raise UserError(f"${name} holds a control character (a line break, tab or escape): set it without one")
+
+
+def _foreign_number(value: str) -> bool:
+    if value.isascii() or not any(c.isdigit() for c in value):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user mistakes become one 'error:' line and exit status 2, never a traceback."""
     try:
+        refuse_hostile_input(sys.argv[1:] if argv is None else argv, os.environ)
         rc = _command().main(args=argv, prog_name="ornith-stack", standalone_mode=False)
     except UserError as exc:
         return _error(str(exc))
@@ -126,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _error(message: str, code: int = 2) -> int:
-    err.print("[bold red]error:[/] " + escape(one_line(message)), highlight=False, soft_wrap=True)
+    # The whole line, "error: " included, within LINE_LIMIT.
+    err.print("[bold red]error:[/] " + escape(one_line(message, LINE_LIMIT - len("error: "))), highlight=False,
+              soft_wrap=True)
     return code
 
 

@@ -22,6 +22,8 @@ def shown(value: object, limit: int = QUOTE_LIMIT) -> str:
 
 
 def one_line(message: str, limit: int = LINE_LIMIT) -> str:
-    """`message` as one line: line breaks become '; ', control characters are dropped, long text is cut."""
+    """`message` as one line of UTF-8: line breaks become '; ', control characters are dropped, long text is cut."""
     text = _CONTROL.sub("", _BREAKS.sub("; ", message.strip()))
+    # Undecodable bytes of a command line (surrogates) shown escaped: a strict UTF-8 stream refuses them.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else text[: limit - 1] + "…"

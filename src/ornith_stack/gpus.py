@@ -15,13 +15,16 @@ from typing import Literal
 
 import yaml
 
-from ornith_stack.errors import UserError
+from ornith_stack.errors import UserError, shown
 
 TABLE = Path(str(resources.files(__package__))) / "gpus.yaml"
 # A profile's hardware.gpu.models entry for a card the table lacks: `nvml:` and the name NVML reports.
 NVML_PREFIX = "nvml:"
 # Bandwidth assumed for a described card when none is given (GB/s): only the roofline reads it.
 DEFAULT_BANDWIDTH_GBPS = 1000.0
+MAX_BANDWIDTH_GBPS = 100_000  # per GPU; HBM4 cards are near 20,000
+# A compute capability as NVML and the profiles write it: ASCII digits (\d takes any script's), MAJOR.MINOR.
+COMPUTE_CAPABILITY = r"[0-9]{1,2}\.[0-9]{1,2}"
 Interconnect = Literal["nvswitch", "nvlink", "pcie"]
 _INTERCONNECTS = ("nvswitch", "nvlink", "pcie")
 
@@ -38,6 +41,11 @@ class GpuModel:
     host_arch: str = "x86_64"
     per_host: int = 8
     unified_memory: bool = False
+
+    @property
+    def geforce(self) -> bool:
+        """A GeForce board: no PCIe peer-to-peer between cards (NCCL's P2P path hangs on 4090s)."""
+        return "geforce" in self.name.lower()
 
     @property
     def sm(self) -> tuple[int, int]:
@@ -100,10 +108,13 @@ def describe(name: str, memory_gib: float, compute_capability: str, bandwidth_gb
              count: int = 8) -> GpuModel:
     """A card the table lacks, as the operator describes it (`profiles new --memory-gib ...
     --compute-capability ...`): PCIe, x86_64, up to `count` per host, matched by its exact NVML name."""
-    if not re.fullmatch(r"\d+\.\d+", compute_capability):
-        raise UserError(f"--compute-capability must be MAJOR.MINOR such as 8.9, got {compute_capability!r}")
+    if not re.fullmatch(COMPUTE_CAPABILITY, compute_capability):
+        raise UserError(f"--compute-capability must be MAJOR.MINOR such as 8.9, got {shown(compute_capability)}")
     if not 1 <= memory_gib <= 1024:
         raise UserError(f"--memory-gib must be from 1 to 1024 (GiB per GPU, as NVML reports it), got {memory_gib:g}")
+    if bandwidth_gbps is not None and not 1 <= bandwidth_gbps <= MAX_BANDWIDTH_GBPS:
+        # 0 once meant "not given" and became the default: a card described as 0 GB/s is a mistake.
+        raise UserError(f"--bandwidth-gbps must be from 1 to {MAX_BANDWIDTH_GBPS:,} GB/s per GPU, got {bandwidth_gbps:g}")
     bare = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.IGNORECASE)
     key = re.sub(r"[^a-z0-9]+", "-", bare.lower()).strip("-") or "gpu"
     return GpuModel(key=key, name=name.strip(), nvml=(re.escape(bare),), memory_gib=memory_gib,

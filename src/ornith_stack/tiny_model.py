@@ -218,20 +218,24 @@ def _byte_alphabet() -> list[str]:
     return chars
 
 
-def _build_tokenizer() -> Any:
-    """Byte-level BPE without merges: every byte is a token, then the special tokens, then padding."""
+def _build_tokenizer(vocab_size: int = VOCAB_SIZE) -> Any:
+    """Byte-level BPE without merges: every byte is a token, then the special tokens, then padding. A
+    vocabulary larger than the tiny one (a real shape's) is padded inside the BPE vocabulary, before the
+    special tokens: 250,000 added tokens take the tokenizer seconds to load."""
     try:
         from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     except ImportError:
         raise UserError(f"tiny-model needs the tokenizers package; {INSTALL_HINT}") from None
     vocab = {char: i for i, char in enumerate(_byte_alphabet())}
+    if vocab_size != VOCAB_SIZE:
+        vocab |= {f"<|unused_{i}|>": i for i in range(256, vocab_size - len(SPECIAL_TOKENS))}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
-    reserved = [f"<|reserved_{i}|>" for i in range(VOCAB_SIZE - 256 - len(SPECIAL_TOKENS))]
+    reserved = [f"<|reserved_{i}|>" for i in range(vocab_size - len(vocab) - len(SPECIAL_TOKENS))]
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in reserved])
-    assert tokenizer.get_vocab_size() == VOCAB_SIZE
+    assert tokenizer.get_vocab_size() == vocab_size
     return tokenizer
 
 
@@ -253,6 +257,47 @@ def _write_tokenizer(out: Path, tokenizer: Any, ids: dict[str, int]) -> None:
         out / "special_tokens_map.json",
         {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "additional_special_tokens": list(ids)},
     )
+
+
+# -- a checkpoint without weights (ornith-stack rehearse) -------------------------------------------------
+
+
+def dummy_checkpoint(config: dict[str, Any], out: Path) -> Path:
+    """A model folder an engine starts with random weights (its adapter's `dummy_weights_args`): `config` (a checkpoint's config.json, e.g.
+    a shipped shape from sizing/configs/) as config.json, and a byte-level tokenizer with the chat special
+    tokens padded to the config's vocabulary, so that every id the random weights sample decodes. No weight
+    file: the engine initialises random weights of these shapes itself. `out` is made or emptied of an
+    earlier one."""
+    text = config.get("text_config", config)
+    vocab_size = int(text.get("vocab_size") or config.get("vocab_size") or 0)
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise UserError(f"the model config's vocab_size {vocab_size} is too small for a byte-level tokenizer "
+                        f"({256 + len(SPECIAL_TOKENS)} at least)")
+    tokenizer = _build_tokenizer(vocab_size)
+    ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
+    data = {k: v for k, v in config.items() if not k.startswith("_ornith")}
+    for part in (data, data.get("text_config")):
+        if isinstance(part, dict):
+            _engine_keys(part, ids)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.safetensors*"):
+        old.unlink()
+    _write_json(out / "config.json", data)
+    _write_tokenizer(out, tokenizer, ids)
+    _write_generation_config(out, ids)
+    return out
+
+
+def _engine_keys(part: dict[str, Any], ids: dict[str, int]) -> None:
+    """What the shipped shapes leave out and the engines read: the token ids (the tokenizer's), and SGLang's
+    `full_attention_interval` where the layer pattern is given (published Qwen3.5 configs carry both)."""
+    part.pop("_ornith_provenance", None)
+    part.pop("_ornith_inferred", None)
+    part["eos_token_id"] = ids["<|im_end|>"]
+    part["pad_token_id"] = ids["<|endoftext|>"]
+    layers = part.get("layer_types")
+    if isinstance(layers, list) and "full_attention" in layers and "full_attention_interval" not in part:
+        part["full_attention_interval"] = layers.index("full_attention") + 1
 
 
 # -- config and model ----------------------------------------------------------------------------

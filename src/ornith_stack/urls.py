@@ -37,11 +37,28 @@ def engine_url(text: str, option: str) -> str:
         raise UserError(f"{option} {shown(text)}: only {' and '.join(s + '://' for s in SCHEMES)} are supported")
     if not parts.hostname:
         raise UserError(f"{option} {shown(text)}: no host; {example}")
+    if not _host_name(parts.hostname):
+        raise UserError(f"{option} {shown(text)}: the host is not a name DNS can carry (labels of 1 to 63 "
+                        f"characters, 253 in all) nor an address; {example}")
     if port == 0:
         raise UserError(f"{option} {shown(text)}: port 0 is not a port a server listens on; {example}")
     if parts.query or parts.fragment:
         raise UserError(f"{option} {shown(text)}: a base URL has no ?query or #fragment; {example}")
     return url.rstrip("/")
+
+
+def _host_name(host: str) -> bool:
+    """Whether the resolver (and the IDNA encoding every HTTP client applies first) takes `host`."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    try:
+        encoded = host.encode("idna")
+    except UnicodeError:  # a label empty or over 63 characters, or not encodable
+        return False
+    return len(encoded) <= 253
 
 
 def redact(url: str) -> str:

@@ -20,6 +20,9 @@
 #   bash tests/gpu/run_sglang_h200.sh bench-peer                  # ours beside sglang.bench_serving, same
 #                                                                 # prompts, A B B A; again as D (32,8,1)
 #                                                                 # and E (8,32,1); 128,256 as B
+#   bash tests/gpu/run_sglang_h200.sh realsize seed000            # the 35B at its real shapes, dummy weights,
+#   bash tests/gpu/run_sglang_h200.sh realsize computed           # simulated acceptance (issue 40): seed 000's
+#   bash tests/gpu/run_sglang_h200.sh realsize compare            # table, the computed profile, caps vs defaults
 #   bash tests/gpu/run_sglang_h200.sh tune                        # `ornith-stack tune gpu96 --launch local`:
 #                                                                 # seed caps, SGLang's defaults, DFlash depth
 # A staged folder may also hold wheels (sglang-router for `gateway`, math-verify which the CLI imports);
@@ -179,19 +182,49 @@ print(' '.join(f'export {k}={v}' for k, v in cache_env(Path('$W/compile-cache'))
         mkdir -p "$W/runs/tune" && cp -r --update=none "$REPO/$TUNE_RESUME_FROM"/. "$W/runs/tune/"
         log "resuming from $TUNE_RESUME_FROM: $(grep -c '"key"' "$W/runs/tune/tune-state.json") candidates measured"
     fi
-    log "tune gpu96 (budget ${TUNE_BUDGET_MIN:-7} min)"
-    timeout 560 python3 -m ornith_stack tune gpu96 --launch local \
-        --set "model.repo=$W/models/target" --set "draft.repo=$W/models/draft" \
+    # TUNE_REALSIZE=1 (issue 40): the 35B at its real shapes without weights (realsize_run.py's folders, --load-format
+    # dummy) with DFlash's acceptance simulated at TUNE_ACCEPTANCE (6.1, seed 000's GSM8K), from the profile
+    # `profiles new h200x1 --gpu h200 --count 1` writes; speculation off and block 8 against the profile's block 16.
+    local profile=gpu96 models=$W/models/target draft=$W/models/draft extra=() slo='ttft_p99:500 tpot_p99:20'
+    local rates=8,32,128,inf spec_try='spec-block=off,8'
+    local tries=(--try max-running-requests=default --try max-total-tokens=default --try "$spec_try")
+    if [ -n "${TUNE_REALSIZE:-}" ]; then
+        [ -f "$W/models/real-target/config.json" ] || python3 "$REPO/tests/gpu/realsize_run.py" shapes "$W/models" || exit 1
+        export ORNITH_PROFILE_DIR=$W/runs/tune-profiles SGLANG_SIMULATE_ACC_LEN=${TUNE_ACCEPTANCE:-6.1}
+        python3 -m ornith_stack profiles new h200x1 --gpu h200 --count 1 --out "$W/runs/tune-rendered" >/dev/null || exit 1
+        profile=h200x1 models=$W/models/real-target draft=$W/models/real-draft extra=(--set serve.args.load-format=dummy)
+        tries=(--try "$spec_try") slo=${TUNE_SLO:-'ttft_p99:1000 tpot_p99:25'} rates=${TUNE_RATES:-4,16,64,inf}
+    fi
+    log "tune $profile (budget ${TUNE_BUDGET_MIN:-7} min)"
+    timeout 560 python3 -m ornith_stack tune "$profile" --launch local \
+        --set "model.repo=$models" --set "draft.repo=$draft" "${extra[@]}" \
         --set serve.args.attention-backend=triton --set serve.args.sampling-backend=pytorch \
         --set serve.args.grammar-backend=none --set serve.args.disable-prefill-cuda-graph=true \
-        --slo 'ttft_p99:500 tpot_p99:20' --workload random:256:128 --rates 8,32,128,inf --num-prompts 64 \
-        --warmup 1 --try max-running-requests=default --try max-total-tokens=default \
-        --try spec-block=off,8 --max-candidates 4 --budget "${TUNE_BUDGET_MIN:-7}" --start-timeout 240 \
-        --name gpu96-tuned --out "$W/runs/tune" 2>&1 | tee "$W/runs/tune-run.txt"
+        --slo "$slo" --workload random:256:128 --rates "$rates" --num-prompts 64 \
+        --warmup 1 "${tries[@]}" --max-candidates 4 --budget "${TUNE_BUDGET_MIN:-7}" --start-timeout 300 \
+        --name "$profile-tuned" --out "$W/runs/tune" 2>&1 | tee "$W/runs/tune-run.txt"
     local rc=${PIPESTATUS[0]}
     cp -r "${ORNITH_PROFILE_DIR:-$HOME/.config/ornith-stack/profiles}" "$W/runs/tune/profiles" 2>/dev/null
     tar -czf "$OUT/results-tune.tar.gz" -C "$W/runs" tune tune-run.txt
     log "tune done: rc=$rc"
+    return "$rc"
+}
+
+realsize() {  # tests/gpu/realsize_run.py PART on GPU 0: the 35B at its real shapes, dummy weights (issue 40)
+    if [ ! -f "$W/site/.sglang-payload" ] || [ ! -f "$W/models/.done" ]; then log "not staged"; exit 1; fi
+    export CUDA_VISIBLE_DEVICES=0
+    local part=$1
+    [ -f "$W/models/real-target/config.json" ] || python3 "$REPO/tests/gpu/realsize_run.py" shapes "$W/models" || exit 1
+    log "realsize_run.py $part (Ornith-1.5-35B-A3B real shapes, --load-format dummy)"
+    timeout "${REALSIZE_TIMEOUT_S:-585}" python3 "$REPO/tests/gpu/realsize_run.py" "$part" "$W/runs/realsize-$part" \
+        --models "$W/models" --compile-cache "$W/compile-cache" ${REALSIZE_LEVELS:+--levels "$REALSIZE_LEVELS"} \
+        2>&1 | tee "$W/runs/realsize-$part-run.txt"
+    local rc=${PIPESTATUS[0]}
+    cp "$W/machine.txt" "$W/runs/" 2>/dev/null
+    nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv > "$W/runs/nvidia-smi-after-$part.csv"
+    tar -czf "$OUT/results-realsize-$part.tar.gz" -C "$W/runs" --exclude compile-cache --exclude 'profiles' \
+        "realsize-$part" "realsize-$part-run.txt" machine.txt "nvidia-smi-after-$part.csv"
+    log "realsize $part done: rc=$rc"
     return "$rc"
 }
 
@@ -202,5 +235,6 @@ case ${1:-} in
     bench-peer) bench_peer ;;
     fit) fit ;;
     tune) tune ;;
-    *) echo "usage: $0 stage DIR | serve tp1|tp2|uncapped-tp1 | gateway | bench-peer | fit | tune" >&2; exit 2 ;;
+    realsize) realsize "$2" ;;
+    *) echo "usage: $0 stage DIR | serve tp1|tp2|uncapped-tp1 | gateway | bench-peer | fit | tune | realsize seed000|computed|compare" >&2; exit 2 ;;
 esac

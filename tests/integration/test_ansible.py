@@ -283,6 +283,7 @@ def inventory(
             # Debian's Alertmanager is in the same stand-in image (docker/base/prometheus.Dockerfile).
             "ORNITH_ALERTMANAGER_PORT": ports["alertmanager"],
             "ORNITH_ALERTMANAGER_IMAGE": bases["prometheus"],
+            "ORNITH_MONITORING_UID": "990",  # the stand-in's prometheus user reads the login files
         },
         "ornith_service_image_cache_dir": str(tmp_path_factory.mktemp("image-cache")),
         "ornith_service_images": [EXPORTER_IMAGE, bases["prometheus"]],
@@ -693,6 +694,7 @@ def test_an_exporter_only_change_leaves_the_engine_running(
         "ORNITH_PROMETHEUS_IMAGE": bases["prometheus"],
         "ORNITH_ALERTMANAGER_PORT": ports["alertmanager"],
         "ORNITH_ALERTMANAGER_IMAGE": bases["prometheus"],
+        "ORNITH_MONITORING_UID": "990",
     }
     extra = _extra_vars(
         hub,

@@ -26,6 +26,7 @@ from ornith_stack.deployment import ENGINE_JOB, EXPORTER_PORT, EXPORTER_SERVICE
 from ornith_stack.exporter.catalogue import GENERATION_TOKENS_PER_SECOND, SPEC_ACCEPTANCE_LENGTH
 from ornith_stack.exporter.scrape import Scraper, Target
 from ornith_stack.generate import alertmanager, alerts, dashboards, prometheus
+from ornith_stack.profiles import load_profile
 from ornith_stack.stack.status import alerts_go_nowhere
 
 pytestmark = pytest.mark.integration
@@ -73,7 +74,8 @@ def stack(vllm_ngram, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
     exporter_port, prom_port = free_port(), free_port()
     exporter = subprocess.Popen(
         [sys.executable, "-m", "ornith_stack", "exporter", "--target", vllm_ngram.base_url,
-         "--listen", f"127.0.0.1:{exporter_port}", "--profile", "cpu-demo", "--canary", "--canary-interval", "2"],
+         "--listen", f"127.0.0.1:{exporter_port}", "--profile", "cpu-demo", "--canary", "--canary-check", load_profile("cpu-demo").canary_check,
+         "--canary-interval", "2"],
         stdout=(work / "exporter.log").open("w"), stderr=subprocess.STDOUT)
     config = {
         # 2 s apart with a 2 s timeout (the exporter answers within it: it reads Prometheus' header).
@@ -188,6 +190,16 @@ def _empty_panels(stack: dict[str, str], engine: str, skipped: set[str]) -> list
             if not any(query(stack, expr) for expr in exprs):
                 empty.append(f"{uid}: {panel.title}: {exprs}")
     return empty
+
+
+def test_the_canary_passes_on_the_random_weight_model_without_judging_its_answer(loaded: dict[str, str]) -> None:
+    """cpu-demo's canary, as compose runs it (--canary-check liveness): the tiny model's answers stream and
+    pass, and no correctness series exists for OrnithCanaryWrong to fire on."""
+    assert [float(r["value"][1]) for r in query(loaded, "ornith_canary_success")] == [1.0]
+    assert query(loaded, "ornith_canary_correct") == []
+    runs = {r["metric"]["outcome"]: float(r["value"][1]) for r in query(loaded, "ornith_canary_runs_total")}
+    # (a first run may fail: the canary waits for the first scrape to tell which engine it asks)
+    assert runs["unchecked"] > 0 and runs["wrong"] == runs["correct"] == 0, runs
 
 
 def test_exporter_passes_the_engines_own_counters_through(loaded: dict[str, str]) -> None:

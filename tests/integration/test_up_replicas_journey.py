@@ -1,8 +1,11 @@
 """`ornith-stack up` of a two-replica layout for real: two vLLM-CPU engines (the cpu-demo image) behind the
 real Model Gateway (docker/gateway.Dockerfile, sglang-router 0.3.2), through compose, along the README's
 journey: `up`, the printed curl (200 with the key, 401 without), `status` per replica and for the gateway,
-`logs engine-1`, `down`; and after `up` the checkout's `git status` is as it was (the key file compose/.env
-is ignored).
+`logs engine-1`, a flag change rolled through the replicas by `up` under `ornith-stack load` with 0 failed requests
+(issue 43: each replica out of the gateway's rotation, drained, recreated, proved and put back, one after the
+other; the gateway not restarted), `down`; and after `up` the checkout's `git status` is as it was (the key file
+compose/.env is ignored). The change is one engine flag (max-num-seqs, which the gateway's argv does not carry for
+vLLM): one more boot per replica, on the stack the journey started.
 
 Run: pytest -m integration tests/integration/test_up_replicas_journey.py
 The layout is an operator profile, as `ornith-stack profiles new` makes one for GPUs: cpu-demo with
@@ -16,62 +19,44 @@ small context (max-model-len 1024).
 
 from __future__ import annotations
 
+import calendar
+import json
 import os
 import re
-import shutil
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 import yaml
-from up_env import up_environment
+from up_env import ENV_FILE, REPO, ornith, replica_stack, write_replica_profile
 
-from ornith_stack.generate.core import render
-from ornith_stack.generate.profile_files import operator_files
-from ornith_stack.profiles import load_profile
+from ornith_stack import deployment
+from ornith_stack.stack.compose import Stack
+from ornith_stack.stack.envfile import read_env
+from ornith_stack.stack.rolling import read_state
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 PROJECT = f"up-x2-{os.getpid()}"
 NAME = f"it-replicas-{os.getpid()}"
 COMPOSE_FILE = REPO / "compose" / f"{NAME}.yml"
-ENV_FILE = REPO / "compose" / ".env"  # where `up` keeps the key unless told otherwise: the journey's file
 REPLICAS = ("engine-0", "engine-1")
-
-
-def ornith(env: dict[str, str], *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ornith_stack.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+MODEL = "ornith"  # cpu-demo's served name (in front of vLLM the gateway's /v1/models lists "unknown")
+# The rolling `up`'s load: steady streams through the gateway, a bound in count, stopped AFTER_S after the change.
+RATE, MAX_TOKENS, CONCURRENCY, REQUESTS_BOUND, AFTER_S = 1.0, 16, 4, 3000, 20.0
+BEFORE_S = 10.0  # the load runs this long before the change
 
 
 def git_status() -> str:
     """`git status` of compose/, the folder `up` writes into (the rest of the checkout may change meanwhile)."""
     return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", "compose"], cwd=REPO,
                           capture_output=True, text=True, check=True).stdout
-
-
-def write_profile(folder: Path) -> Path:
-    """cpu-demo as two replicas, in the operator's profile folder; its compose file in the checkout."""
-    data = load_profile("cpu-demo").model_dump(mode="json", exclude_none=True, exclude_defaults=True)
-    data["name"] = NAME
-    data["engine"] = {"kind": data["engine"]["kind"], "version": data["engine"]["version"]}
-    data["serve"]["replicas"] = 2
-    data["serve"]["args"]["max-model-len"] = 1024
-    data["serve"]["env"]["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-    path = folder / f"{NAME}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    os.environ["ORNITH_PROFILE_DIR"] = str(folder)  # load_profile below and the CLI read the same folder
-    try:
-        files = [f for f in operator_files(load_profile(NAME), path, "test_up_replicas_journey.py")
-                 if f.path == f"compose/{NAME}.yml"]
-        render(REPO, files)
-    finally:
-        del os.environ["ORNITH_PROFILE_DIR"]
-    return path
 
 
 def project_objects() -> list[str]:
@@ -83,22 +68,9 @@ def project_objects() -> list[str]:
 
 @pytest.fixture(scope="module")
 def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    folder = tmp_path_factory.mktemp("profiles")
-    kept = tmp_path_factory.mktemp("kept") / ".env"
-    with up_environment(f"x2-{os.getpid()}") as env:
-        if ENV_FILE.exists():  # a developer's own key: set aside, put back afterwards
-            shutil.move(ENV_FILE, kept)
-        write_profile(folder)
-        env["ORNITH_PROFILE_DIR"] = str(folder)
-        try:
-            yield env
-        finally:
-            subprocess.run(["docker", "compose", "-p", PROJECT, "-f", str(COMPOSE_FILE), "down", "--volumes",
-                            "--remove-orphans"], capture_output=True, check=False, timeout=300)
-            COMPOSE_FILE.unlink(missing_ok=True)
-            ENV_FILE.unlink(missing_ok=True)
-            if kept.exists():
-                shutil.move(kept, ENV_FILE)
+    with replica_stack(NAME, PROJECT, "test_up_replicas_journey.py", tmp_path_factory.mktemp("profiles"),
+                       tmp_path_factory.mktemp("kept") / ".env") as env:
+        yield env
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +126,7 @@ def test_status_shows_each_replica_and_the_gateway(first_up: subprocess.Complete
         row = next(line for line in result.stdout.splitlines() if f"//{replica}:" in line)
         cells = [cell.strip() for cell in row.strip().strip("│|").split("│")]
         assert cells[1] == "up" and cells[4] == "0" and cells[5] == "0", row  # health, running, waiting
+        assert cells[7] == "in", row  # in the gateway's rotation (its worker list, the operator's credential)
     assert re.search(r"gateway \(Model Gateway, /readiness\)\s*│\s*up", result.stdout), result.stdout
 
 
@@ -165,6 +138,93 @@ def test_logs_take_a_replica_name(first_up: subprocess.CompletedProcess[str], st
     assert "engine-0-1 " not in result.stdout
     wrong = ornith(stack_env, "logs", "engine-7", "--project", PROJECT, timeout=120)
     assert wrong.returncode == 2 and "error: no service 'engine-7' in this stack" in wrong.stderr + wrong.stdout
+
+
+def project_containers() -> dict[str, dict[str, Any]]:
+    """`docker inspect` of the project's running containers, by service."""
+    ids = subprocess.run(["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={PROJECT}"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    found = json.loads(subprocess.run(["docker", "inspect", *ids], capture_output=True, text=True, check=True).stdout)
+    return {c["Config"]["Labels"]["com.docker.compose.service"]: c for c in found}
+
+
+def docker_time(value: str) -> float:
+    """Docker's RFC 3339 time in UTC (nanoseconds) as seconds since the epoch."""
+    whole, _, fraction = value.rstrip("Z").partition(".")
+    return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + float(f"0.{fraction or '0'}")
+
+
+def start_load(env: dict[str, str], gateway: str, key: str, requests: int, out: Path) -> subprocess.Popen[str]:
+    """`ornith-stack load` through the gateway; returns once it streams (its SIGUSR1 handler is in place)."""
+    load = subprocess.Popen(
+        [sys.executable, "-m", "ornith_stack.cli", "load", "--url", gateway, "--model", MODEL, "--requests",
+         str(requests), "--rate", str(RATE), "--max-concurrency", str(CONCURRENCY), "--max-tokens", str(MAX_TOKENS),
+         "--timeout", "300", "--after", str(AFTER_S), "--json", str(out)],
+        cwd=REPO, env={**env, "ORNITH_API_KEY": key}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert load.stdout is not None
+    header = load.stdout.readline()
+    assert header, load.communicate(timeout=60)
+    print(header.strip())
+    return load
+
+
+def test_a_flag_change_rolls_the_replicas_under_load_with_no_failed_request(
+        first_up: subprocess.CompletedProcess[str], stack_env: dict[str, str], tmp_path: Path) -> None:
+    before = project_containers()
+    secrets = read_env(ENV_FILE)
+    gateway = f"http://127.0.0.1:{stack_env['ORNITH_ENGINE_PORT']}"
+
+    # The change: one engine flag, in the profile and so in the compose file.
+    write_replica_profile(Path(stack_env["ORNITH_PROFILE_DIR"]), NAME, "test_up_replicas_journey.py",
+                          {"max-num-seqs": 8})
+    # A bound only: the load stops sending AFTER_S after the change window ends.
+    load = start_load(stack_env, gateway, secrets["ORNITH_API_KEY"], REQUESTS_BOUND, tmp_path / "load.json")
+    time.sleep(BEFORE_S)
+    load.send_signal(signal.SIGUSR1)  # the change window begins
+    began = time.monotonic()
+    # A wide console: each progress note on one line.
+    rolled = ornith({**stack_env, "COLUMNS": "400"}, "up", NAME, "--project", PROJECT, "--start-timeout", "1500",
+                    timeout=3000)
+    roll_s = time.monotonic() - began
+    load.send_signal(signal.SIGUSR1)  # ... and ends
+    out, err = load.communicate(timeout=AFTER_S + 600)
+    print(rolled.stderr[-6000:])
+    print(out)
+    assert rolled.returncode == 0, rolled.stdout[-2000:] + rolled.stderr[-4000:]
+    report = json.loads((tmp_path / "load.json").read_text())
+    total, phases = report["total"], report["phases"]
+    notes = " ".join(rolled.stderr.split())
+    per_replica = {r: (re.search(rf"{r}: drained in ([0-9.]+) s \((\d+) in flight", notes),
+                       re.search(rf"{r}: healthy after (\d+) s", notes)) for r in REPLICAS}
+    print(f"`up` with the change: {roll_s:.0f} s; requests sent {total['sent']}, completed {total['completed']}, "
+          f"failed {total['failed_before_first_token'] + total['failed_streaming']}; " + "; ".join(
+              f"{r}: drained in {d[1]} s ({d[2]} in flight), healthy after {h[1]} s"
+              for r, (d, h) in per_replica.items() if d and h))
+
+    # Not a request failed, before, during or after the change, and the load covered all of it.
+    assert total["sent"] == total["completed"] and 0 < total["sent"] < REQUESTS_BOUND, out + err
+    assert phases["during"]["sent"] > 0 and phases["after"]["sent"] > 0, out
+    assert "changed: rolled engine-0, engine-1 one at a time" in rolled.stdout, rolled.stdout
+    # One replica after the other: engine-1 left the rotation only once engine-0 was back in it, ...
+    order = [notes.index(f"{r}: {what}") for r in REPLICAS for what in ("out of rotation", "back in rotation")]
+    assert order == sorted(order), notes
+    assert all(d and h for d, h in per_replica.values()), notes
+    after = project_containers()
+    for replica in REPLICAS:
+        assert after[replica]["Id"] != before[replica]["Id"], replica  # recreated
+        assert "--max-num-seqs" in after[replica]["Config"]["Cmd"], after[replica]["Config"]["Cmd"]  # the change
+    # ... and Docker agrees: engine-1's new container was created once engine-0's had started and become healthy.
+    created = {r: docker_time(after[r]["Created"]) for r in REPLICAS}
+    healthy_0 = float(per_replica["engine-0"][1][1])  # type: ignore[index]
+    assert created["engine-1"] - created["engine-0"] >= healthy_0 - 1, created
+    assert after["gateway"]["Id"] == before["gateway"]["Id"]  # the gateway was not restarted
+    # Both in rotation afterwards, and nothing recorded out.
+    listed = httpx.get(f"{gateway}{deployment.GATEWAY_WORKERS_PATH}", timeout=30,
+                       headers={"Authorization": f"Bearer {secrets['ORNITH_OPERATOR_KEY']}"}).json()["workers"]
+    assert sorted(w["url"] for w in listed) == [deployment.worker_url(r, 8000) for r in REPLICAS]
+    assert read_state(Stack(NAME, PROJECT, COMPOSE_FILE, ENV_FILE)).out == []
+    shown = ornith(stack_env, "status", "--project", PROJECT, "--interval", "1", timeout=300).stdout
+    assert "out of the gateway's rotation" not in shown and "rotation unknown" not in shown, shown
 
 
 def test_down_removes_the_whole_project(first_up: subprocess.CompletedProcess[str], stack_env: dict[str, str]) -> None:

@@ -188,17 +188,20 @@ def test_the_playbooks_hard_code_no_profile_list() -> None:
         assert [step.get("ansible.builtin.import_playbook") for step in play] == ["provision.yml"], name
 
 
-def test_the_api_key_is_used_only_by_tasks_that_hide_their_arguments() -> None:
-    """-vvv prints a task's module arguments unless no_log is on: every task that names the key has it."""
+@pytest.mark.parametrize(("variable", "setting"), [("ornith_service_api_key", "ORNITH_API_KEY"),
+                                                   ("ornith_service_operator_key", "ORNITH_OPERATOR_KEY")])
+def test_the_keys_are_used_only_by_tasks_that_hide_their_arguments(variable: str, setting: str) -> None:
+    """-vvv prints a task's module arguments unless no_log is on: every task that names a key has it. The
+    operator's credential is kept like the users' key: compose/.env (0600, no_log), no_log in the specs."""
     users = [(path.name, task) for path, task in _tasks()
-             if "ornith_service_api_key" in json.dumps({k: v for k, v in task.items() if k != "no_log"})]
-    assert users, "the smoke test sends the key"
+             if variable in json.dumps({k: v for k, v in task.items() if k != "no_log"})]
+    assert users, f"no task uses {variable}"
     assert all(task.get("no_log") for _, task in users), [task.get("name") for _, task in users]
     writers = [task for _, task in _tasks()
                if "env.j2" in json.dumps(task.get("ansible.builtin.template", {}))]
     assert writers and all(task.get("no_log") is True and task["ansible.builtin.template"]["mode"] == "0600"
                            for task in writers)
     env = (ANSIBLE_DIR / "roles/ornith_service/templates/env.j2").read_text()
-    assert "ORNITH_API_KEY={{ ornith_service_api_key }}" in env
+    assert f"{setting}={{{{ {variable} }}}}" in env
     spec = yaml.safe_load((ANSIBLE_DIR / "roles/ornith_service/meta/argument_specs.yml").read_text())
-    assert spec["argument_specs"]["main"]["options"]["ornith_service_api_key"]["no_log"] is True
+    assert spec["argument_specs"]["main"]["options"][variable]["no_log"] is True

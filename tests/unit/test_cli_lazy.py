@@ -4,6 +4,7 @@ the imported commands say."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -70,9 +71,22 @@ def test_the_exporter_image_installs_no_bench_extra_and_the_base_has_none_of_it(
     from pathlib import Path
 
     dockerfile = (Path(__file__).resolve().parents[2] / "docker" / "exporter.Dockerfile").read_text()
-    # What the image's pip installs of ornith-stack: the checkout's path, with extras in brackets if any.
+    # What the image's pip installs of ornith-stack: the checkout's path, with extras in brackets if any, and the
+    # dependencies docker/pyproject-requirements.py lists (extras: its arguments after the pyproject's path).
     targets = [word for line in dockerfile.splitlines() if "pip install" in line
-               for word in line.split() if "/tmp/ornith" in word]
+               for word in line.split() if "/tmp/ornith" in word and not word.endswith("requirements.txt")]
     assert targets == ["/tmp/ornith"], targets
+    listing = re.search(r"python3 \S*pyproject-requirements\.py (\S+)([^>\n]*)>", dockerfile)
+    assert listing and listing[2].strip() == "", "the exporter's dependency list names an extra"
     base = {re.split(r"[<>=!~ \[]", requirement)[0] for requirement in _pyproject()["project"]["dependencies"]}
     assert not base & {"math-verify", "matplotlib", "sympy", "numpy"}, base
+
+
+def test_entrypoint_help_prints_its_help_with_no_profile_set() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORNITH_")}
+    for word in ("--help", "-h"):
+        shown = subprocess.run([sys.executable, "-m", "ornith_stack", "entrypoint", word], capture_output=True,
+                               text=True, env=env, timeout=120, check=False)
+        assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+        assert "Usage: ornith-stack entrypoint" in shown.stdout and "ORNITH_PROFILE" in shown.stdout
+        assert "ORNITH_DRY_RUN=1" in shown.stdout  # the variables it reads, from stack/entrypoint.py

@@ -200,6 +200,52 @@ def test_a_missing_required_value_fails_compose_naming_it() -> None:
     assert "set ORNITH_MODEL_REPO in compose/.env" in result.stderr
 
 
+@pytest.mark.parametrize("compose", _all_composes(), ids=[*profile_names(), *(p.stem for p in COMPUTED)])
+def test_the_key_check_guards_the_engines_without_their_waiting_for_it(compose: dict) -> None:
+    # Compose recreates a service whose dependency it recreates (tests/integration/test_ansible.py: an exporter-only
+    # change leaves the engine running): an engine depends on no one-shot, and checks the key in its entrypoint,
+    # with ORNITH_BIND where it is published; the gateway's launcher checks it too.
+    services = compose["services"]
+    check = services["api-key-check"]
+    assert check["restart"] == "no" and check["network_mode"] == "none"
+    serving = [name for name, spec in services.items() if name.startswith(("engine", "gateway"))]
+    assert serving
+    for name in serving:
+        depends = services[name].get("depends_on") or {}
+        assert all(services[d].get("restart") != "no" for d in depends), (name, depends)
+        environment = services[name]["environment"]
+        assert environment["ORNITH_OPERATOR_KEY"] == "${ORNITH_OPERATOR_KEY:-}", name
+        if name.startswith("engine") and services[name].get("ports"):
+            assert environment["ORNITH_BIND"] == "${ORNITH_BIND:-127.0.0.1}", name
+    # The exporter and the monitoring logins still wait for it.
+    for name in ("exporter", "monitoring-auth", "alertmanager-config"):
+        assert services[name]["depends_on"]["api-key-check"]["condition"] == "service_completed_successfully"
+
+
+@pytest.mark.skipif(COMPOSE_V1 is None, reason="docker-compose (v1) is not installed")
+@pytest.mark.parametrize(("env", "refused"), [
+    ({"ORNITH_BIND": "0.0.0.0"}, "ORNITH_BIND=0.0.0.0 publishes the API beyond loopback without ORNITH_API_KEY"),
+    ({"ORNITH_BIND": "10.1.2.3", "ORNITH_API_KEY": "k1", "ORNITH_OPERATOR_KEY": "k1"},
+     "ORNITH_OPERATOR_KEY equals ORNITH_API_KEY"),
+    ({"ORNITH_BIND": "0.0.0.0", "ORNITH_API_KEY": "k1", "ORNITH_OPERATOR_KEY": "k2"}, None),
+    ({}, None),
+], ids=["open beyond loopback", "one key for both roles", "keyed", "loopback"])
+def test_a_plain_compose_up_refuses_an_open_api_beyond_loopback(env: dict[str, str], refused: str | None) -> None:
+    """The api-key-check one-shot as compose resolves it (its command and environment), run here."""
+    result = subprocess.run([COMPOSE_V1, "-f", str(REPO / "compose" / "gpu96.yml"), "config"], check=True,
+                            capture_output=True, text=True, cwd=REPO,
+                            env={**{k: v for k, v in os.environ.items() if not k.startswith("ORNITH_")}, **env})
+    check = yaml.safe_load(result.stdout)["services"]["api-key-check"]
+    assert check["entrypoint"][0] == "python"
+    done = subprocess.run([sys.executable, *check["entrypoint"][1:]], capture_output=True, text=True,
+                          env={**os.environ, **check["environment"]})
+    if refused is None:
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+    else:
+        assert done.returncode == 1 and done.stderr.startswith(f"error: {refused}")
+        assert done.stderr.count("\n") == 1 and "k1" not in done.stderr
+
+
 # -- the entrypoint -------------------------------------------------------------------------------------
 
 
@@ -393,9 +439,9 @@ def test_the_supervisor_forwards_the_stop_signal_and_keeps_the_engines_goodbye()
 
 
 def test_the_key_is_redacted_in_its_escaped_forms_too() -> None:
-    # A key with a quote, a backslash, a slash and a percent sign is written differently by repr, JSON and
-    # URLs; each form leaves the container as <redacted>.
-    key = "k'ey\\with\"odd/chars%+"
+    # A key with a slash, a percent and a plus sign is written differently by URLs; each form leaves the container
+    # as <redacted>. (Quotes, a backslash, `$` and a backquote are refused: test_the_entrypoint_refuses_a_key...)
+    key = "k/ey%with+odd/chars&="
     printer = ("import json, os, urllib.parse as u\nk = os.environ['VLLM_API_KEY']\n"
                "print(repr(k)); print(json.dumps(k)); print(u.quote(k, safe='')); print(u.quote_plus(k)); print(k)")
     result = _entrypoint(sys.executable, "-c", printer, ORNITH_PROFILE="cpu-demo", ORNITH_SKIP_DOCTOR="1",
@@ -404,12 +450,14 @@ def test_the_key_is_redacted_in_its_escaped_forms_too() -> None:
     assert result.stdout.splitlines() == ["'<redacted>'", '"<redacted>"', "<redacted>", "<redacted>", "<redacted>"]
 
 
-@pytest.mark.parametrize("key", ["k\nORNITH_BIND=0.0.0.0", "k\x1b[2Jey", "k ey", "kéy"])
+@pytest.mark.parametrize("key", ["k\nORNITH_BIND=0.0.0.0", "k\x1b[2Jey", "k ey", "kéy", "k$HOME", "k'ey", 'k"ey',
+                                 "k\\ey", "k`id`"])
 def test_the_entrypoint_refuses_a_key_that_cannot_be_a_bearer_token(key: str) -> None:
     result = _entrypoint("true", ORNITH_PROFILE="cpu-demo", ORNITH_SKIP_DOCTOR="1", ORNITH_API_KEY=key)
     assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "visible ASCII" in errors[0] and key not in result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error:")  # before the doctor's line
+    said = result.stderr
+    assert ("visible ASCII" in said or "control character" in said) and key not in said
 
 
 def test_engine_images_start_through_the_python_entrypoint() -> None:
@@ -451,7 +499,7 @@ def test_host_mode_exporter_listens_on_loopback_unless_told_otherwise() -> None:
         proc.terminate()
         proc.wait(timeout=30)
     assert first.startswith("ornith-stack exporter on 127.0.0.1:9400/metrics"), first
-    image_cmd = (DOCKER / "exporter.Dockerfile").read_text().rsplit("\nCMD ", 1)[1]
+    image_cmd = (DOCKER / "exporter.Dockerfile").read_text().rsplit("\nCMD ", 1)[1].split("\n", 1)[0]
     assert json.loads(image_cmd)[-2:] == ["--listen", ":9400"]
 
 
@@ -517,3 +565,127 @@ def test_every_plain_compose_command_names_its_own_project() -> None:
         assert commands, path
         for options, profile in commands:
             assert options == f"-p {PROJECT_PREFIX}{profile} ", (path, options, profile)
+
+
+def test_a_dry_run_prints_no_secret_of_extra_args() -> None:
+    result = _entrypoint("python3", "-m", "vllm.entrypoints.openai.api_server", ORNITH_PROFILE="cpu-demo",
+                         ORNITH_SKIP_DOCTOR="1", ORNITH_DRY_RUN="1",
+                         ORNITH_EXTRA_ARGS=f"--api-key {SECRETS[0]} --hf-token={SECRETS[1]} --port 8001")
+    assert result.returncode == 0, result.stderr
+    argv = json.loads(result.stdout)
+    assert argv[-5:] == ["--api-key", "<redacted>", "--hf-token=<redacted>", "--port", "8001"]
+    assert SECRETS[0] not in result.stdout + result.stderr and SECRETS[1] not in result.stdout + result.stderr
+
+
+# Prints where the engine's key file is, then exits: the file must be gone once the entrypoint has returned.
+KEY_FILE_REPORTER = "import sys; argv = sys.argv; print(argv[argv.index('--config') + 1])"
+
+
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_the_key_file_is_removed_when_the_engine_exits(exit_code: int) -> None:
+    result = _entrypoint(sys.executable, "-c", f"{KEY_FILE_REPORTER}; sys.exit({exit_code})", ORNITH_PROFILE="gpu96",
+                         ORNITH_SKIP_DOCTOR="1", ORNITH_API_KEY=API_KEY)
+    assert result.returncode == exit_code, result.stderr
+    key_file = Path(result.stdout.strip())
+    assert key_file.name == "sglang-api-key.yaml" and not key_file.exists() and not key_file.parent.exists()
+
+
+OPERATOR_KEY = "ornith-0p3rator-fedcba9876543210"
+
+
+def test_sglang_gets_the_operators_credential_as_its_admin_key_in_the_same_file() -> None:
+    reader = ("import json, os, sys; argv = sys.argv; path = argv[argv.index('--config') + 1]\n"
+              "print(json.dumps({'mode': oct(os.stat(path).st_mode & 0o777), 'config': json.load(open(path)),"
+              " 'env': sorted(k for k in os.environ if 'OPERATOR' in k)}))")
+    result = _entrypoint(sys.executable, "-c", reader, ORNITH_PROFILE="gpu96", ORNITH_SKIP_DOCTOR="1",
+                         ORNITH_API_KEY=API_KEY, ORNITH_OPERATOR_KEY=OPERATOR_KEY)
+    assert result.returncode == 0, result.stderr
+    # The standin printed both keys: what leaves the entrypoint is redacted, so parse the shape only.
+    assert result.stdout.strip() == json.dumps({"mode": "0o600", "config": {"api-key": "<redacted>",
+                                                                           "admin-api-key": "<redacted>"},
+                                                "env": []})
+
+
+def test_the_entrypoint_refuses_one_key_for_both_roles() -> None:
+    result = _entrypoint("true", ORNITH_PROFILE="gpu96", ORNITH_SKIP_DOCTOR="1", ORNITH_API_KEY=API_KEY,
+                         ORNITH_OPERATOR_KEY=API_KEY)
+    assert result.returncode == 2 and API_KEY not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        "error: refusing to start: ORNITH_OPERATOR_KEY equals ORNITH_API_KEY: the users' key would unlock the admin "
+        "and worker routes (give the operator a credential of its own)"]
+
+
+def test_the_key_is_redacted_encoded_double_escaped_and_wrapped_across_lines() -> None:
+    # Base64 of the key alone and inside `user:key` (a Basic header), hex, a JSON string inside a JSON string,
+    # and the key wrapped at a line's end (as a log formatter wraps at 80 columns), with and without indent.
+    key = 'k3y/with/slash-0123456789abcdef'
+    printer = (
+        "import base64, json, os\nk = os.environ['VLLM_API_KEY']\n"
+        "print(base64.b64encode(k.encode()).decode())\n"
+        "print('Authorization: Basic ' + base64.b64encode(('ornith:' + k).encode()).decode())\n"
+        "print(base64.urlsafe_b64encode(('xy' + k).encode()).decode())\n"
+        "print(k.encode().hex()); print(k.encode().hex().upper())\n"
+        "print(json.dumps(json.dumps({'api_key': k})))\n"
+        "print('token=' + k[:9]); print(k[9:] + ' end')\n"
+        "print('token=' + k[:20]); print('    ' + k[20:])\n")
+    result = _entrypoint(sys.executable, "-c", printer, ORNITH_PROFILE="cpu-demo", ORNITH_SKIP_DOCTOR="1",
+                         ORNITH_API_KEY=key)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert all("<redacted>" in line for line in lines), lines
+    import base64
+
+    raw = key.encode()
+    for form in (raw.hex(), raw.hex().upper(), base64.b64encode(raw).decode()[:-4], key[4:12], key[12:20],
+                 key[20:28]):
+        assert form not in result.stdout, form
+    assert lines[-4] == "token=<redacted>" and lines[-3] == "<redacted> end"
+    assert lines[-2] == "token=<redacted>" and lines[-1] == "    <redacted>"
+
+
+def _starts_after(services: dict, name: str, first: str) -> bool:
+    """Whether service `name` starts after `first` (depends_on, followed through)."""
+    seen, todo = set(), [name]
+    while todo:
+        current = todo.pop()
+        depends = services[current].get("depends_on") or {}
+        for dependency in depends if isinstance(depends, list) else depends.keys():
+            if dependency == first:
+                return True
+            if dependency not in seen:
+                seen.add(dependency)
+                todo.append(dependency)
+    return False
+
+
+@pytest.mark.parametrize("compose", _all_composes(), ids=[*profile_names(), *(p.stem for p in COMPUTED)])
+def test_each_built_image_is_built_by_one_service_the_others_start_after(compose: dict) -> None:
+    # Compose labels a built image with the service that built it: a build in each service of one image gives
+    # each its own image ID, and the README's `up --build` after `up` recreated the whole stack (engine too).
+    # docker-compose v1 makes each service's image just before the service, so a service of an image built
+    # elsewhere must start after its builder (the engines' replicas: after the first, in the file's order).
+    services = compose["services"]
+    builders: dict[str, str] = {}
+    for name, spec in services.items():
+        if spec.get("build"):
+            assert spec["image"] not in builders, f"{name} and {builders[spec['image']]} both build {spec['image']}"
+            builders[spec["image"]] = name
+    names = list(services)
+    for name, spec in services.items():
+        builder = builders.get(spec.get("image", ""))
+        if builder is None or builder == name:
+            continue
+        same_dependencies = spec.get("depends_on") == services[builder].get("depends_on")
+        assert _starts_after(services, name, builder) or (same_dependencies and names.index(builder) < names.index(name)), (
+            f"{name} runs {spec['image']}, built by {builder}, and may start before it")
+
+
+def test_the_entrypoint_refuses_a_published_engine_without_a_key_as_the_one_shot_does() -> None:
+    # The engines no longer wait for api-key-check: the entrypoint is their guard where compose publishes them.
+    result = _entrypoint("true", ORNITH_PROFILE="gpu96", ORNITH_SKIP_DOCTOR="1", ORNITH_BIND="0.0.0.0")
+    assert result.returncode == 2
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        "error: refusing to start: ORNITH_BIND=0.0.0.0 publishes the API beyond loopback without ORNITH_API_KEY: set "
+        "ORNITH_API_KEY in compose/.env (`ornith-stack up` makes one), or ORNITH_BIND=127.0.0.1"]
+    allowed = _entrypoint("true", ORNITH_PROFILE="gpu96", ORNITH_SKIP_DOCTOR="1", ORNITH_BIND="127.0.0.1")
+    assert "refusing to start" not in allowed.stderr, allowed.stderr

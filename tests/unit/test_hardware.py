@@ -38,13 +38,13 @@ GIB = 1 << 30
 
 def test_the_h200_memory_steps_are_the_measured_ones() -> None:
     found = engine_memory(140.40, 1)
-    # 140.40 total - 0.60 driver - 0.61 CUDA context - 0.10 torch.distributed (all measured) - 0.50 margin.
+    # 140.40 total - 0.60 driver - 0.61 CUDA context - 0.10 torch.distributed (all measured) - 0.50 slack.
     assert found.free_gib == pytest.approx(138.59)
-    assert "measured on the H200" in found.note() and "margin 0.5" in found.note()
+    assert "measured on the H200" in found.note() and "slack 0.5 (kept by the caps" in found.note()
     assert engine_memory(140.40, 2).free_gib == pytest.approx(140.40 - 0.60 - 0.61 - 1.01 - 0.50)
     assert "(estimated)" in engine_memory(140.40, 8).note()  # tp 4 and 8 were not measured
-    # The doctor's NVML free memory replaces total - driver.
-    assert engine_memory(140.40, 1, nvml_free_gib=139.80).free_gib == pytest.approx(139.80 - 0.61 - 0.10 - 0.50)
+    # The doctor's NVML free memory replaces total - driver, and the caps' slack is not taken off again.
+    assert engine_memory(140.40, 1, nvml_free_gib=139.80).free_gib == pytest.approx(139.80 - 0.61 - 0.10)
 
 
 def test_no_negative_count_on_an_80_gib_card(capsys: pytest.CaptureFixture[str]) -> None:
@@ -201,6 +201,53 @@ def test_up_saves_and_starts_the_profile_auto_computed(monkeypatch: pytest.Monke
     assert saved.is_file() and (tmp_path / "compose" / "h200x8.yml").is_file()
     # A second auto finds the saved profile: it uses every GPU, nothing is computed again.
     assert diagnose(Options(profile="auto"), gpus=_h200s(8)).computed is None
+
+
+ONE_CARD = [GpuInfo(0, "NVIDIA H200", 140.4, "9.0", "580.159.04", free_gib=139.8),
+            GpuInfo(0, "NVIDIA B200", 179.06, "10.0", "580.159.04"),
+            GpuInfo(0, "NVIDIA RTX PRO 6000 Blackwell Server Edition", 95.59, "12.0", "580.159.04")]
+
+
+@pytest.mark.parametrize("card", ONE_CARD, ids=lambda g: g.name)
+def test_auto_on_one_large_card_computes_the_layout_not_the_seeds_caps(card: GpuInfo) -> None:
+    """gpu96 fits every one of these cards, but with seed 000's caps (4 running, 40,960 KV tokens): auto takes the
+    layout sized to the card and says what it picked and what gpu96 would have served."""
+    report = diagnose(Options(profile="auto"), gpus=[card])
+    assert report.ready, [f.line() for f in report.problems]
+    layout = report.computed
+    assert layout is not None and report.profile == layout.profile.name != "gpu96"
+    args = layout.profile.serve.args
+    assert (args.get("max-running-requests"), args.get("max-total-tokens")) != (4, 40960)
+    assert layout.plan.kv_cache_tokens > 40960
+    why = str(report.profile_reason)
+    assert f"auto computed {layout.profile.name!r} for 1x {card.name}" in why
+    assert f"{layout.running} request(s) at once, {layout.plan.kv_cache_tokens:,} KV tokens" in why
+    assert "profile 'gpu96' would serve 4 request(s) at once with 40,960 KV tokens" in why
+
+
+def test_named_gpu96_stays_seed_000_on_an_h200() -> None:
+    report = diagnose(Options(profile="gpu96"), gpus=ONE_CARD[:1])
+    assert report.profile == "gpu96" and report.computed is None and report.profile_reason is None
+    args = load_profile("gpu96").serve.args
+    assert (args["max-running-requests"], args["max-total-tokens"], args["mem-fraction-static"]) == (4, 40960, "0.85")
+
+
+def test_up_on_one_h200_starts_the_computed_profile_and_then_finds_it_saved(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    monkeypatch.setattr(gpu_probe, "probe_gpus", lambda: ONE_CARD[:1])
+    profile, reason = preflight.choose_profile("auto", tmp_path)
+    assert profile.name == "h200x1" and "auto computed" in str(reason)
+    assert (tmp_path / "compose" / "h200x1.yml").is_file()
+    again = diagnose(Options(profile="auto"), gpus=ONE_CARD[:1])
+    assert again.computed is None and again.profile == "h200x1"
+    assert "auto picked 'h200x1'" in str(again.profile_reason)
+
+
+def test_auto_on_a_gb10_keeps_seed_003s_model() -> None:
+    """The computed recipe is another model (Ornith-1.5 in SGLang): spark, seed 003's Ornith 1.0, is not replaced
+    by it for serving fewer requests at once."""
+    gb10 = GpuInfo(0, "NVIDIA GB10", 121.69, "12.1", "580.173.02", memory_source=gpu_probe.HOST_MEMORY)
+    assert diagnose(Options(profile="auto"), gpus=[gb10]).profile == "spark"
 
 
 # -- 6. the GPU table and described cards ----------------------------------------------------------------------

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from functools import cache
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -29,7 +30,7 @@ from ornith_stack import deployment
 from ornith_stack.engines import adapter_for
 from ornith_stack.generate import alertmanager, alerts
 from ornith_stack.merge import deep_merge
-from ornith_stack.profiles import images, profile_names
+from ornith_stack.profiles import images, load_profile, profile_names
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "ornith"
@@ -69,7 +70,9 @@ def case_values(case: str) -> dict[str, Any]:
     """The values a case installs with: one generated values file (on values.yaml's defaults), and for a
     profile's file the registry of the project's images, as `--set projectImages.registry=` gives it."""
     values = read_yaml(case)
-    return values if case.startswith("ci/") else deep_merge(values, {"projectImages": {"registry": REGISTRY}})
+    # A profile's file alone names no key Secret, which the chart refuses unless told to serve without one.
+    return values if case.startswith("ci/") else deep_merge(values, {"projectImages": {"registry": REGISTRY},
+                                                                     "apiKey": {"allowUnauthenticated": True}})
 
 
 @cache
@@ -236,7 +239,11 @@ def test_engine_probes_allow_a_cold_load(case: str) -> None:
             assert "startupProbe" not in engine
             continue
         startup, ready, live = engine["startupProbe"], engine["readinessProbe"], engine["livenessProbe"]
-        assert startup["httpGet"]["path"] == ready["httpGet"]["path"] == values["engine"]["modelsPath"] == "/v1/models"
+        # With a key /v1/models asks for it: the startup probe then asks the unauthenticated health route.
+        probe = values["engine"]["healthPath"] if values["apiKey"].get("secretName") else values["engine"]["modelsPath"]
+        assert startup["httpGet"]["path"] == probe
+        # Readiness: the engine's health and a first generation (tests/unit/test_helm_rollout.py runs it).
+        assert ready["exec"]["command"][3] == "ready"
         assert live["httpGet"]["path"] == values["engine"]["healthPath"]
         # The issue asks for at least 15 minutes before a slow first load counts as a failure.
         assert startup["periodSeconds"] * startup["failureThreshold"] >= 15 * 60
@@ -271,7 +278,11 @@ def test_engine_args_equal_launch_args(case: str) -> None:
     extra = values["engine"].get("extraArgs", [])
     multi = values["engine"]["multiNode"]["args"] if nodes > 1 else []
     argv = expand(leader["command"] + leader["args"], env)
-    assert argv == expected + expand(multi, env) + extra
+    # With a key, an engine that reads it from a file gets that file last (the chart's init container writes it).
+    key_file = ([values["engine"]["keyConfig"][0], "/run/ornith-key/api-key.yaml"]
+                if values["apiKey"].get("secretName") and values["engine"].get("keyConfig") else [])
+    guard = values["engine"].get("keyArgs", []) if values["apiKey"].get("secretName") else []
+    assert argv == expected + expand(multi, env) + extra + key_file + guard
     if nodes > 1:
         # What the LeaderWorkerSet controller puts in every pod of group 0.
         lws = {"LWS_GROUP_SIZE": str(nodes), "LWS_LEADER_ADDRESS": "ornith-engine-0.ornith-engine.llm",
@@ -310,13 +321,19 @@ def test_exporter_measures_every_engine_copy(case: str) -> None:
         return
     replicas = int(values["engine"].get("replicas", 1))
     exporters = [d for d in find(objects, "Deployment") if d["metadata"]["name"] == "ornith-exporter"]
+    # A hung engine still answers /metrics: every exporter sends the canary by default, checking the known
+    # answer only where the profile's model can know it.
+    check = load_profile(values["profile"]).canary_check
     if exporters:
         args = container(exporters[0]["spec"]["template"]["spec"], "exporter")["args"]
         assert args.count("--target") == replicas
         assert args[args.index("--profile") + 1] == values["profile"]
+        assert args[args.index("--canary") + 1:args.index("--canary") + 3] == ["--canary-check", check]
     else:  # sidecar: one exporter in each serving pod, scraping it on localhost
         spec = engine_pod_specs(objects)["single"]
         exporter = container(spec, "exporter")
+        canary = exporter["args"].index("--canary")
+        assert exporter["args"][canary + 1:canary + 3] == ["--canary-check", check]
         assert exporter["args"][:2] == ["--target", f"http://127.0.0.1:{values['engine']['port']}"]
         # Replicas told apart: each labels its engine with its pod's name, not the shared loopback URL.
         assert exporter["args"][exporter["args"].index("--target-name") + 1] == "$(ORNITH_POD_NAME)"
@@ -450,6 +467,8 @@ def test_alertmanager_config_routes_and_inhibits_like_compose() -> None:
         "receiver": route["receiver"], "groupBy": route["group_by"], "groupWait": route["group_wait"],
         "groupInterval": route["group_interval"], "repeatInterval": route["repeat_interval"],
         "routes": [{"receiver": r["receiver"], "matchers": [compose_matcher(m) for m in r["matchers"]],
+                    **({"groupBy": r["group_by"]} if "group_by" in r else {}),
+                    **({"continue": True} if r.get("continue") else {}),
                     **({"groupInterval": r["group_interval"]} if "group_interval" in r else {}),
                     **({"repeatInterval": r["repeat_interval"]} if "repeat_interval" in r else {})}
                    for r in route["routes"]]}
@@ -465,13 +484,12 @@ def test_alertmanager_config_routes_and_inhibits_like_compose() -> None:
                for r in compose["receivers"] for c in r.get("webhook_configs", [])]
     assert [c for r in spec["receivers"] for c in r.get("webhookConfigs", [])] == webhook
     assert [r["name"] for r in spec["receivers"]] == [r["name"] for r in compose["receivers"]]
-    # Without a heartbeat URL the heartbeat receiver has no webhook (never the pager's); warnings go to
-    # the paging URL through a receiver of their own.
+    # Without a heartbeat or warning URL that receiver has no webhook (never the pager's).
     plain = deep_merge(values, {"monitoring": {"alertmanagerConfig": {"heartbeatUrl": "", "warningWebhookUrl": ""}}})
     (amc,) = find(tuple(render(plain)), "AlertmanagerConfig")
     hooks = {r["name"]: [c["url"] for c in r.get("webhookConfigs", [])] for r in amc["spec"]["receivers"]}
     assert hooks[alertmanager.HEARTBEAT] == []
-    assert hooks[alertmanager.WARNING] == hooks[alertmanager.RECEIVER] == [amc_values["webhookUrl"]]
+    assert hooks[alertmanager.WARNING] == [] and hooks[alertmanager.RECEIVER] == [amc_values["webhookUrl"]]
     # The chart's defaults are compose's; the values override them.
     defaults = read_yaml("values.yaml")["monitoring"]["alertmanagerConfig"]
     assert (defaults["repeatInterval"], defaults["sendResolved"]) == (
@@ -769,7 +787,7 @@ def test_every_image_is_a_pinned_upstream_one_or_the_projects_from_its_registry(
                                                   ("values-cpu-demo.yaml", ["exporter.enabled"])])
 def test_without_the_registry_the_chart_names_the_commands_that_build_and_push_the_projects_images(
         case: str, leave_out: list[str]) -> None:
-    values = read_yaml(case)
+    values = deep_merge(read_yaml(case), {"apiKey": {"allowUnauthenticated": True}})
     values.pop("projectImages", None)
     message = render_error(values)
     assert message.count("projectImages.registry is empty") == 1
@@ -917,14 +935,19 @@ def test_api_key_comes_from_an_existing_secret_and_the_probes_keep_working() -> 
     assert all(e["name"] != "ORNITH_API_KEY" for e in engine["env"])
     # /v1/models asks for the key once the engine has one; the health route never does.
     health = read_yaml("values.yaml")["engine"]["healthPath"]
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "livenessProbe"):
         assert engine[probe]["httpGet"]["path"] == health, probe
+    # The readiness probe's first generation asks /v1 with the key, from the file the engine reads it from.
+    ready = engine["readinessProbe"]["exec"]["command"]
+    assert ready[ready.index("--health-path") + 1] == health
+    assert ready[ready.index("--key-file") + 1] == "/run/ornith-key/api-key.yaml"
     exporters = [c for obj in objects for spec in _pod_specs(obj) for c in spec["containers"] if c["name"] == "exporter"]
     assert exporters and all({"name": "ORNITH_API_KEY", "valueFrom": ref} in c["env"] for c in exporters)
     # Without a key nothing changes: no variable, the readiness probes on the models route.
     plain = container(engine_pod_specs(rendered("values-gpu96.yaml"))["single"], "engine")
     assert all(e["name"] != "ORNITH_API_KEY" for e in plain["env"])
-    assert plain["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+    assert plain["startupProbe"]["httpGet"]["path"] == "/v1/models"
+    assert "--key-file" not in plain["readinessProbe"]["exec"]["command"]
 
 
 # ------------------------------------------------------------------------------------ the key, enforced
@@ -936,6 +959,7 @@ SGLANG_SRC = Path(os.environ.get("ORNITH_SGLANG0517_SRC", Path(os.environ.get("O
                                  / "sglang-0.5.17-src")) / "sglang" / "srt"
 SECRET = {"secretName": "ornith-api-key"}
 THE_KEY = "k3y-from-the-secret"
+OPERATOR = "0perator-from-the-secret"
 
 
 def _engine_file(root: Path, rel: str) -> str:
@@ -949,7 +973,7 @@ def _pod_env(c: dict[str, Any], secret: dict[str, str]) -> dict[str, str]:
     env = literal_env(c)
     for e in c.get("env", []):
         ref = e.get("valueFrom", {}).get("secretKeyRef")
-        if ref and ref["name"] == SECRET["secretName"]:
+        if ref and ref["name"] == SECRET["secretName"] and (ref["key"] in secret or not ref.get("optional")):
             env[e["name"]] = secret[ref["key"]]
     return env
 
@@ -978,6 +1002,45 @@ def test_a_vllm_engine_enforces_the_key_from_the_secret(case: str) -> None:
     assert choice, "vLLM's api_server no longer chooses its tokens this way: look again"
     tokens = eval(choice[1], {"args": NS(api_key=None), "envs": NS(VLLM_API_KEY=vllm_api_key)})
     assert tokens == [THE_KEY]
+    _the_guard_refuses_non_v1_routes_without_the_key(tuple(render(values)), engine, env)
+
+
+# An ASGI request through the middleware vLLM's --middleware names, imported as the engine process would.
+GUARD_PROBE = """
+import asyncio, importlib, os, sys
+module, name = sys.argv[1].rsplit(".", 1)
+async def app(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+guard = getattr(importlib.import_module(module), name)(app)
+async def status(path, auth):
+    sent = []
+    async def send(message):
+        sent.append(message)
+    headers = [(b"authorization", auth.encode())] if auth else []
+    await guard({"type": "http", "method": "POST", "path": path, "headers": headers}, None, send)
+    return sent[0]["status"]
+key = "Bearer " + os.environ["VLLM_API_KEY"]
+print(*[asyncio.run(status(p, a)) for p, a in (("/invocations", ""), ("/invocations", key), ("/health", ""))])
+"""
+
+
+def _the_guard_refuses_non_v1_routes_without_the_key(objects: tuple[dict[str, Any], ...], engine: dict[str, Any],
+                                                    env: dict[str, str]) -> None:
+    """The chart's ConfigMap mounted where the pod mounts it, the module vLLM's --middleware names imported
+    with the pod's PYTHONPATH: /invocations 401 without the key, 200 with it; /health open."""
+    middleware = engine["args"][engine["args"].index("--middleware") + 1]
+    (config_map,) = [c for c in find(objects, "ConfigMap") if c["metadata"]["name"].endswith("-engine-guard")]
+    (mount,) = [m for m in engine["volumeMounts"] if m["name"] == "engine-guard"]
+    with tempfile.TemporaryDirectory() as root:
+        folder = Path(root + mount["mountPath"])
+        folder.mkdir(parents=True)
+        for name, text in config_map["data"].items():
+            (folder / name).write_text(text)
+        pythonpath = root + env["PYTHONPATH"]
+        done = subprocess.run([sys.executable, "-c", GUARD_PROBE, middleware], capture_output=True, text=True,
+                              env={"PATH": os.environ["PATH"], "PYTHONPATH": pythonpath, "VLLM_API_KEY": THE_KEY})
+    assert done.stdout.split() == ["401", "200", "200"], done.stderr
 
 
 @pytest.mark.parametrize("case", ["values-gpu96.yaml", "ci/gpu96-gateway.yaml", "ci/gb300x2-two-nodes-lws.yaml"])
@@ -994,7 +1057,7 @@ def test_an_sglang_engine_enforces_the_key_from_a_0600_file(case: str, tmp_path:
     # Run the init container's own program here, its volume a temporary folder.
     local = [w.replace(mount["mountPath"], str(tmp_path)) for w in writer["args"]]
     subprocess.run([sys.executable, *writer["command"][1:], *local], check=True,
-                   env={**os.environ, **_pod_env(writer, {"ORNITH_API_KEY": THE_KEY})})
+                   env={**os.environ, **_pod_env(writer, {"ORNITH_API_KEY": THE_KEY, "ORNITH_OPERATOR_KEY": OPERATOR})})
     (written,) = tmp_path.iterdir()
     assert written.stat().st_mode & 0o777 == 0o600
     argv = [w.replace(mount["mountPath"], str(tmp_path)) for w in engine["args"]]
@@ -1006,6 +1069,8 @@ def test_an_sglang_engine_enforces_the_key_from_a_0600_file(case: str, tmp_path:
     exec(compile(source, str(SGLANG_SRC / "server_args_config_parser.py"), "exec"), namespace)
     merged = namespace["ConfigArgumentMerger"](boolean_actions=[]).merge_config_with_args(argv)
     assert merged[merged.index("--api-key") + 1] == THE_KEY and "--config" not in merged
+    # The operator's credential as SGLang's admin key: the users' key no longer opens the admin routes.
+    assert merged[merged.index("--admin-api-key") + 1] == OPERATOR
     assert re.search(r"^    api_key: ", _engine_file(SGLANG_SRC, "server_args.py"), flags=re.MULTILINE)
     # Worker nodes serve no HTTP: no key for them.
     if "worker" in specs:
@@ -1027,20 +1092,15 @@ def test_the_gateway_is_keyed_hardened_and_only_its_api_is_public() -> None:
     gateway = next(o for o in find(objects, "Deployment") if o["metadata"]["name"] == f"{RELEASE}-gateway")
     pod = gateway["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert _pod_env(c, {"ORNITH_API_KEY": THE_KEY})["ORNITH_API_KEY"] == THE_KEY
+    env = _pod_env(c, {"ORNITH_API_KEY": THE_KEY, "ORNITH_OPERATOR_KEY": OPERATOR})
+    assert (env["ORNITH_API_KEY"], env["ORNITH_OPERATOR_KEY"]) == (THE_KEY, OPERATOR)
+    # The Secret may hold no operator's credential (the launcher then closes the worker routes to everyone).
+    assert _pod_env(c, {"ORNITH_API_KEY": THE_KEY}).keys() == {"ORNITH_API_KEY"}
     assert "--api-key" not in c["args"] and "command" not in c  # the image's launcher reads the variable
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     public = [o for o in find(objects, "Service") if o["spec"].get("type") == "LoadBalancer"]
     assert public and all(p["port"] != 29000 for s in public for p in s["spec"]["ports"])
-    (policy,) = find(objects, "NetworkPolicy")
-    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "engine"
-    peers = [p.get("podSelector", {}).get("matchLabels", {}) for rule in policy["spec"]["ingress"]
-             for p in rule["from"]]
-    assert [p.get("app.kubernetes.io/component") or p.get("app.kubernetes.io/name") for p in peers] == \
-        ["gateway", "exporter", "engine", "prometheus"]
-    assert all("ports" not in rule for rule in policy["spec"]["ingress"])
-    assert not find(rendered("values-gpu96.yaml"), "NetworkPolicy")  # one engine is the endpoint itself
 
 
 # ------------------------------------------------------------------------------------- python pins
@@ -1175,3 +1235,115 @@ def test_the_gateway_is_scraped_with_the_profile_and_checked_for_absence_only_wh
 
     assert "ornith-gateway-discovery" in groups(with_gateway)
     assert "ornith-gateway-discovery" not in groups(without) and "ornith-exporter-discovery" in groups(without)
+
+
+@pytest.mark.parametrize(("case", "what"), [("values-gpu96.yaml", "engine"), ("values-cpu-demo.yaml", "engine"),
+                                            ("ci/gpu96-gateway.yaml", "gateway and its engines")])
+def test_the_chart_refuses_a_keyless_engine_or_gateway_unless_told(case: str, what: str) -> None:
+    values = deep_merge(read_yaml(case), {"projectImages": {"registry": REGISTRY}})
+    values["apiKey"] = {}
+    message = render_error(values)
+    assert f"apiKey.secretName is empty: the {what} would answer anyone who reaches its Service" in message
+    assert "set apiKey.secretName=ornith-api-key, or apiKey.allowUnauthenticated=true" in message
+    assert render(deep_merge(values, {"apiKey": {"allowUnauthenticated": True}}))
+
+
+def test_every_shipped_scenario_names_its_key_secret() -> None:
+    for path in sorted((CHART / "ci").glob("*.yaml")):
+        assert read_yaml(f"ci/{path.name}")["apiKey"]["secretName"] == "ornith-api-key", path.name
+
+
+# ------------------------------------------------------------------------------------- network policies
+
+
+def _pod_templates(objects: tuple[dict[str, Any], ...]) -> list[tuple[str, dict[str, str]]]:
+    """(kind/name, pod labels) of every pod the release makes."""
+    found = []
+    for obj in objects:
+        spec = obj.get("spec", {})
+        if obj["kind"] == "LeaderWorkerSet":
+            t = spec["leaderWorkerTemplate"]
+            templates = [t["leaderTemplate"], t["workerTemplate"]]
+        else:
+            templates = [spec["template"]] if "spec" in spec.get("template", {}) else []
+        found += [(f"{obj['kind']}/{obj['metadata']['name']}", t["metadata"]["labels"]) for t in templates]
+    return found
+
+
+def _policies(objects: tuple[dict[str, Any], ...]) -> dict[str, dict[str, Any]]:
+    return {p["metadata"]["name"].removeprefix(f"{RELEASE}-"): p["spec"] for p in find(objects, "NetworkPolicy")}
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def _rule_peers(rule: dict[str, Any]) -> list[str]:
+    """Each peer of a rule in words: "anyone", "prometheus@<namespace>", or the release component."""
+    if "from" not in rule:
+        return ["anyone"]
+    words = []
+    for peer in rule["from"]:
+        if "namespaceSelector" in peer:
+            namespace = peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+            assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+            words.append(f"prometheus@{namespace}")
+        else:
+            labels = peer["podSelector"]["matchLabels"]
+            assert labels["app.kubernetes.io/instance"] == RELEASE  # the release's own pods only
+            words.append(labels["app.kubernetes.io/component"])
+    return words
+
+
+def _ingress(spec: dict[str, Any]) -> set[tuple[str, int | None]]:
+    """(peer, port) pairs a policy opens (port None: every port)."""
+    return {(peer, port["port"] if port else None) for rule in spec["ingress"] for peer in _rule_peers(rule)
+            for port in rule.get("ports", [None])}
+
+
+@pytest.mark.parametrize("case", RENDERABLE)
+def test_every_pod_of_the_release_is_denied_by_default_and_each_policy_is_valid(case: str) -> None:
+    objects = rendered(case)
+    policies = _policies(objects)
+    for policy in find(objects, "NetworkPolicy"):
+        validate_object(policy)
+    deny = policies["default-deny"]
+    assert deny["ingress"] == [] and deny["policyTypes"] == ["Ingress"]
+    pods = _pod_templates(objects)
+    assert pods and all(_selects(deny["podSelector"], labels) for _, labels in pods), pods
+    for name, spec in policies.items():
+        for rule in spec["ingress"]:
+            # Ports listed everywhere but between the pods of one multi-node engine group.
+            assert "ports" in rule or _rule_peers(rule) == ["engine"], (case, name, rule)
+            assert all(p.get("namespaceSelector", {}).get("matchLabels") for p in rule.get("from", [])
+                       if "namespaceSelector" in p), (case, name)
+
+
+def test_behind_the_gateway_only_the_gateway_reaches_the_engines_api() -> None:
+    # Replicas behind the gateway: the exporter is each engine pod's sidecar, scraped there by Prometheus.
+    api = case_values("ci/gpu96-gateway.yaml")["engine"]["port"]
+    policies = _policies(rendered("ci/gpu96-gateway.yaml"))
+    assert set(policies) == {"default-deny", "engine", "gateway"}
+    assert _ingress(policies["engine"]) == {("gateway", api), ("prometheus@monitoring", api),
+                                            ("prometheus@monitoring", 9400)}
+    assert _ingress(policies["gateway"]) == {("anyone", api), ("prometheus@monitoring", 29000)}
+
+
+def test_without_a_gateway_the_engines_api_is_its_services_and_metrics_stay_with_monitoring() -> None:
+    values = deep_merge(case_values("values-gpu96.yaml"), {"networkPolicy": {"monitoringNamespace": "obs"},
+                                                           "monitoring": {"serviceMonitor": {"scrapeEngine": False}}})
+    api = values["engine"]["port"]
+    policies = _policies(tuple(render(values)))
+    assert set(policies) == {"default-deny", "engine", "exporter"}
+    assert _ingress(policies["engine"]) == {("anyone", api), ("exporter", api)}
+    assert _ingress(policies["exporter"]) == {("prometheus@obs", 9400)}
+
+
+def test_a_multi_node_group_talks_on_every_port_among_its_own_pods() -> None:
+    assert ("engine", None) in _ingress(_policies(rendered("ci/gb300x2-two-nodes-lws.yaml"))["engine"])
+    assert ("engine", None) not in _ingress(_policies(rendered("values-gpu96.yaml"))["engine"])
+
+
+def test_no_network_policy_when_turned_off() -> None:
+    values = deep_merge(case_values("values-gpu96.yaml"), {"networkPolicy": {"enabled": False}})
+    assert not find(tuple(render(values)), "NetworkPolicy")

@@ -85,6 +85,7 @@ def test_a_digest_pin_reaches_compose_ansible_and_the_helm_chart(
         "digest": DIGEST,
     }
     values["projectImages"] = {"registry": "registry.example.test"}  # where the exporter image was pushed
+    values["apiKey"] = {"secretName": "ornith-api-key"}  # the chart serves no engine without a key
     manifests = helm.Chart.load(root / "helm" / "ornith").render(values=values, name="ornith", namespace="llm")
     engine_images = {
         c["image"]

@@ -39,6 +39,23 @@ def test_an_engine_module_importing_generate_breaks_the_contracts(tmp_path: Path
         assert result.returncode != 0 and "engines" in result.stdout and "generate" in result.stdout, contract
 
 
+def test_a_type_checking_import_upwards_is_a_cycle_the_contracts_refuse(tmp_path: Path) -> None:
+    """Round three's cycle: engine adapters naming the profile schema for the type checker only, while the schema
+    asks the engines about its flags (profiles -> engines -> profiles)."""
+    shutil.copytree(REPO / "src" / "ornith_stack", tmp_path / "ornith_stack",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    base = tmp_path / "ornith_stack" / "engines" / "base.py"
+    base.write_text(base.read_text().replace(
+        "from ornith_stack.wire.metrics import Samples\n",
+        "from ornith_stack.wire.metrics import Samples\n\nif TYPE_CHECKING:\n"
+        "    from ornith_stack.profiles.model import Profile  # noqa: F401\n", 1
+    ).replace("from typing import ", "from typing import TYPE_CHECKING, ", 1))
+    acyclic = lint_imports("acyclic", tmp_path)
+    assert acyclic.returncode != 0 and ".profiles -> .engines" in acyclic.stdout, acyclic.stdout
+    layers = lint_imports("layers", tmp_path)
+    assert layers.returncode != 0 and "ornith_stack.engines.base -> ornith_stack.profiles.model" in layers.stdout
+
+
 def test_every_generate_module_is_in_a_layer_of_the_generate_contract() -> None:
     """A module left out of the layers is unchecked: it could import any other generate/ module."""
     contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]

@@ -113,11 +113,15 @@ def test_shipped_profiles_name_their_gpus_from_the_table() -> None:
             assert set(profile.hardware.gpu.models) <= set(gpu_table()), profile.name
 
 
-def test_auto_selection_matches_gpus_through_the_table() -> None:
-    # An RTX PRO 6000 Server Edition: its NVML name is the table's, and gpu96 lists that table entry.
+def test_auto_selection_matches_gpus_through_the_table(tmp_path: Path) -> None:
+    # An RTX PRO 6000 Server Edition: its NVML name is the table's, and gpu96 lists that table entry (auto then
+    # computes a layout that serves more on it; the saved one is picked once `up` has saved it).
     server = GpuInfo(0, "NVIDIA RTX PRO 6000 Blackwell Server Edition", 95.59, "12.0", "580.1")
     chosen, why = choose_profile("auto", [server])
-    assert chosen.name == "gpu96" and "'rtx-pro-6000' in the GPU table" in why  # type: ignore[union-attr,operator]
+    assert chosen.name == "rtx-pro-6000x1" and "profile 'gpu96' would serve" in why  # type: ignore[union-attr,operator]
+    assert main(["profiles", "new", "rtx-pro-6000x1", "--gpu", "rtx-pro-6000", "--out", str(tmp_path)]) == 0
+    chosen, why = choose_profile("auto", [server])
+    assert chosen.name == "rtx-pro-6000x1" and "'rtx-pro-6000' in the GPU table" in why  # type: ignore[union-attr,operator]
 
 
 def test_a_profile_naming_a_gpu_the_table_lacks_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,7 +135,9 @@ def test_a_profile_naming_a_gpu_the_table_lacks_is_refused(tmp_path: Path, monke
 # -- the planner's layouts ---------------------------------------------------------------------------
 # Per GPU and count 1, 2, 4, 8: "R x tp T (N)" (R replicas of tp T, N running requests each), or "needs N"
 # (refused; N GPUs would start), planned on the memory the engine finds (engine_memory.py) with the caps
-# sized to the card. L4 x4 and A10 x4 start no request (issue 30); 8x L40S is 2 x tp 4, not 4 x tp 2.
+# sized to the card, at the model's full 262,144-token window (`--context-length 262144`; the serving default
+# is tested in test_operator_profiles.py). L4 x4 and A10 x4 start no request (issue 30); 8x L40S is 2 x tp 4.
+FULL_WINDOW = 262_144
 SEED_000_LAYOUTS = {
     "h100-sxm": ["needs 2", "1 x tp 2 (37)", "2 x tp 2 (37)", "4 x tp 2 (37)"],
     "h100-nvl": ["1 x tp 1 (1)", "1 x tp 2 (48)", "2 x tp 2 (48)", "4 x tp 2 (48)"],
@@ -152,7 +158,7 @@ SEED_000_LAYOUTS = {
 
 def _verdict(recipe: str, gpu: str, count: int) -> str:
     try:
-        layout = compute_layout(recipe, lookup(gpu), count, "computed")
+        layout = compute_layout(recipe, lookup(gpu), count, "computed", context_length=FULL_WINDOW)
     except UserError as exc:
         fix = str(exc).rpartition("--count ")[2].rstrip(")")
         return f"needs {fix}" if fix.isdigit() else "refused"

@@ -90,6 +90,15 @@ def gateway_series() -> set[str]:
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 
+def prometheus_series() -> set[str]:
+    """Prometheus 2.42's own /metrics, plus the upstream-only names Debian's build lacks (tests/fixtures/prometheus/)."""
+    here = REPO / "tests" / "fixtures" / "prometheus"
+    text = (here / "metrics.txt").read_text()
+    upstream = {line.split("\t")[0] for line in (here / "upstream-only.txt").read_text().splitlines()
+                if line and not line.startswith("#")}
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples} | upstream
+
+
 def alertmanager_series() -> set[str]:
     """The sample names of Alertmanager 0.25.0's own /metrics (tests/fixtures/alertmanager/README.md)."""
     text = (REPO / "tests" / "fixtures" / "alertmanager" / "metrics.txt").read_text()
@@ -151,7 +160,7 @@ def test_every_named_metric_exists(shared: Path) -> None:
     recorded = {r["record"] for path in (PROM / "rules").glob("*.yml")
                 for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"] if "record" in r}
     known = (C.exported_sample_names() | recorded | engine_series(shared) | alertmanager_series() | gateway_series()
-             | {"up"})
+             | prometheus_series() | {"up"})
     unknown = {(where, name) for where, expr in all_queries() for name in metric_names(grafana_free(expr))
                if name not in known}
     assert not unknown, sorted(unknown)
@@ -322,8 +331,9 @@ def test_compose_writes_the_webhook_url_through_a_yaml_library(tmp_path: Path) -
     from ornith_stack.generate import alertmanager
 
     pager, tickets, heartbeat = "https://pager.example.org/p", "https://tickets.example.org/t", ODD_URL
-    for env, expected in (({alertmanager.WEBHOOK_ENV: ODD_URL}, [ODD_URL, ODD_URL, None]),
-                          ({alertmanager.WEBHOOK_ENV: ""}, [alertmanager.PLACEHOLDER_URL] * 2 + [None]),
+    # An unset warning URL is no webhook (tickets never at the pager), as an unset heartbeat URL is.
+    for env, expected in (({alertmanager.WEBHOOK_ENV: ODD_URL}, [ODD_URL, None, None]),
+                          ({alertmanager.WEBHOOK_ENV: ""}, [alertmanager.PLACEHOLDER_URL, None, None]),
                           ({alertmanager.WEBHOOK_ENV: pager, alertmanager.WARNING_WEBHOOK_ENV: tickets,
                             alertmanager.HEARTBEAT_ENV: heartbeat}, [pager, tickets, heartbeat])):
         out = tmp_path / "alertmanager.yml"
@@ -527,3 +537,24 @@ def test_alerts_about_an_engine_keep_its_target_through_every_aggregation() -> N
         checked.add(alert.name)
     assert {"OrnithSpecAcceptanceLow", "OrnithQueueBacklog", "OrnithTimeToFirstTokenHigh", "OrnithEngineDown",
             "OrnithKVCacheNearlyFull"} <= checked
+
+
+RUNBOOKS = sorted((REPO / alerts.RUNBOOK_DIR).glob("*.md"))
+
+
+@pytest.mark.parametrize("path", RUNBOOKS, ids=lambda p: p.stem)
+def test_a_runbook_reads_without_prometheus_templates_and_says_what_to_run_on_each_path(path: Path) -> None:
+    text = path.read_text()
+    # The alert's own text says `{{ $labels.target }}`; read in a runbook, that is the engine's name.
+    assert "{{" not in text and "$labels" not in text, path.name
+    table = text.split("## Commands", 1)[1]
+    assert [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")][1:] == [
+        "compose (`ornith-stack up`)", "Helm", "Ansible host"]
+    assert "restart" in table and "logs" in table
+    uid = re.search(r"`/d/([\w-]+)`", text)
+    assert uid and (REPO / dashboards.DASHBOARD_DIR / f"{uid[1]}.json").is_file(), path.name
+
+
+def test_templates_become_what_the_alert_puts_there() -> None:
+    assert alerts.untemplated("scrape {{ $labels.target }}/metrics at {{ $value | humanizePercentage }}") == (
+        "scrape `<target>`/metrics at `<value>`")

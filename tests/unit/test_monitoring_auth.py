@@ -3,6 +3,7 @@ Prometheus and Alertmanager binaries (Debian: apt-get install prometheus prometh
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -19,7 +20,7 @@ from ornith_stack.errors import UserError
 from ornith_stack.generate import monitoring_auth as M
 from ornith_stack.generate.prometheus import PROMETHEUS_SELF, compose_config
 from ornith_stack.stack.bringup import refuse_monitoring
-from ornith_stack.stack.status import alerts_go_nowhere, asks_for_login
+from ornith_stack.stack.status import alerts_go_nowhere, asks_for_login, heartbeat_goes_nowhere
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
@@ -63,7 +64,8 @@ def monitoring(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[
     """Alertmanager and Prometheus started as compose starts them (the generated scrape and alerting
     configuration, each with --web.config.file), on free loopback ports, with the password in request.param."""
     password = request.param
-    folder = auth_files(tmp_path, password)
+    # The files owned by the user these processes run as, as compose gives them to Prometheus' user.
+    folder = auth_files(tmp_path, password, ORNITH_MONITORING_UID=str(os.geteuid()))
     prom_port, am_port = free_port(), free_port()
     config = compose_config()
     text = yaml.safe_dump(
@@ -180,18 +182,66 @@ def healthcheck_command() -> str:
 @needs_binaries
 @pytest.mark.skipif(shutil.which("wget") is None, reason="wget not installed")
 @pytest.mark.parametrize("monitoring", [PASSWORD, ""], indirect=True)
-def test_the_prometheus_healthcheck_passes_with_or_without_a_password(monitoring: dict[str, str]) -> None:
+def test_the_prometheus_healthcheck_passes_with_or_without_a_password_and_shows_none(
+    monitoring: dict[str, str],
+) -> None:
     port = monitoring["prometheus"].rsplit(":", 1)[1]
-    ready_url = Path(monitoring["folder"]) / "prometheus-ready-url"
+    folder = Path(monitoring["folder"])
     command = (
         healthcheck_command()
-        .replace(D.MONITORING_READY_URL_FILE, str(ready_url))
+        .replace(D.MONITORING_AUTH_DIR + "/", f"{folder}/")
         .replace(f"127.0.0.1:{D.PROMETHEUS_PORT}", f"127.0.0.1:{port}")
     )
-    url = ready_url.read_text().replace(f":{D.PROMETHEUS_PORT}/", f":{port}/")
-    ready_url.chmod(0o644)
-    ready_url.write_text(url)
+    assert "cat " not in command and "@" not in command  # no credential read into, or written in, an argv
+    if monitoring["password"]:
+        assert monitoring["password"] not in command
     assert subprocess.run(["sh", "-c", command], check=False, timeout=30).returncode == 0
+    # The same check without the login's files fails: the password is what lets it in.
+    if monitoring["password"]:
+        (folder / "wgetrc").write_text("")
+        (folder / "promtool-http.yml").write_text("{}\n")
+        assert subprocess.run(["sh", "-c", command], check=False, timeout=30, capture_output=True).returncode != 0
+
+
+def test_every_secret_file_is_0600_and_owned_by_its_reader(tmp_path: Path) -> None:
+    folder = auth_files(tmp_path, PASSWORD, ORNITH_MONITORING_UID="990", ORNITH_GRAFANA_UID="472")
+    owners = {path.name: (path.stat().st_uid, path.stat().st_mode & 0o777) for path in folder.iterdir()}
+    reader = 990 if os.geteuid() == 0 else os.geteuid()
+    grafana_reader = 472 if os.geteuid() == 0 else os.geteuid()
+    assert owners == {
+        "password": (reader, 0o600),
+        "web.yml": (reader, 0o600),
+        "wgetrc": (reader, 0o600),
+        "promtool-http.yml": (reader, 0o600),
+        "grafana.ini": (grafana_reader, 0o600),
+        "grafana-viewer-password": (grafana_reader, 0o600),
+        "grafana-admin-password": (grafana_reader, 0o600),
+    }
+
+
+def test_grafanas_admin_password_is_never_the_viewers(tmp_path: Path) -> None:
+    folder = auth_files(tmp_path, PASSWORD)
+    admin = (folder / "grafana-admin-password").read_text()
+    assert admin and admin != PASSWORD
+    # Kept across runs (Grafana keeps the admin it made first), and the operator's own when given.
+    assert (auth_files(tmp_path, PASSWORD) / "grafana-admin-password").read_text() == admin
+    given = auth_files(tmp_path, PASSWORD, GRAFANA_ADMIN_PASSWORD="the-admins-own")
+    assert (given / "grafana-admin-password").read_text() == "the-admins-own"
+    assert (given / "grafana-viewer-password").read_text() == PASSWORD
+
+
+def compose_services() -> dict[str, dict[str, object]]:
+    return dict(yaml.safe_load((REPO / "compose" / "cpu-demo.yml").read_text())["services"])
+
+
+def test_no_credential_in_any_compose_command_and_alertmanager_gossips_with_nobody() -> None:
+    services = compose_services()
+    for name, service in services.items():
+        argv = " ".join(str(a) for key in ("command", "entrypoint") for a in (service.get(key) or []))
+        assert "PASSWORD" not in argv and "@127.0.0.1" not in argv, name
+    assert "--cluster.listen-address=" in list(services["alertmanager"]["command"])  # type: ignore[arg-type]
+    grafana = services["grafana"]["environment"]
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in grafana  # type: ignore[operator]
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")
@@ -242,8 +292,13 @@ def test_with_a_password_grafana_asks_for_a_login(tmp_path: Path) -> None:
     assert ini["auth.anonymous"]["enabled"] == "false"
     assert ini["auth"]["disable_login_form"] == "false"
     assert ini["security"] == {
-        "admin_user": D.MONITORING_USER,
-        "admin_password": f"$__file{{{D.MONITORING_PASSWORD_FILE}}}",
+        "admin_user": D.GRAFANA_ADMIN_USER,
+        "admin_password": f"$__file{{{D.GRAFANA_ADMIN_PASSWORD_FILE}}}",
+    }
+    assert ini["metrics"] == {
+        "enabled": "true",
+        "basic_auth_username": D.MONITORING_USER,
+        "basic_auth_password": f"$__file{{{D.GRAFANA_VIEWER_PASSWORD_FILE}}}",
     }
     assert PASSWORD not in (tmp_path / "auth" / "grafana.ini").read_text()
 
@@ -272,3 +327,44 @@ def test_up_proves_that_prometheus_and_alertmanager_ask_for_the_password(monitor
 def test_up_says_so_when_alertmanager_never_answers() -> None:
     with pytest.raises(UserError, match=r"^alertmanager at 127\.0\.0\.1:\d+ answered nothing \(expected 401\)"):
         refuse_monitoring({"alertmanager": f"127.0.0.1:{free_port()}"}, timeout=0.5)
+
+
+@needs_binaries
+@pytest.mark.parametrize("heartbeat", ["", "https://heartbeat.example/ping"])
+def test_status_says_when_the_heartbeat_goes_nowhere(tmp_path: Path, heartbeat: str) -> None:
+    """Issue 44: the heartbeat URL is empty by default and `up`/`status` did not say so. The generated
+    configuration, as compose's one-shot writes it, loaded by the real Alertmanager."""
+    from ornith_stack.generate import alertmanager as AM
+
+    config = tmp_path / "alertmanager.yml"
+    AM.write_with_webhooks(REPO / AM.CONFIG, config, AM.Webhooks("https://pager.example/x", "", heartbeat))
+    port = free_port()
+    log = (tmp_path / "log").open("w")
+    process = subprocess.Popen([str(ALERTMANAGER), f"--config.file={config}", f"--storage.path={tmp_path / 'am'}",
+                                f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                               stdout=log, stderr=log)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/-/ready", process, None)
+        assert heartbeat_goes_nowhere(f"127.0.0.1:{port}") is (not heartbeat)
+        assert alerts_go_nowhere(f"127.0.0.1:{port}") is False
+    finally:
+        stop(process)
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root and setpriv")
+def test_the_one_shot_runs_again_with_only_the_capabilities_compose_gives_it(tmp_path: Path) -> None:
+    """Compose runs monitoring-auth as root with cap_drop ALL and the cap_add of the rendered file: a second
+    start must still read the admin password it made (now Grafana's, 0600) and give every file to its reader."""
+    import sys
+
+    service = compose_services()[D.MONITORING_AUTH_SERVICE]
+    assert service["cap_drop"] == ["ALL"]
+    keep = ",".join(f"+{c.lower()}" for c in service["cap_add"])  # type: ignore[union-attr]
+    argv = ["setpriv", f"--bounding-set=-all,{keep}", "--inh-caps=-all", sys.executable, "-m",
+            "ornith_stack.generate.monitoring_auth", str(tmp_path / "auth")]
+    env = {**os.environ, D.MONITORING_PASSWORD_VARIABLE: PASSWORD, "PYTHONPATH": str(REPO / "src")}
+    for _ in range(2):
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+    admin = tmp_path / "auth" / "grafana-admin-password"
+    assert admin.stat().st_uid == D.GRAFANA_UID_DEFAULT and (tmp_path / "auth" / "web.yml").stat().st_uid == D.MONITORING_UID_DEFAULT

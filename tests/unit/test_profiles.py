@@ -107,3 +107,37 @@ def test_a_usage_mistake_is_one_message_not_a_traceback(capsys: pytest.CaptureFi
     assert main(["launch-args", "a100x2", "--bogus"]) == 2
     err = capsys.readouterr().err
     assert "No such option: --bogus" in err and "Traceback" not in err
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.mark.parametrize(("sets", "refused"), [
+    (["serve.remote_code_unpinned=false"], "model.revision 'main' and draft.revision 'main' is no commit"),
+    (["serve.remote_code_unpinned=false", f"model.revision={COMMIT}"], "draft.revision 'main' is no commit"),
+    (["serve.remote_code_unpinned=false", "model.revision=v1.0", f"draft.revision={COMMIT}"],
+     "model.revision 'v1.0' is no commit"),
+    (["serve.remote_code_unpinned=false", f"model.revision={COMMIT}", f"draft.revision={COMMIT}"], None),
+    ([], None),  # the shipped profile says so, with its reason
+], ids=["both at main", "draft at main", "a tag", "both pinned", "allowed"])
+def test_remote_code_at_a_branch_is_refused_unless_the_profile_says_so(
+        capsys: pytest.CaptureFixture[str], sets: list[str], refused: str | None) -> None:
+    argv = ["launch-args", "gpu96"]
+    for s in sets:
+        argv += ["--set", s]
+    code = main(argv)
+    captured = capsys.readouterr()
+    if refused is None:
+        assert code == 0 and "--trust-remote-code" in captured.out
+    else:
+        assert code == 2 and "Traceback" not in captured.err
+        (line,) = [line for line in captured.err.splitlines() if line.startswith("error:")]
+        assert "trust-remote-code runs the checkpoint's own code" in line and refused in line
+        assert "set serve.remote_code_unpinned: true" in line
+
+
+def test_only_the_profiles_that_run_remote_code_at_a_branch_say_so() -> None:
+    for name in profile_names():
+        profile = load_profile(name)
+        remote_code = profile.serve.args.get("trust-remote-code") is True
+        assert profile.serve.remote_code_unpinned == (remote_code and profile.model.revision == "main"), name

@@ -222,6 +222,25 @@ def test_compose_reserves_one_gpu_per_tensor_parallel_rank(repo: Path, name: str
     assert sum(d["count"] for d in devices) == tp
 
 
+@pytest.mark.parametrize("name", ["a100x2", "gpu96", "spark", "gb300x2", "cpu-demo"])
+def test_every_path_runs_the_canary_with_the_check_the_model_can_pass(repo: Path, name: str) -> None:
+    """A hung engine still answers /metrics, so compose's exporter and Ansible's host-mode one send the canary
+    too: the known answer for real weights, liveness for the CPU demo's random ones (which would only ever
+    answer "wrong"). Helm's exporters: tests/unit/test_helm.py."""
+    check = load_profile(name).canary_check
+    assert check == ("liveness" if name == "cpu-demo" else "answer")
+    command = _compose(repo, name)["services"]["exporter"]["command"]
+    canary = command.index("--canary")
+    expected = [] if check == "answer" else ["--canary-check", check]  # answer: the exporter's default
+    assert command[canary + 1:canary + 1 + len(expected)] == expected
+    assert ("--canary-check" in command) == bool(expected)
+    ansible = yaml.safe_load((repo / "ansible" / "profiles" / f"{name}.yml").read_text())
+    assert ansible["ornith_canary_check"] == check
+    role = yaml.safe_load((repo / "ansible" / "roles" / "monitoring" / "defaults" / "main.yml").read_text())
+    assert role["monitoring_exporter_canary"] is True
+    assert role["monitoring_exporter_canary_check"] == "{{ ornith_canary_check | default('answer') }}"
+
+
 @pytest.mark.parametrize("name", ["a100x2", "gpu96", "gb300x2", "cpu-demo"])
 def test_compose_engine_command_is_launch_args(repo: Path, name: str) -> None:
     assert _compose(repo, name)["services"]["engine"]["command"] == launch_args(load_profile(name))

@@ -11,7 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,7 +90,8 @@ def test_sglang_candidates_are_profile_overrides_and_the_planner_refuses_one_tha
     profile = load_profile("gpu96")
     axes = axes_for(profile)
     assert [a.name for a in axes][:2] == ["max-running-requests", "spec-block"]
-    defaults = build(profile, axes, {"max-running-requests": None, "max-total-tokens": None})
+    # The running axis at `default` removes every cap it moves (issue 41: no separate --max-total-tokens axis).
+    defaults = build(profile, axes, {"max-running-requests": None})
     assert "max-running-requests" not in defaults.profile.serve.args
     assert "max-total-tokens" not in defaults.profile.serve.args
     assert planner_verdict(defaults).fits
@@ -222,6 +227,33 @@ def test_a_real_engine_process_that_exits_gives_its_log_tail(tmp_path: Path, mon
             pass
     assert "exited" in crash.value.reason and "CUDA out of memory" in crash.value.log_tail
     assert sys.executable in (tmp_path / "command.txt").read_text()
+
+
+def test_the_launcher_returns_only_once_the_engines_workers_are_gone(tmp_path: Path) -> None:
+    """vLLM's EngineCore outlives its API server: a worker that shrugs off SIGTERM and keeps writing the
+    log must be gone when the candidate ends (on a GPU it holds the memory the next candidate needs)."""
+    worker = tmp_path / "worker.pid"
+    script = ("import os, signal, subprocess, sys, time\n"
+              "code = 'import signal, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+              "while True: print(\"still writing\", flush=True); time.sleep(0.05)'\n"
+              f"open({str(worker)!r}, 'w').write(str(subprocess.Popen([sys.executable, '-c', code]).pid))\n"
+              "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not worker.exists() or not worker.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        began = time.monotonic()
+        measure_module.stop_group(proc, grace_s=1.0)
+        assert time.monotonic() - began < 10
+    finally:  # a failing stop must not leave the group behind
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGTERM
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(worker.read_text()), 0)  # the worker that ignored SIGTERM was killed, and reaped
 
 
 def test_no_candidate_meeting_the_slo_names_the_closest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,6 +23,8 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (["up", "cpu-demo", "--start-timeout", "nan"], "--start-timeout must be seconds above 0"),
     (["up", "cpu-demo", "--start-timeout", "-1"], "--start-timeout must be seconds above 0"),
     (["up", "cpu-demo", "--start-timeout", "inf"], "--start-timeout must be seconds above 0"),
+    (["up", "cpu-demo", "--drain-timeout", "nan"], "--drain-timeout must be seconds above 0"),
+    (["up", "cpu-demo", "--drain-timeout", "0"], "--drain-timeout must be seconds above 0"),
     (["up", "cpu-demo", "-p", "Bad Name!"], "is not a compose project name"),
     (["down", "-p", "UPPER"], "is not a compose project name"),
     (["status", "--interval", "nan"], "--interval must be seconds above 0"),
@@ -31,6 +33,11 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (["logs", "--tail", "abc"], "--tail must be a number of lines or all"),
     (["logs", "--tail", "-1"], "--tail must be a number of lines or all"),
     (["logs", "--tail", ""], "--tail must be a number of lines or all"),
+    # Port 9 on loopback: nothing is sent, the options are refused first.
+    (["load", "--url", "http://127.0.0.1:9", "--after", "nan"], "Invalid value for '--after'"),
+    (["load", "--url", "http://127.0.0.1:9", "--after", "-1"], "Invalid value for '--after'"),
+    (["load", "--url", "http://127.0.0.1:9", "--after", "$x"], "Invalid value for '--after'"),
+    (["load", "--url", "http://127.0.0.1:9", "--after", "inf"], "must be 0 or more seconds"),
 ])
 def test_an_odd_value_is_one_error_line_before_docker(tmp_path: Path, args: list[str], says: str) -> None:
     done = _cli(tmp_path, *args)

@@ -24,7 +24,7 @@ from ornith_stack.errors import UserError
 from ornith_stack.profiles import load_profile
 from ornith_stack.stack import preflight as P
 from ornith_stack.stack.bringup import hf_cache, hf_mount
-from ornith_stack.stack.envfile import api_key, monitoring_password, read_env, set_env
+from ornith_stack.stack.envfile import api_key, monitoring_password, operator_key, read_env, set_env
 from ornith_stack.stack.shell import Result, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -197,6 +197,45 @@ def test_up_refuses_a_key_that_would_break_the_env_file_or_the_header(tmp_path: 
         api_key(env, {"ORNITH_API_KEY": key}, wanted=True)
     assert "visible ASCII" in str(caught.value) and key not in str(caught.value)
     assert "\n" not in str(caught.value) and not env.exists()
+
+
+@pytest.mark.parametrize("key", ["Zq8$HOSTNAME", "k${ORNITH_BIND}", "'quoted'", '"quoted"'])
+def test_up_refuses_a_key_compose_would_change(tmp_path: Path, key: str) -> None:
+    env = tmp_path / ".env"
+    with pytest.raises(UserError) as caught:
+        api_key(env, {"ORNITH_API_KEY": key}, wanted=True)
+    assert "compose would change" in str(caught.value) and key not in str(caught.value) and not env.exists()
+
+
+def test_compose_reads_the_keys_up_writes_as_written(tmp_path: Path) -> None:
+    """`docker compose config` (v2) on the env file `up` wrote: every accepted key reaches the service intact
+    (every visible ASCII character but the ones check_key refuses: $ ' " \\ and the backquote)."""
+    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0:
+        pytest.skip("docker compose (v2) is not installed")
+    env = tmp_path / ".env"
+    user = api_key(env, {"ORNITH_API_KEY": "a#b!c%d&e*f(g)h;i|j<k>l?m~n^o=p{q}r[s]t,u/v@w"}, wanted=True).value
+    operator = operator_key(env, {}, wanted=True).value
+    (tmp_path / "c.yml").write_text("services:\n  a:\n    image: busybox\n    environment:\n"
+                                    "      ORNITH_API_KEY: ${ORNITH_API_KEY:-}\n"
+                                    "      ORNITH_OPERATOR_KEY: ${ORNITH_OPERATOR_KEY:-}\n")
+    done = subprocess.run(["docker", "compose", "-f", str(tmp_path / "c.yml"), "--env-file", str(env), "config",
+                           "--format", "json"], capture_output=True, text=True, check=True)
+    environment = json.loads(done.stdout)["services"]["a"]["environment"]
+    assert environment == {"ORNITH_API_KEY": user, "ORNITH_OPERATOR_KEY": operator}
+
+
+def test_the_operator_key_is_kept_like_the_api_key_and_differs_from_it(tmp_path: Path) -> None:
+    env = tmp_path / ".env"
+    user = api_key(env, {}, wanted=True)
+    operator = operator_key(env, {}, wanted=True)
+    assert operator.created and len(operator.value) >= 40 and operator.value != user.value
+    assert read_env(env) == {"ORNITH_API_KEY": user.value, "ORNITH_OPERATOR_KEY": operator.value}
+    assert env.stat().st_mode & 0o777 == 0o600
+    assert operator_key(env, {}, wanted=True).value == operator.value
+    with pytest.raises(UserError, match="^ORNITH_OPERATOR_KEY equals ORNITH_API_KEY") as caught:
+        operator_key(env, {"ORNITH_OPERATOR_KEY": user.value}, wanted=True)
+    assert user.value not in str(caught.value) and read_env(env)["ORNITH_OPERATOR_KEY"] == operator.value
+    assert operator_key(tmp_path / "none.env", {}, wanted=False).value == ""
 
 
 @pytest.mark.parametrize(("bind", "refused"), [("0.0.0.0", True), ("10.0.0.7", True), ("[::]", True),

@@ -29,7 +29,7 @@ from ornith_stack.errors import UserError
 from ornith_stack.generate.profile_files import render_profile
 from ornith_stack.profiles import from_data, load_profile
 from ornith_stack.profiles.model import Profile
-from ornith_stack.stack.bringup import refuse_workers, wait_healthy
+from ornith_stack.stack.bringup import prove_roles, refuse_workers, wait_healthy
 from ornith_stack.stack.compose import (
     Stack,
     compose_json,
@@ -126,6 +126,15 @@ def test_a_keyed_gateway_refuses_workers_and_chat_without_the_key() -> None:
         added = httpx.post(base + deployment.GATEWAY_WORKERS_PATH, json={},
                            headers={"Authorization": "Bearer k-for-the-test"}, timeout=10)
         assert added.status_code != 401  # the key opens it: the probe tells keyed from broken
+
+
+def test_ups_role_proof_fails_where_the_users_key_is_the_gateways_admin_key() -> None:
+    """smg keyed with --api-key alone (as the stack ran before issue 42): the users' key lists the workers."""
+    profile = replica_profile()
+    with gateway("--api-key", "k-for-the-test") as base:
+        with pytest.raises(UserError, match=r"^GET http://127\.0\.0\.1:\d+/workers answered HTTP 200 to the users' "
+                                            r"key \(expected 401 or 403\): ORNITH_API_KEY can steer the gateway"):
+            prove_roles(base, adapter_for(profile), layout_for(profile), "k-for-the-test", "op-for-the-test")
 
 
 def test_an_open_gateway_is_named_and_the_probe_adds_no_worker() -> None:

@@ -45,6 +45,10 @@ The engine pod, shared by the Deployment (role "single") and the LeaderWorkerSet
       key: {{ $v.apiKey.secretKey }}
 {{- end }}
 {{- end }}
+{{- if and $v.apiKey.secretName $v.engine.keyArgs }}
+- name: PYTHONPATH
+  value: {{ include "ornith.guardDir" .root | quote }}
+{{- end }}
 {{- with $v.engine.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -116,6 +120,7 @@ API key only from a YAML file (engine.keyConfig: SGLang's --config) gets it from
 writes the file (mode 0600, JSON being YAML) into a memory-backed volume only the engine mounts. The key
 stays off every command line; nothing is written when apiKey.secretName is empty. */}}
 {{- define "ornith.apiKeyDir" -}}/run/ornith-key{{- end }}
+{{- define "ornith.guardDir" -}}/opt/ornith-guard{{- end }}
 {{- define "ornith.apiKeyFile" -}}{{ include "ornith.apiKeyDir" . }}/api-key.yaml{{- end }}
 {{- define "ornith.writeApiKey" -}}
 {{- $v := .Values }}
@@ -127,13 +132,17 @@ stays off every command line; nothing is written when apiKey.secretName is empty
     - -c
     - |
       import json, os, sys
-      path, option = sys.argv[1], sys.argv[2]
+      path, option, admin = sys.argv[1], sys.argv[2], sys.argv[3]
+      options = {option: os.environ["ORNITH_API_KEY"]}
+      if admin and os.environ.get("ORNITH_OPERATOR_KEY"):
+          options[admin] = os.environ["ORNITH_OPERATOR_KEY"]
       fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
       with os.fdopen(fd, "w") as out:
-          json.dump({option: os.environ["ORNITH_API_KEY"]}, out)
-  args: [{{ include "ornith.apiKeyFile" . | quote }}, {{ index $v.engine.keyConfig 1 | quote }}]
+          json.dump(options, out)
+  args: [{{ include "ornith.apiKeyFile" . | quote }}, {{ index $v.engine.keyConfig 1 | quote }}, {{ $v.engine.adminKeyOption | quote }}]
   env:
     {{- include "ornith.apiKeyEnv" . | nindent 4 }}
+    {{- include "ornith.operatorKeyEnv" . | nindent 4 }}
   resources:
     requests:
       cpu: 10m
@@ -146,14 +155,46 @@ stays off every command line; nothing is written when apiKey.secretName is empty
       mountPath: {{ include "ornith.apiKeyDir" . }}
 {{- end }}
 
+{{/* The engine's readiness probe and drain (preStop) run files/engine-lifecycle.py (generated from
+src/ornith_stack/engine_lifecycle.py) with the image's python3. Called with (dict "root" $ "action" ready|drain
+"role" ROLE). The readiness probe turns false within periodSeconds x failureThreshold of the drain's marker. */}}
+{{- define "ornith.unreadySeconds" -}}
+{{- $r := .Values.engine.probes.readiness }}
+{{- mul (int $r.periodSeconds) (int $r.failureThreshold) }}
+{{- end }}
+{{- define "ornith.engineLifecycle" -}}
+{{- $v := .root.Values }}
+{{- $args := list "python3" "-c" (.root.Files.Get "files/engine-lifecycle.py") .action "--port" (toString $v.engine.port) "--marker" "/tmp/ornith-draining" }}
+{{- if eq .action "ready" }}
+{{- $args = concat $args (list "--served" "/tmp/ornith-served" "--health-path" $v.engine.healthPath "--models-path" $v.engine.modelsPath "--chat-path" $v.engine.chatPath) }}
+{{- if and $v.apiKey.secretName $v.engine.keyConfig }}
+{{- $args = concat $args (list "--key-file" (include "ornith.apiKeyFile" .root)) }}
+{{- else if and $v.apiKey.secretName $v.engine.keyEnv }}
+{{- $args = concat $args (list "--key-env" (first $v.engine.keyEnv)) }}
+{{- end }}
+{{- else }}
+{{- if eq .role "worker" }}
+{{- /* A worker node keeps the collective up until its leader drained. */}}
+{{- $args = concat $args (list "--host-env" "LWS_LEADER_ADDRESS") }}
+{{- end }}
+{{- $args = concat $args (list "--metrics-path" $v.engine.metricsPath "--unready-seconds" (include "ornith.unreadySeconds" .root) "--max-seconds" (toString $v.engine.drain.maxRequestSeconds)) }}
+{{- range $v.engine.drain.metrics }}
+{{- $args = concat $args (list "--metric" .) }}
+{{- end }}
+{{- end }}
+{{- toJson $args }}
+{{- end }}
+
 {{- define "ornith.enginePodSpec" -}}
 {{- $root := .root }}
 {{- $v := $root.Values }}
 {{- $leader := ne .role "worker" }}
 {{- $keyFile := and $leader $v.apiKey.secretName $v.engine.keyConfig }}
+{{- $guard := and $leader $v.apiKey.secretName $v.engine.keyArgs }}
 serviceAccountName: {{ include "ornith.serviceAccountName" $root }}
 automountServiceAccountToken: false
-terminationGracePeriodSeconds: {{ $v.engine.terminationGracePeriodSeconds }}
+{{- /* Drain (readiness false, then the longest request the profile allows), then the engine's shutdown. */}}
+terminationGracePeriodSeconds: {{ add (include "ornith.unreadySeconds" $root) $v.engine.drain.maxRequestSeconds $v.engine.drain.shutdownSeconds }}
 {{- with $v.imagePullSecrets }}
 imagePullSecrets:
 {{- range . }}
@@ -216,6 +257,9 @@ containers:
 {{- if $keyFile }}
 {{- $args = concat $args (list (index $v.engine.keyConfig 0) (include "ornith.apiKeyFile" $root)) }}
 {{- end }}
+{{- if $guard }}
+{{- $args = concat $args $v.engine.keyArgs }}
+{{- end }}
 {{- if $leader }}
     command: {{ required "engine.command is required (generated values-<profile>.yaml sets it)" $v.engine.command | toJson }}
     args: {{ $args | toJson }}
@@ -244,16 +288,21 @@ containers:
         port: http
       {{- toYaml $v.engine.probes.startup | nindent 6 }}
     readinessProbe:
-      httpGet:
-        path: {{ $readyPath }}
-        port: http
+      exec:
+        command: {{ include "ornith.engineLifecycle" (dict "root" $root "action" "ready" "role" .role) }}
       {{- toYaml $v.engine.probes.readiness | nindent 6 }}
     livenessProbe:
       httpGet:
         path: {{ $v.engine.healthPath }}
         port: http
       {{- toYaml $v.engine.probes.liveness | nindent 6 }}
+      # A hung engine is restarted without the drain's long grace: its requests are lost anyway.
+      terminationGracePeriodSeconds: {{ $v.engine.drain.shutdownSeconds }}
 {{- end }}
+    lifecycle:
+      preStop:
+        exec:
+          command: {{ include "ornith.engineLifecycle" (dict "root" $root "action" "drain" "role" .role) }}
     resources: {{- include "ornith.engineResources" $root | nindent 6 }}
     securityContext: {{- toYaml $v.engine.securityContext | nindent 6 }}
     volumeMounts:
@@ -273,6 +322,12 @@ containers:
 {{- if $keyFile }}
       - name: api-key
         mountPath: {{ include "ornith.apiKeyDir" $root }}
+        readOnly: true
+{{- end }}
+{{- if $guard }}
+      {{- /* The guard module (files/engine_guard.py) where PYTHONPATH finds it as ornith_stack.engine_guard. */}}
+      - name: engine-guard
+        mountPath: {{ include "ornith.guardDir" $root }}/ornith_stack
         readOnly: true
 {{- end }}
 {{- with $v.engine.extraVolumeMounts }}
@@ -312,7 +367,33 @@ volumes:
       medium: Memory
       sizeLimit: 1Mi
 {{- end }}
+{{- if $guard }}
+  - name: engine-guard
+    configMap:
+      name: {{ include "ornith.fullname" $root }}-engine-guard
+{{- end }}
 {{- with $v.engine.extraVolumes }}
 {{ toYaml . | indent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* How the engine Deployment rolls: one pod at a time, each drained by its preStop before it stops.
+On GPUs no surge pod (maxSurge 0): a cluster sized for the profile has no free GPUs for it, and it would
+stay Pending; so one copy is down at a time (for a single copy, the change costs downtime). On CPU
+(gpusPerNode 0) a surge pod can be scheduled: the new pod is ready before the old one drains.
+progressDeadlineSeconds covers a cold start and a drain. */}}
+{{- define "ornith.engineRollout" -}}
+{{- $v := .Values.engine }}
+{{- $startup := mul (int $v.probes.startup.periodSeconds) (int $v.probes.startup.failureThreshold) }}
+progressDeadlineSeconds: {{ add $startup (include "ornith.unreadySeconds" .) $v.drain.maxRequestSeconds $v.drain.shutdownSeconds }}
+strategy:
+  type: RollingUpdate
+  rollingUpdate:
+{{- if gt (int $v.gpusPerNode) 0 }}
+    maxSurge: 0
+    maxUnavailable: 1
+{{- else }}
+    maxSurge: 1
+    maxUnavailable: 0
 {{- end }}
 {{- end }}

@@ -158,7 +158,7 @@ release runs, with the commands that build and push it, and the values that leav
 {{- end }}
 {{- $args = concat $args (list "--profile" .root.Values.profile "--listen" (printf ":%d" (int .root.Values.exporter.port))) }}
 {{- if .root.Values.exporter.canary }}
-{{- $args = append $args "--canary" }}
+{{- $args = concat $args (list "--canary" "--canary-check" .root.Values.exporter.canaryCheck) }}
 {{- end }}
 {{- toJson (concat $args .root.Values.exporter.extraArgs) }}
 {{- end }}
@@ -170,6 +170,19 @@ release runs, with the commands that build and push it, and the values that leav
     secretKeyRef:
       name: {{ . }}
       key: {{ $.Values.apiKey.secretKey }}
+{{- end }}
+{{- end }}
+
+{{- /* The operator's credential (apiKey.operatorSecretKey of the same Secret, optional there): the gateway's
+     control plane and the engine's admin routes. The exporter never gets it. */}}
+{{- define "ornith.operatorKeyEnv" -}}
+{{- with .Values.apiKey.secretName }}
+- name: ORNITH_OPERATOR_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.apiKey.operatorSecretKey }}
+      optional: true
 {{- end }}
 {{- end }}
 

@@ -42,6 +42,9 @@ class RequestSample:
     decode_s: float | None = None  # time of last token - time of first token
     e2e_s: float | None = None
     chunks: int = 0  # chunks that carried generated tokens
+    # The server answered 200 and the stream began: a gateway has committed the request to a replica and can no
+    # longer retry it elsewhere, tokens or not.
+    accepted: bool = False
     itl_s: list[float] = field(default_factory=list)  # gaps between token chunks
     finish_reason: str | None = None
     text: str = ""
@@ -255,6 +258,7 @@ class EngineClient:
                     text = await response.read(ERROR_BYTES, cut=True)
                     sample.error = f"HTTP {response.status}: {short(text.decode('utf-8', errors='replace'))}"
                     return sample
+                sample.accepted = True
                 async for piece in response.pieces:
                     if self.stop.is_set():
                         raise Stopped

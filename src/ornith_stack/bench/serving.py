@@ -88,7 +88,8 @@ def arrival_offsets(n: int, rate: float, burstiness: float, rng: random.Random) 
 
 
 def run_load(client: EngineClient, bodies: list[dict[str, Any]], load: Load, rng: random.Random,
-             on_done: Callable[[RequestSample], None] | None = None) -> LoadRun:
+             on_done: Callable[[RequestSample], None] | None = None,
+             enough: Callable[[], bool] | None = None) -> LoadRun:
     """Send every body under `load` and wait for all of them, each request a task on the client's event
     loop (as `vllm bench serve` does): a request starts as soon as its arrival time has come and a slot
     is free. Ctrl-C (or `client.stop` set) ends the run within 0.2 s; the samples that finished stay in
@@ -98,20 +99,23 @@ def run_load(client: EngineClient, bodies: list[dict[str, Any]], load: Load, rng
     of the garbage collector first, as `vllm bench serve` does: a full collection over that heap in the
     middle of a run pauses every stream at once, and the client's pause would read as the engine's latency.
     Thawed afterwards, so a long tune still collects what its runs left; left frozen where the process had
-    frozen its heap itself (thawing is all or nothing)."""
+    frozen its heap itself (thawing is all or nothing).
+
+    `enough`, asked before each request is sent: once it says so, no more are sent and the run ends when
+    those in flight have finished (the bodies not sent are not in the result)."""
     offsets = arrival_offsets(len(bodies), load.rate, load.burstiness, rng)
     frozen_by_caller = gc.get_freeze_count() > 0
     gc.collect()
     gc.freeze()
     try:
-        return client.run(_load(client, bodies, offsets, load.max_concurrency, on_done))
+        return client.run(_load(client, bodies, offsets, load.max_concurrency, on_done, enough))
     finally:
         if not frozen_by_caller:
             gc.unfreeze()
 
 
 async def _load(client: EngineClient, bodies: list[dict[str, Any]], offsets: list[float], limit: int | None,
-                on_done: Callable[[RequestSample], None] | None) -> LoadRun:
+                on_done: Callable[[RequestSample], None] | None, enough: Callable[[], bool] | None) -> LoadRun:
     run = LoadRun()
     done: list[RequestSample | None] = [None] * len(bodies)
     slots = asyncio.Semaphore(limit or len(bodies) or 1)
@@ -140,10 +144,17 @@ async def _load(client: EngineClient, bodies: list[dict[str, Any]], offsets: lis
             on_done(sample)
 
     async def dispatch() -> None:
+        nonlocal remaining
         for index, (body, offset) in enumerate(zip(bodies, offsets, strict=True)):
             if (wait := start + offset - time.perf_counter()) > 0:
                 await asyncio.sleep(wait)
             await slots.acquire()
+            if enough is not None and enough():
+                slots.release()
+                remaining -= len(bodies) - index  # never sent: the run ends with those in flight
+                if remaining == 0:
+                    finished.set()
+                return
             tasks.append(asyncio.create_task(one(index, body)))
 
     dispatcher = asyncio.create_task(dispatch())

@@ -206,7 +206,8 @@ def register(app: typer.Typer) -> None:
             try:
                 result = run_bench(config, chosen, base, baseline, RichProgress(bar))
             finally:
-                bar.stop()
+                if bar.live.is_started:  # drawn from the first suite on: a refusal before it is its error line
+                    bar.stop()
         paths = write_outputs(result, out_dir)
         # Plain Markdown, so the tables paste into an issue or a README as they are.
         out.print(paths["markdown"].read_text(), markup=False, highlight=False, soft_wrap=True)

@@ -21,8 +21,16 @@ def register(app: typer.Typer) -> None:
                  context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def entrypoint_cmd(ctx: typer.Context) -> None:
         """Check the profile and the machine, then start the engine with its API key off its command line."""
+        # The words as given: click drops the first `--`, which belongs to the engine's command (`sh -c S -- A`).
+        given = sys.argv[1:]
+        words = given[1:] if given[:1] == ["entrypoint"] else list(ctx.args)
+        if words in (["--help"], ["-h"]):  # alone, it is ours: the engine's own help comes after its command
+            typer.echo(ctx.get_help())
+            typer.echo(f"\n{ep.__doc__}")
+            return
         environ = dict(os.environ)
         profile = ep.profile_of(environ)
+        ep.check_input(profile, words, environ)
         if ep.is_on(environ.get("ORNITH_SKIP_DOCTOR")):
             ep.say("ORNITH_SKIP_DOCTOR is set: not running the doctor")
         else:
@@ -35,11 +43,9 @@ def register(app: typer.Typer) -> None:
                        "above (exit 1). Fix them, or set ORNITH_DOCTOR_WARN_ONLY=1 to start anyway "
                        "(ORNITH_SKIP_DOCTOR=1 skips the check).")
                 raise typer.Exit(1)
-        # The words as given: click drops the first `--`, which belongs to the engine's command (`sh -c S -- A`).
-        given = sys.argv[1:]
-        words = given[1:] if given[:1] == ["entrypoint"] else list(ctx.args)
         launch = ep.prepare(profile, words, environ)
         if ep.is_on(environ.get("ORNITH_DRY_RUN")):
-            typer.echo(json.dumps(launch.argv))
+            typer.echo(json.dumps(ep.redacted_words(launch.argv)))
+            launch.discard()
             return
         raise typer.Exit(ep.run(launch, profile))

@@ -1,4 +1,5 @@
-"""`ornith-stack exporter --target URL [--target URL ...] [--listen [HOST]:PORT] [--canary] [--profile NAME]`."""
+"""`ornith-stack exporter --target URL [--target URL ...] [--listen [HOST]:PORT] [--canary [--canary-check answer|liveness]]
+[--profile NAME]`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ornith_stack.deployment import EXPORTER_LISTEN_HOST
+from ornith_stack.deployment import CANARY_CHECK_ANSWER, CANARY_CHECKS, EXPORTER_LISTEN_HOST, GATEWAY_METRICS_PORT
 from ornith_stack.errors import UserError, shown
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.scrape import Target
@@ -27,10 +28,14 @@ def register(app: typer.Typer) -> None:
                           ] = EXPORTER_LISTEN_HOST,
         profile: Annotated[str | None, typer.Option(help="Profile the targets run (labels, draft).")] = None,
         gateway: Annotated[list[str] | None, typer.Option(
-            "--gateway", help="Metrics URL of a Model Gateway in front of the targets (e.g. http://gateway:29000), "
+            "--gateway", help="Metrics URL of a Model Gateway in front of the targets (e.g. "
+            f"http://gateway:{GATEWAY_METRICS_PORT}), "
             "listed for Prometheus at /sd/gateways; repeat for several.")] = None,
         canary: Annotated[bool, typer.Option("--canary", help="Send a known-answer request periodically.")] = False,
         canary_interval: Annotated[float, typer.Option(help="Seconds between canary requests.")] = 30.0,
+        canary_check: Annotated[str, typer.Option(
+            help="answer: the canary's answer must be the known one; liveness: any streamed answer passes (a "
+                 "model that cannot know it, such as the CPU demo's random weights).")] = CANARY_CHECK_ANSWER,
         timeout: Annotated[float, typer.Option(help="Seconds allowed for one target's scrape.")] = 3.0,
         target_name: Annotated[str | None, typer.Option(
             help="The `target` label of the one --target, where its URL does not tell replicas apart "
@@ -44,6 +49,8 @@ def register(app: typer.Typer) -> None:
         if not target:
             raise UserError("--target URL is required, e.g. --target http://127.0.0.1:8000 (repeat for several)")
         check_timeout(timeout)
+        if canary_check not in CANARY_CHECKS:
+            raise UserError(f"--canary-check {shown(canary_check)}: choose {' or '.join(CANARY_CHECKS)}")
         if not 0 < canary_interval < float("inf"):
             raise UserError(f"--canary-interval {canary_interval}: expected a positive number of seconds")
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -70,6 +77,7 @@ def register(app: typer.Typer) -> None:
                    f"{len(targets)} target(s): {', '.join(t.public for t in targets)}", err=True)
         try:
             serve(Settings(targets, host, port, timeout=timeout, canary=canary, canary_interval=canary_interval,
+                           canary_checks_answer=canary_check == CANARY_CHECK_ANSWER,
                            gateways=gateways))
         except KeyboardInterrupt:
             pass

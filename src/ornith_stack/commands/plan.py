@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ornith_stack.errors import UserError, shown
 from ornith_stack.planner import GIB, Plan, PlanOptions, build_request, plan_request
+from ornith_stack.planner.layout import context_trade, trade_line
 from ornith_stack.sizing.shapes import resolve_config_path
 
 out = Console()
@@ -87,11 +88,23 @@ def register(app: typer.Typer) -> None:
             mem_fraction_static=mem_fraction_static, max_total_tokens=max_total_tokens,
             max_running_requests=max_running_requests,
         )
-        result = plan_request(build_request(options))
+        request = build_request(options)
+        result = plan_request(request)
+        # What the context length trades against running requests on this card (a plan that fits).
+        try:
+            trade = context_trade(request) if not result.problems else ()
+        except UserError:  # a request the caps cannot be sized for (the plan above still stands)
+            trade = ()
         if as_json:
-            typer.echo(json.dumps(result.to_json(), indent=2))
+            data = result.to_json()
+            data["context_trade"] = [{"context_length": ctx, "running_requests": n} for ctx, n in trade]
+            typer.echo(json.dumps(data, indent=2))
         else:
             print_plan(result)
+            if trade:
+                out.print(f"trade: running requests per replica by context on this card, with the caps `profiles new` "
+                          f"sizes: {trade_line(trade, request.shape.max_position_embeddings)} (this profile: "
+                          f"{result.max_model_len:,})", highlight=False)
         if result.problems:
             raise typer.Exit(1)
 
@@ -137,6 +150,8 @@ def print_plan(p: Plan) -> None:
     out.print(engine)
     for note in p.notes:
         out.print(f"note: {note}", highlight=False)
+    for warning in p.warnings:
+        out.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
     if p.fits:
         out.print("[bold green]verdict: fits[/]")
         return

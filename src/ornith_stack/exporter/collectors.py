@@ -98,7 +98,8 @@ def collect_canary(canary: Canary | None) -> Families:
         success.add_metric(labels, 1.0 if state.success else 0.0)
         last.add_metric(labels, state.finished_at)
         if state.success:
-            correct.add_metric(labels, 1.0 if state.correct else 0.0)
+            if state.correct is not None:
+                correct.add_metric(labels, 1.0 if state.correct else 0.0)
             _add(ttft, labels, state.ttft)
             _add(rate, labels, state.decode_rate)
     yield from (success, correct, ttft, rate, runs, last)

@@ -49,10 +49,17 @@ class Settings:
     timeout: float = 3.0
     canary: bool = False
     canary_interval: float = 30.0
+    canary_checks_answer: bool = True  # False: liveness only (a model that cannot know the answer)
     # Model Gateways in front of the targets (their metrics URL): offered to Prometheus, not scraped here.
     gateways: list[Target] = field(default_factory=list)
     limits: Limits = Limits()
     workers: int = 4  # threads rendering answers
+
+
+def canary_mode(settings: Settings) -> str:
+    if not settings.canary:
+        return "off"
+    return "on, known answer" if settings.canary_checks_answer else "on, liveness (the answer is not checked)"
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -119,8 +126,8 @@ class App:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.scraper = Scraper(settings.targets, timeout=settings.timeout)
-        self.canary = (Canary(settings.targets, interval=settings.canary_interval, adapter_of=self.scraper.adapter_of)
-                       if settings.canary else None)
+        self.canary = (Canary(settings.targets, interval=settings.canary_interval, adapter_of=self.scraper.adapter_of,
+                              check_answer=settings.canary_checks_answer) if settings.canary else None)
         self.collector = ExporterCollector(self.scraper, self.canary)
         self.process = ProcessCollector(registry=None)
         # Rendering is CPU work: a few threads, however many scrapers wait.
@@ -222,7 +229,7 @@ def landing_page(settings: Settings) -> str:
         f'<p>Unified speculative-decoding, throughput and latency metrics: <a href="{METRICS_PATH}">{METRICS_PATH}</a></p>'
         f'<p>The engines, for Prometheus service discovery: <a href="{SD_PATH}">{SD_PATH}</a></p>'
         f"<p>Targets:</p><ul>{rows}</ul>"
-        f"<p>Canary: {'on' if settings.canary else 'off'}</p></body></html>"
+        f"<p>Canary: {canary_mode(settings)}</p></body></html>"
     )
 
 

@@ -2,8 +2,9 @@
 own, the always-firing watchdog to a separate heartbeat URL (a dead man's switch), info alerts to
 nobody, and the inhibitions that keep one outage from paging once per symptom.
 
-Three URLs, each set in one place per deployment: the paging webhook (critical), the warning webhook
-(empty: the paging one) and the heartbeat (empty: the watchdog goes nowhere). One builder, three files:
+Three URLs, each set in one place per deployment: the paging webhook (critical), the warning (ticket) webhook
+(empty: warnings stay in Alertmanager's UI, never at the pager) and the heartbeat (empty: the watchdog goes
+nowhere). One builder, three files:
 monitoring/alertmanager/alertmanager.yml (compose: a one-shot service runs
 `python -m ornith_stack.generate.alertmanager` before Alertmanager starts, which writes the configuration
 again through a YAML library with the URLs from the environment (`ORNITH_ALERT_WEBHOOK_URL`,
@@ -40,22 +41,31 @@ WEBHOOK_ENV = "ORNITH_ALERT_WEBHOOK_URL"
 WARNING_WEBHOOK_ENV = "ORNITH_ALERT_WARNING_WEBHOOK_URL"
 HEARTBEAT_ENV = "ORNITH_HEARTBEAT_URL"
 # The paging receiver (critical, and the route's default), the warning one, the heartbeat, nobody.
-RECEIVER, WARNING, NOBODY, HEARTBEAT = "ornith-webhook", "ornith-warning", "ornith-nobody", "ornith-heartbeat"
+RECEIVER, WARNING, NOBODY, HEARTBEAT = "ornith-webhook", "ornith-warning", "ornith-nobody", D.HEARTBEAT_RECEIVER
 # The watchdog is repeated this often: a dead man's switch on the receiving side expects it.
 HEARTBEAT_REPEAT = "5m"
 # An Alertmanager matcher as this module writes them: label, operator, double-quoted value.
 _MATCHER = re.compile(r'(?P<name>[A-Za-z_]\w*)(?P<op>=~|!~|!=|=)"(?P<value>[^"\\]*)"')
 
+# One page per incident (issue 44): pages are grouped per deployment (profile, and namespace in Kubernetes), so
+# the replicas of one outage, and an engine's OrnithEngineDown then OrnithEngineDownLong, are one notification
+# group (one incident at the pager: Alertmanager's group key) whose later notifications update it; tickets
+# stay one per alert and target.
+PAGE_GROUP_BY = ["profile", "namespace"]
+TICKET_GROUP_BY = ["alertname", "profile", "namespace", "target"]
+NOTIFICATIONS_FAILING = "OrnithNotificationsFailing"
 # Alerts of a target that an engine starting or down explains: inhibited while it lasts.
 ENGINE_STATE = ("OrnithEngineStarting", "OrnithEngineDown", "OrnithEngineDownLong")
 # A profile with no ready replica (or its gateway down) pages once: its engines' own pages and the SLO
 # burn it causes are inhibited while it lasts.
 OUTAGE = ("OrnithNoReadyReplicas", "OrnithGatewayDown")
 OUTAGE_SYMPTOMS = ("OrnithEngineDown", "OrnithEngineDownLong", "OrnithEngineFlapping", "OrnithCanaryFailing",
-                   "OrnithErrorBudgetBurn", "OrnithErrorBudgetBurnSlow")
+                   "OrnithErrorBudgetBurn", "OrnithErrorBudgetBurnSlow", "OrnithTargetDown")
 SYMPTOMS = ("OrnithCanaryFailing", "OrnithCanaryWrong", "OrnithCanaryStale", "OrnithSpecAcceptanceLow",
             "OrnithTimeToFirstTokenHigh", "OrnithQueueBacklog", "OrnithKVCacheNearlyFull",
-            "OrnithMambaSlotsNearlyFull")
+            "OrnithMambaSlotsNearlyFull", "OrnithTargetDown")
+# The exporter down explains the discovery it serves failing.
+EXPORTER_SYMPTOMS = ("OrnithDiscoveryFailing",)
 
 
 def _any_of(names: tuple[str, ...]) -> str:
@@ -67,12 +77,11 @@ class Webhooks:
     """The receivers' URLs as a deployment gives them; empty: the default each one states."""
 
     critical: str = ""
-    warning: str = ""  # empty: the critical URL (a receiver of its own all the same)
+    warning: str = ""  # empty: no ticket webhook (warnings stay in Alertmanager's UI, never at the pager)
     heartbeat: str = ""  # empty: no heartbeat webhook (the watchdog goes nowhere, never to the pager)
 
     def urls(self) -> dict[str, str]:
-        critical = self.critical or PLACEHOLDER_URL
-        return {RECEIVER: critical, WARNING: self.warning or critical, HEARTBEAT: self.heartbeat}
+        return {RECEIVER: self.critical or PLACEHOLDER_URL, WARNING: self.warning, HEARTBEAT: self.heartbeat}
 
     @classmethod
     def from_env(cls) -> Webhooks:
@@ -84,9 +93,9 @@ def alertmanager_config(urls: dict[str, str] | None = None, repeat_interval: str
                         group_wait: str = "30s", group_interval: str = "5m") -> dict[str, Any]:
     """The configuration with `urls` (receiver -> URL; default: the placeholders of Webhooks())."""
     known = {alert.name for alert in A.ALERTS}
-    named = set(ENGINE_STATE + SYMPTOMS + OUTAGE + OUTAGE_SYMPTOMS)
+    named = set(ENGINE_STATE + SYMPTOMS + OUTAGE + OUTAGE_SYMPTOMS + EXPORTER_SYMPTOMS)
     assert named <= known, named - known
-    urls = urls or {**Webhooks().urls(), HEARTBEAT: PLACEHOLDER_URL}
+    urls = urls or {**Webhooks().urls(), WARNING: PLACEHOLDER_URL, HEARTBEAT: PLACEHOLDER_URL}
 
     def receiver(name: str) -> dict[str, Any]:
         return {"name": name, "webhook_configs": [{"url": urls[name], "send_resolved": True}]}
@@ -94,7 +103,7 @@ def alertmanager_config(urls: dict[str, str] | None = None, repeat_interval: str
     return {
         "route": {
             "receiver": RECEIVER,
-            "group_by": ["alertname", "target"],
+            "group_by": PAGE_GROUP_BY,
             "group_wait": group_wait,
             "group_interval": group_interval,
             "repeat_interval": repeat_interval,
@@ -102,10 +111,14 @@ def alertmanager_config(urls: dict[str, str] | None = None, repeat_interval: str
                 # The always-firing watchdog, repeated so that its absence is noticed.
                 {"matchers": [_any_of(A.ALWAYS_FIRING)], "receiver": HEARTBEAT, "group_interval": "1m",
                  "repeat_interval": HEARTBEAT_REPEAT},
+                # Failing notifications reach people through two receivers, the tickets' and (continue) the
+                # pager's, so that one of them failing is still heard through the other.
+                {"matchers": [f'alertname="{NOTIFICATIONS_FAILING}"'], "receiver": WARNING, "continue": True},
+                {"matchers": [f'alertname="{NOTIFICATIONS_FAILING}"'], "receiver": RECEIVER},
                 # Info alerts (OrnithEngineStarting) exist to inhibit, not to notify.
                 {"matchers": ['severity="info"'], "receiver": NOBODY},
                 # Warnings are tickets, not pages: a receiver of their own.
-                {"matchers": ['severity="warning"'], "receiver": WARNING},
+                {"matchers": ['severity="warning"'], "receiver": WARNING, "group_by": TICKET_GROUP_BY},
             ],
         },
         "inhibit_rules": [
@@ -116,6 +129,8 @@ def alertmanager_config(urls: dict[str, str] | None = None, repeat_interval: str
              "target_matchers": [_any_of(("OrnithEngineDown", "OrnithEngineFlapping"))], "equal": ["target"]},
             {"source_matchers": [_any_of(OUTAGE)], "target_matchers": [_any_of(OUTAGE_SYMPTOMS)],
              "equal": ["profile", "namespace"]},
+            {"source_matchers": ['alertname="OrnithExporterDown"'], "target_matchers": [_any_of(EXPORTER_SYMPTOMS)],
+             "equal": ["namespace"]},
             # A budget burning fast pages; the same SLO's slow burn (a ticket) says nothing new meanwhile.
             {"source_matchers": ['alertname="OrnithErrorBudgetBurn"'],
              "target_matchers": ['alertname="OrnithErrorBudgetBurnSlow"'], "equal": ["profile", "namespace", "slo"]},
@@ -151,12 +166,12 @@ def write_with_webhooks(source: Path, destination: Path, hooks: Webhooks) -> Non
     destination.write_text(dump(config))
 
 
-# The role's variables: an empty paging URL keeps the placeholder (alerts stay in Alertmanager's UI), an
-# empty warning URL is the paging one, an empty heartbeat URL leaves the heartbeat receiver without a webhook.
+# The role's variables: an empty paging URL keeps the placeholder (alerts stay in Alertmanager's UI); an empty
+# warning or heartbeat URL leaves that receiver without a webhook (never the pager's).
 ANSIBLE_URL = 'monitoring_alertmanager_webhook_url | default("' + PLACEHOLDER_URL + '", true)'
 ANSIBLE_URLS = {
     RECEIVER: ANSIBLE_URL,
-    WARNING: f"monitoring_alertmanager_warning_webhook_url | default({ANSIBLE_URL}, true)",
+    WARNING: "monitoring_alertmanager_warning_webhook_url",
     HEARTBEAT: "monitoring_alertmanager_heartbeat_url",
 }
 
@@ -170,14 +185,14 @@ def ansible_config() -> dict[str, Any]:
 def ansible_template() -> str:
     """The role's template as text: each URL goes in as a JSON string (valid YAML), so whatever it holds
     (`&`, `|`, quotes) is escaped by Jinja2's tojson instead of pasted into a YAML scalar; the heartbeat
-    receiver's webhook list is a JSON list, empty without a heartbeat URL."""
+    and warning receivers' webhook lists are JSON lists, empty without their URL."""
     text = dump(ansible_config())
     for name, expr in ANSIBLE_URLS.items():
         quoted = "url: '{{ " + expr + " }}'"
         assert quoted in text, f"the {name} URL expression is no longer where ansible_template expects it"
-        if name == HEARTBEAT:
+        if name in (WARNING, HEARTBEAT):
             listed = f"- {quoted}\n    send_resolved: true"
-            assert listed in text, "the heartbeat webhook is no longer where ansible_template expects it"
+            assert listed in text, f"the {name} webhook is no longer where ansible_template expects it"
             text = text.replace("webhook_configs:\n  " + listed, "webhook_configs: {{ ([{'url': " + expr
                                 + ", 'send_resolved': true}] if " + expr + " else []) | tojson }}")
         else:
@@ -187,7 +202,7 @@ def ansible_template() -> str:
 
 # Each receiver's URL in the Helm chart: the values (under monitoring.alertmanagerConfig) that give it, the
 # first non-empty one wins; none: the receiver gets no webhook. The chart's template reads these names.
-HELM_URL_VALUES = {RECEIVER: "webhookUrl", WARNING: "warningWebhookUrl|webhookUrl", HEARTBEAT: "heartbeatUrl"}
+HELM_URL_VALUES = {RECEIVER: "webhookUrl", WARNING: "warningWebhookUrl", HEARTBEAT: "heartbeatUrl"}
 
 
 def crd_matcher(matcher: str) -> dict[str, str]:
@@ -206,9 +221,12 @@ def _only(mapping: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 
 def _crd_route(route: dict[str, Any]) -> dict[str, Any]:
-    _only(route, "matchers", "receiver", "group_interval", "repeat_interval")
+    _only(route, "matchers", "receiver", "group_by", "group_interval", "repeat_interval", "continue")
     out: dict[str, Any] = {"receiver": route["receiver"], "matchers": [crd_matcher(m) for m in route["matchers"]]}
-    for key, crd_key in (("group_interval", "groupInterval"), ("repeat_interval", "repeatInterval")):
+    if route.get("continue"):
+        out["continue"] = True
+    for key, crd_key in (("group_by", "groupBy"), ("group_interval", "groupInterval"),
+                         ("repeat_interval", "repeatInterval")):
         if key in route:
             out[crd_key] = route[key]
     return out

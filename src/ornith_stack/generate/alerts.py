@@ -24,6 +24,7 @@ Alertmanager's own failed-notification counter, which Prometheus scrapes.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -73,6 +74,10 @@ PLANNED_RESTART = "5m"
 PAGE_BURNS = (("1h", "5m", 14.4), ("6h", "30m", 6.0))
 TICKET_BURNS = (("1d", "2h", 3.0), ("3d", "6h", 1.0))
 BURN_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+# The minimum-traffic guard: a burn alert needs this many requests in its long window. Fewer make a share of
+# noise (one failed request of six in an hour is a 17% share, a 17x burn at 99%); a total outage at one
+# request a minute still has 60 an hour.
+MIN_SLO_EVENTS = 20
 # Acceptance against the replica's own level: below 80% of its median over the last day (a 30% decay
 # over 2 hours crosses it after about 80 minutes, whatever level it decays from).
 ACCEPTANCE_OWN_FRACTION = 0.8
@@ -96,6 +101,15 @@ def bad_share_record(window: str) -> str:
     return f"ornith:slo_bad_events:ratio_rate{window}"
 
 
+def events_record(window: str) -> str:
+    """The recorded rate (per second) of every SLO's events over `window` (label `slo`): the guard's count."""
+    return f"ornith:slo_events:rate{window}"
+
+
+def _seconds(window: str) -> int:
+    return int(window[:-1]) * {"m": 60, "h": 3600, "d": 86400}[window[-1]]
+
+
 def burn_rate(window: str) -> str:
     """The recorded burn rate of every SLO over `window` (label `slo`): its bad share / its error budget."""
     return f"ornith:slo_error_budget_burn:rate{window}"
@@ -106,6 +120,8 @@ def burn_rate(window: str) -> str:
 NAMESPACE_PLACEHOLDER = "ORNITH_RELEASE_NAMESPACE"
 # The Helm rule group of the gateway's discovery check; the chart keeps it only with gateway.enabled.
 GATEWAY_DISCOVERY_GROUP = "ornith-gateway-discovery"
+# Where Helm puts the release's engine replicas (engine.replicas; prometheusrule.yaml replaces it).
+REPLICAS_PLACEHOLDER = "ORNITH_RELEASE_REPLICAS"
 
 
 @cache
@@ -145,6 +161,19 @@ class Alert:
 
 UP = C.ENGINE_UP.series
 ON = f"on ({TARGET_LABELS})"
+# While the exporter itself is down (its `up` 0, or gone), the engines' last state holds for EXPORTER_HOLD
+# instead of vanishing: a dead exporter is one page (OrnithExporterDown) and resolves nothing it can no
+# longer see (an engine still hung stays paged), and starts nothing new either (the state is frozen).
+EXPORTER_HOLD = "1h"
+EXPORTER_SEEN = f'up{{job="{D.EXPORTER_JOB}"}} == 1'
+
+
+def held(series: str) -> str:
+    """`series` (an exporter's), or while the exporter is not up its last value within EXPORTER_HOLD."""
+    return f"({series} or (last_over_time({series}[{EXPORTER_HOLD}]) unless on (namespace) {EXPORTER_SEEN}))"
+
+
+UP_HELD = held(UP)
 def _was_up(window: str) -> str:
     return f"max_over_time({UP}[{window}]) == 1"  # up at some point within `window`
 
@@ -153,27 +182,45 @@ WAS_UP = _was_up(START_BUDGET)
 REFUSED = f'increase({C.SCRAPE_ERRORS.series}{{reason="connect"}}[2m]) > 0'  # nothing listens: (re)loading
 YOUNG = f"({UP} unless {ON} {UP} offset {START_BUDGET})"  # first scraped less than the start budget ago
 STARTING = f"{UP} == 0 and {ON} (({WAS_UP} and {ON} {REFUSED}) or {YOUNG})"
-DOWN = f"{UP} == 0 and {ON} {_was_up(DOWN_WINDOW)} unless {ON} {REFUSED}"
+DOWN = f"{UP_HELD} == 0 and {ON} {_was_up(DOWN_WINDOW)} unless {ON} {REFUSED}"
 FLAPPING = (f"avg_over_time({UP}[{FLAP_WINDOW}]) < {1 - FLAP_FAILED_SHARE:g} "
             f"and changes({UP}[{FLAP_WINDOW}]) >= {FLAP_CHANGES}")
 NOTIFICATIONS_FAILED = "sum by (integration) (rate(alertmanager_notifications_failed_total[5m])) > 0"
+# Meta-monitoring (issue 44): every scrape job's target, the rules' evaluations, the service discovery.
+RAW_JOBS = (D.ENGINE_JOB, D.GATEWAY_JOB, D.PROMETHEUS_JOB, D.ALERTMANAGER_JOB)  # the exporter: OrnithExporterDown
+TARGET_DOWN = f'up{{job=~"{"|".join(RAW_JOBS)}"}} == 0'
+RULES_FAILING = "sum by (rule_group) (increase(prometheus_rule_evaluation_failures_total[10m])) > 0"
+DISCOVERY_FAILING = ("sum by (instance) (increase(prometheus_sd_http_failures_total[10m])) > 0 or "
+                     "sum by (instance) (increase(prometheus_sd_kubernetes_failures_total[10m])) > 0")
 
 # The Model Gateway's own metrics (sglang-router 0.3.2, tests/fixtures/gateway/metrics.txt), job "gateway".
-GATEWAY_HEALTH = "smg_worker_health"  # 1 while the gateway's health checks pass the worker
-GATEWAY_RESPONSES = "smg_http_responses_total"  # every answer the gateway gave, by status_code
+# 1 while the gateway's health checks pass the worker, 0 while they fail it, and -1 once it left the rotation
+# (removed through the worker API, or gone from Kubernetes' discovery): smg 0.3.2 keeps the series of a removed
+# worker at -1 (measured), so neither a sum nor a count of it says how many replicas serve.
+GATEWAY_HEALTH = "smg_worker_health"
+GATEWAY_RESPONSES = "smg_http_responses_total"  # every answer the gateway gave, by status_code (probes too)
+# The gateway SLO counts users' requests only: those to the API's routes (smg_http_requests_total by path;
+# its health probes and /v1/models are not users' requests), good when a worker answered them without a 5xx
+# (smg_router_upstream_responses_total by status_code); a request the gateway failed itself (no healthy
+# worker: its own 503) has no upstream answer and is bad.
+GATEWAY_REQUESTS = "smg_http_requests_total"
+GATEWAY_UPSTREAM = "smg_router_upstream_responses_total"
+GATEWAY_USER_PATHS = "/v1/chat/completions|/v1/completions|/v1/responses|/v1/embeddings|/generate"
 # SLOs are per profile (and namespace, in Kubernetes): what the users of one deployment feel.
 SLO_BY = "profile, namespace"
 SLO_TARGETS = {"gateway": "availability", "engine": "availability", "ttft": "ttft_target"}  # slo -> Slo field
 GATEWAY_UP = f'up{{job="{D.GATEWAY_JOB}"}}'
-READY = f"sum by ({SLO_BY}) ({UP})"
+READY = f"sum by ({SLO_BY}) ({UP_HELD})"
 # A profile first seen less than its start budget ago: a first deployment still loading its model.
 NEW_PROFILE = f"(count by ({SLO_BY}) ({UP}) unless on ({SLO_BY}) count by ({SLO_BY}) ({UP} offset {START_BUDGET}))"
 NO_READY = (f"({READY} == 0 unless on ({SLO_BY}) {NEW_PROFILE}) "
-            f'or (sum by ({SLO_BY}) ({GATEWAY_HEALTH}{{job="{D.GATEWAY_JOB}"}}) == 0)')
+            f'or (max by ({SLO_BY}) ({GATEWAY_HEALTH}{{job="{D.GATEWAY_JOB}"}}) < 1)')
 
 
 def _burning(burns: tuple[tuple[str, str, float], ...]) -> str:
-    return " or ".join(f"({burn_rate(long)} > {rate:g} and {burn_rate(short)} > {rate:g})"
+    """Both windows above the rate, and at least MIN_SLO_EVENTS requests in the long one."""
+    return " or ".join(f"({burn_rate(long)} > {rate:g} and {burn_rate(short)} > {rate:g} and on ({SLO_BY}, slo) "
+                       f"{events_record(long)} * {_seconds(long)} >= {MIN_SLO_EVENTS})"
                        for long, short, rate in burns)
 
 
@@ -181,10 +228,12 @@ def burns_text(burns: tuple[tuple[str, str, float], ...]) -> str:
     return " or ".join(f"{rate:g}x over both {long} and {short}" for long, short, rate in burns)
 
 
-SLO_MEANING = ("SLOs per profile (targets in the profile's `slo`): `gateway`, the share of the Model Gateway's "
-               "answers that are 5xx; `engine`, the share of requests the engines failed (vLLM "
-               "finished_reason=\"error\", SGLang aborted); `ttft`, the share of requests whose first token "
-               "came later than the profile's `slo.ttft_seconds`.")
+SLO_MEANING = ("SLOs per profile (targets in the profile's `slo`): `gateway`, the share of users' requests "
+               "(the API's routes, not health probes) no worker answered without a 5xx; `engine`, the share of "
+               "requests the engines failed (vLLM finished_reason=\"error\"; SGLang counts none: its abort "
+               "counter counts abort calls); `ttft`, the share of requests whose first token came later than the "
+               f"profile's `slo.ttft_seconds`. At least {MIN_SLO_EVENTS} requests in the long window (a "
+               "minimum-traffic guard).")
 
 
 ALERTS: tuple[Alert, ...] = (
@@ -193,7 +242,8 @@ ALERTS: tuple[Alert, ...] = (
           "Prometheus could not scrape the exporter for 2 minutes; no engine metrics arrive, so every other "
           "Ornith alert is blind.",
           ("`docker compose ps exporter` (compose) or `systemctl status ornith-exporter` (host): is it running?",
-           "`curl -s http://EXPORTER:9400/metrics | head`: does it answer within the scrape timeout?",
+           f"`curl -s http://EXPORTER:{D.EXPORTER_PORT}{D.METRICS_PATH} | head`: does it answer within the scrape "
+           "timeout?",
            "Prometheus' Targets page: the scrape error (connection refused, timeout, DNS)."),
           ("Restart the exporter; its logs say why it stopped.",
            "A timeout: raise the scrape timeout or lower the exporter's `--timeout`.")),
@@ -203,8 +253,9 @@ ALERTS: tuple[Alert, ...] = (
           "workbook, multi-window multi-burn-rate): users see failures now. A traffic lull (no requests) has no "
           "share and never fires.",
           ("`ornith:slo_error_budget_burn:rate5m{slo=...}`: which SLO, since when.",
-           "slo=gateway: `smg_http_responses_total` by status_code and `smg_worker_health`: a 503 means no "
-           "healthy worker, a 502/504 an engine failing behind it.",
+           "slo=gateway: `smg_router_upstream_responses_total` by status_code (the workers' answers), "
+           "`smg_http_requests_total` by path (users' requests) and `smg_worker_health`: requests without a "
+           "worker's answer mean no healthy worker, a 5xx answer an engine failing behind it.",
            "slo=engine: the engine's logs and the dashboard's finish-reason panel (errors, aborts).",
            "slo=ttft: `ornith_requests_waiting` and the KV cache: too much load for the pool."),
           ("Fix the failing part (restart the engine or gateway, roll back the last change).",
@@ -248,7 +299,7 @@ ALERTS: tuple[Alert, ...] = (
           ("Restart the engine; a model load takes 7 to 15 minutes (`OrnithEngineStarting` meanwhile).",
            "OOM at start: lower `gpu-memory-utilization` / `mem-fraction-static` in the profile "
            "(`ornith-stack plan`).")),
-    Alert("OrnithEngineDownLong", f"{UP} == 0", START_BUDGET, "critical",
+    Alert("OrnithEngineDownLong", f"{UP_HELD} == 0", START_BUDGET, "critical",
           "Engine {{ $labels.target }} has been down for " + START_BUDGET,
           f"{{{{ $labels.target }}}} has not answered /metrics for {START_BUDGET}, its start budget: longer than the "
           "slowest model load, so it never came up or did not come back after a restart; it is stuck or gone.",
@@ -329,7 +380,7 @@ ALERTS: tuple[Alert, ...] = (
            "KV cache and mamba slot usage: a full cache stops admission."),
           ("Add replicas, or rate-limit at the gateway.",)),
     Alert("OrnithCanaryFailing",
-          f"{C.CANARY_SUCCESS.series} == 0 and on ({TARGET_LABELS}) {C.ENGINE_UP.series} == 1", "5m", "critical",
+          f"{held(C.CANARY_SUCCESS.series)} == 0 and on ({TARGET_LABELS}) {UP_HELD} == 1", "5m", "critical",
           "Canary requests to {{ $labels.target }} fail",
           "The engine answers /metrics but the canary's known-answer request has not completed for 5 minutes: "
           "the API is broken while the process is alive.",
@@ -349,6 +400,33 @@ ALERTS: tuple[Alert, ...] = (
           "stopped, so canary alerts cannot fire.",
           ("The exporter's log: an exception in the canary thread.",),
           ("Restart the exporter.",)),
+    Alert("OrnithTargetDown", TARGET_DOWN, "5m", "warning",
+          "Prometheus cannot scrape {{ $labels.job }} at {{ $labels.instance }}",
+          f"A target of job {{{{ $labels.job }}}} ({', '.join(RAW_JOBS)}: the engines' and the gateway's own "
+          "metrics, Prometheus' and Alertmanager's) has failed its scrapes for 5 minutes: its panels and the "
+          "alerts that read it are blind. (The exporter has OrnithExporterDown; an engine's state its own alerts, "
+          "which inhibit this one.)",
+          ("Prometheus' Targets page: the scrape error (refused, timeout, 401: a changed monitoring password).",
+           "`docker compose ps` (compose), `systemctl status prometheus prometheus-alertmanager` (Ansible host), "
+           "`kubectl get pods` (Helm): is it running?"),
+          ("Restart what stopped; a 401: run `ornith-stack up` again so every service has the same password.",)),
+    Alert("OrnithRuleEvaluationFailing", RULES_FAILING, "5m", "warning",
+          "Prometheus fails to evaluate the rules of {{ $labels.rule_group }}",
+          "prometheus_rule_evaluation_failures_total rose in the last 10 minutes: some recording or alert rule "
+          "of the group fails (a query error, many-to-many matching), so its alerts cannot fire.",
+          ("Prometheus' Rules page: the rule in error and its message.",
+           "`promtool check rules` on the rule files; a series with a duplicate label set after a relabel."),
+          ("Fix the generator (src/ornith_stack/generate/alerts.py) or the relabeling, `ornith-stack render`, reload "
+           "Prometheus.",), namespaceless=True),
+    Alert("OrnithDiscoveryFailing", DISCOVERY_FAILING, "5m", "warning",
+          "Prometheus' service discovery fails on {{ $labels.instance }}",
+          "Prometheus' HTTP service discovery (the exporter's /sd/engines and /sd/gateways) or Kubernetes "
+          "discovery failed in the last 10 minutes: new or moved engines are not scraped, and the targets "
+          "Prometheus keeps are the last it saw.",
+          ("Prometheus' Service Discovery page and log: the failing URL or API call.",
+           "The exporter (compose, Ansible host): OrnithExporterDown inhibits this alert while it lasts."),
+          ("Restart the exporter; in Kubernetes check Prometheus' RBAC for the release's namespace.",),
+          namespaceless=True),
     Alert("OrnithWatchdog", "vector(1)", "0m", "none",
           "The Ornith alert path works (always firing)",
           "Always fires, so the heartbeat receiver hears from Alertmanager on every repeat, at its own URL "
@@ -389,7 +467,22 @@ def _absent(job: str, what: str) -> Alert:
 
 EXPORTER_ABSENT = _absent(D.EXPORTER_JOB, "Exporter")
 GATEWAY_ABSENT = _absent(D.GATEWAY_JOB, "Gateway")
-HELM_ONLY = (EXPORTER_ABSENT, GATEWAY_ABSENT)
+# Kubernetes: a replica whose pod is gone (deleted, evicted, its replacement unschedulable) takes its sidecar
+# exporter along, so no engine series says it is missing; the gateway's discovery still does: its worker list
+# (smg_worker_health 0 or 1; a removed worker stays at -1) is shorter than engine.replicas.
+REPLICAS_MISSING = Alert(
+    "OrnithReplicasMissing",
+    f'count by (namespace) ({GATEWAY_HEALTH}{{job="{D.GATEWAY_JOB}", namespace="{NAMESPACE_PLACEHOLDER}"}} >= 0) '
+    f"< {REPLICAS_PLACEHOLDER}", START_BUDGET, "critical",
+    "{{ $labels.namespace }}: the gateway lists {{ $value }} of " + REPLICAS_PLACEHOLDER + " engine replicas",
+    f"The Model Gateway's discovery has listed fewer engine pods than engine.replicas for {START_BUDGET}, "
+    "longer than a model load: a replica's pod is gone (deleted, evicted, or its replacement cannot be "
+    "scheduled) and serves nobody. Its exporter went with it, so no per-engine alert can see it.",
+    ("`kubectl get pods -l app.kubernetes.io/component=engine`: Pending (no GPU free, a taint, a quota), "
+     "CrashLoopBackOff, or missing?", "`kubectl describe pod` and the events: why it is not scheduled or not "
+     "running.", "`smg_worker_health`: the gateway's view (-1: removed from its rotation)."),
+    ("Free or add a GPU node, or lower engine.replicas to what the cluster holds (`helm upgrade`).",))
+HELM_ONLY = (EXPORTER_ABSENT, GATEWAY_ABSENT, REPLICAS_MISSING)
 
 
 def _le(bound: float) -> str:
@@ -421,16 +514,25 @@ def bad_share(slo: str, window: str, profiles: list[Profile]) -> str:
         good = [_sum_rate(f'{C.TTFT.bucket}{{profile="{name}", le=~"{_le(t)}"}}', window) for name, t in own.items()]
         others = f'profile!~"{"|".join(own)}", ' if own else ""
         good.append(_sum_rate(f'{C.TTFT.bucket}{{{others}le=~"{_le(default)}"}}', window))
-        return f"1 - ({' or '.join(good)}) / {_sum_rate(f'{C.TTFT.name}_count', window)}"
+        return f"1 - ({' or '.join(good)}) / {events(slo, window)}"
+    total = events(slo, window)
     if slo == "gateway":
-        total = _sum_rate(f'{GATEWAY_RESPONSES}{{job="{D.GATEWAY_JOB}"}}', window)
-        bad = _sum_rate(f'{GATEWAY_RESPONSES}{{job="{D.GATEWAY_JOB}", status_code=~"5.."}}', window)
-    else:  # engine: one term per engine (a profile runs one)
-        adapters = [ADAPTERS[kind] for kind in sorted(ADAPTERS)]
-        total = " or ".join(_sum_rate(a.requests_finished, window) for a in adapters)
-        bad = " or ".join(_sum_rate(a.requests_failed, window) for a in adapters)
-    # A failure counter not created yet (SGLang's, until the first abort) counts as no failures.
+        answered = _sum_rate(f'{GATEWAY_UPSTREAM}{{job="{D.GATEWAY_JOB}", status_code!~"5.."}}', window)
+        # Counted at different moments (a request as it arrives, its answer as it comes): kept within [0, 1].
+        return f"clamp(1 - ({answered} or ({total}) * 0) / ({total}), 0, 1)"
+    adapters = [ADAPTERS[kind] for kind in sorted(ADAPTERS)]  # engine: one term per engine (a profile runs one)
+    bad = " or ".join(_sum_rate(a.requests_failed, window) for a in adapters if a.requests_failed)
+    # A failure counter not created yet (until the first error) counts as no failures.
     return f"({bad} or ({total}) * 0) / ({total})"
+
+
+def events(slo: str, window: str) -> str:
+    """PromQL: the rate of `slo`'s events (users' requests) over `window`, per profile."""
+    if slo == "ttft":
+        return _sum_rate(f"{C.TTFT.name}_count", window)
+    if slo == "gateway":
+        return _sum_rate(f'{GATEWAY_REQUESTS}{{job="{D.GATEWAY_JOB}", path=~"{GATEWAY_USER_PATHS}"}}', window)
+    return " or ".join(_sum_rate(ADAPTERS[kind].requests_finished, window) for kind in sorted(ADAPTERS))
 
 
 def slo_rules(profiles: list[Profile]) -> list[dict[str, Any]]:
@@ -442,6 +544,8 @@ def slo_rules(profiles: list[Profile]) -> list[dict[str, Any]]:
     for slo in SLO_TARGETS:
         rules += [{"record": bad_share_record(window), "labels": {"slo": slo},
                    "expr": bad_share(slo, window, profiles)} for window in BURN_WINDOWS]
+        rules += [{"record": events_record(window), "labels": {"slo": slo}, "expr": events(slo, window)}
+                  for long, _, _ in (*PAGE_BURNS, *TICKET_BURNS) for window in (long,)]
     for slo, field in SLO_TARGETS.items():
         default_budget = f"{1 - getattr(Slo(), field):.6g}"
         for window in BURN_WINDOWS:
@@ -496,16 +600,50 @@ def alert_rules(helm: bool = False) -> dict[str, Any]:
     groups = [{"name": "ornith-alerts", "rules": [alert.rule(helm) for alert in ALERTS]}]
     if helm:
         groups += [{"name": "ornith-exporter-discovery", "rules": [EXPORTER_ABSENT.rule(helm)]},
-                   {"name": GATEWAY_DISCOVERY_GROUP, "rules": [GATEWAY_ABSENT.rule(helm)]}]
+                   {"name": GATEWAY_DISCOVERY_GROUP, "rules": [GATEWAY_ABSENT.rule(helm), REPLICAS_MISSING.rule(helm)]}]
     return {"groups": groups}
 
 
+# An alert's text reads its labels and value through Prometheus' templates; a runbook is read without them.
+_TEMPLATE = re.compile(r"\{\{\s*(?:\$labels\.(\w+)|[^}]*?\$value\b[^}]*?)\s*\}\}")
+
+
+def untemplated(text: str) -> str:
+    """`{{ $labels.target }}` as `<target>`, `{{ $value | ... }}` as `<value>`: what the alert names in its place."""
+    return _TEMPLATE.sub(lambda m: f"`<{m[1] or 'value'}>`", text)
+
+
+# Where to look and what to run, per deployment path: the same services on each (`<profile>`, `<namespace>` and
+# `<release>` are the operator's; replicas are engine-0, engine-1, ... in compose).
+COMMANDS = (
+    ("compose (`ornith-stack up`)",
+     f"`ornith-stack status`, `ornith-stack logs {D.ENGINE_SERVICE}` (or `{D.GATEWAY_SERVICE}`, "
+     f"`{D.EXPORTER_SERVICE}`)",
+     f"`docker compose -p ornith-<profile> -f compose/<profile>.yml restart {D.ENGINE_SERVICE}`; after a change, "
+     "`ornith-stack up` (replicas one at a time)"),
+    ("Helm",
+     "`kubectl -n <namespace> get pods -l app.kubernetes.io/instance=<release>`, "
+     f"`kubectl -n <namespace> logs deploy/<release>-ornith-{D.ENGINE_SERVICE}`",
+     f"`kubectl -n <namespace> rollout restart deploy/<release>-ornith-{D.ENGINE_SERVICE}` (drains one pod at a "
+     "time)"),
+    ("Ansible host",
+     "`systemctl status ornith-<profile>`, `journalctl -u ornith-<profile>`, "
+     f"`docker compose -p ornith-<profile> logs {D.ENGINE_SERVICE}` in /opt/ornith-stack",
+     "`systemctl restart ornith-<profile>`; after a change, the playbook again"),
+)
+
+
 def runbook(alert: Alert) -> str:
-    steps = "\n".join(f"{i}. {step}" for i, step in enumerate(alert.check, 1))
-    fixes = "\n".join(f"- {fix}" for fix in alert.fix)
+    steps = "\n".join(f"{i}. {untemplated(step)}" for i, step in enumerate(alert.check, 1))
+    fixes = "\n".join(f"- {untemplated(fix)}" for fix in alert.fix)
+    commands = "\n".join(f"| {where} | {look} | {restart} |" for where, look, restart in COMMANDS)
     return (f"# {alert.name}\n\nSeverity: **{alert.severity}**. Fires when, for {alert.duration}:\n\n"
-            f"```promql\n{alert.expr}\n```\n\n## Meaning\n\n{alert.description}\n\n"
-            f"## Check\n\n{steps}\n\n## Fix\n\n{fixes}\n")
+            f"```promql\n{alert.expr}\n```\n\n## Meaning\n\n{untemplated(alert.description)}\n\n"
+            f"Dashboard: Grafana's *Ornith: speculative decoding overview*, `/d/{D.OVERVIEW_DASHBOARD_UID}` "
+            f"(compose: http://127.0.0.1:{D.GRAFANA_PORT}/d/{D.OVERVIEW_DASHBOARD_UID}).\n\n"
+            f"## Check\n\n{steps}\n\n## Fix\n\n{fixes}\n\n"
+            "## Commands\n\n| path | look | restart |\n|---|---|---|\n"
+            f"{commands}\n")
 
 
 def files(root: Path) -> Iterator[GeneratedFile]:

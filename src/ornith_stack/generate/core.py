@@ -105,7 +105,8 @@ def require_targets(root: Path, rels: list[str]) -> None:
 def _read(path: Path) -> str | None:
     if path.exists() and not path.is_file():
         raise UserError(f"{path} is in the way of a generated file: not a regular file; move it; nothing was written")
-    return path.read_text() if path.is_file() else None
+    # A binary file where a generated one belongs differs from it: shown (undecodable bytes replaced), then replaced.
+    return path.read_bytes().decode("utf-8", errors="replace") if path.is_file() else None
 
 
 def _diff(rel: str, current: str | None, text: str) -> str:

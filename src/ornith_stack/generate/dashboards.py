@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ornith_stack.deployment import GRAFANA_DATASOURCE_UID as DATASOURCE_UID  # noqa: F401 (the provisioned default)
+from ornith_stack.deployment import OVERVIEW_DASHBOARD_UID
 from ornith_stack.engines import ADAPTERS
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.generate.alerts import ACCEPTANCE_FRACTION, GATEWAY_HEALTH, MIN_VERIFY_STEPS_PER_S
@@ -200,8 +201,9 @@ def per_replica_row() -> Row:
         ), unit="reqps", min=0, engines=(), description="Requests the Model Gateway sent to each replica "
           "(`worker`: its URL as the gateway routes to it), by outcome. Empty without a gateway (one replica)."),
         Panel("Gateway: replica health", (Query(f"{GATEWAY_HEALTH}{GATEWAY_SELECT}", "{{worker}}"),),
-              unit="bool", min=0, max=1, engines=(), description="1 while the Model Gateway's health checks "
-              "pass the replica (it routes to it), 0 once they fail. Empty without a gateway (one replica)."),
+              unit="none", min=-1, max=1, engines=(), description="1 while the Model Gateway's health checks "
+              "pass the replica (it routes to it), 0 once they fail, -1 while it is out of the gateway's rotation "
+              "(a rolling change, or a pod gone from discovery). Empty without a gateway (one replica)."),
     )
     return Row("Per replica", totals + by_replica + gateway)
 
@@ -388,7 +390,7 @@ def dashboard(uid: str, title: str, rows: Iterable[Row]) -> dict[str, Any]:
     }
 
 
-DASHBOARDS = {"ornith-overview": ("Ornith: speculative decoding overview", overview_rows)}
+DASHBOARDS = {OVERVIEW_DASHBOARD_UID: ("Ornith: speculative decoding overview", overview_rows)}
 
 
 def panel_queries(board: dict[str, Any]) -> list[tuple[str, str]]:

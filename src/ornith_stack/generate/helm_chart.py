@@ -23,11 +23,13 @@ from typing import Any
 import yaml
 
 from ornith_stack.engines import ADAPTERS
+from ornith_stack.errors import UserError
 from ornith_stack.generate import alertmanager, alerts, dashboards, helm_values, prometheus
 from ornith_stack.generate.core import GeneratedFile, environment, with_header
 from ornith_stack.generate.profile_files import render_profile
 from ornith_stack.merge import deep_merge
 from ornith_stack.profiles import images, load_profile, shipped_profile_names
+from ornith_stack.reading import parse_yaml, read_text
 
 CHART = "helm/ornith"
 VALUES = f"{CHART}/values.yaml"
@@ -57,6 +59,9 @@ _MONITORING_RELEASE = {"labels": {"release": "kube-prometheus-stack"}}  # what k
 # Where every scenario pulls the images this project builds (projectImages.registry): a stand-in name
 # (RFC 2606's example.com) for the registry an operator pushes them to.
 SCENARIO_REGISTRY = "registry.example.com"
+# The Secret every scenario names for its keys (the users' ORNITH_API_KEY and the operator's ORNITH_OPERATOR_KEY):
+# the chart refuses an engine or gateway without one.
+SCENARIO_KEY_SECRET = "ornith-api-key"
 
 # Deployment shapes the tests render and operators can start from: each becomes a complete values
 # file helm/ornith/ci/<name>.yaml (the profile's values with these on top), usable alone with -f.
@@ -152,10 +157,20 @@ def files(root: Path) -> Iterator[GeneratedFile]:
 
 
 def _schema(root: Path) -> str:
-    schema = helm_values.schema(helm_values.parse((root / VALUES).read_text(), VALUES), "ornith chart values")
-    schema["properties"]["profile"]["enum"] = shipped_profile_names()
-    schema["properties"]["engine"]["properties"]["kind"]["enum"] = sorted(ADAPTERS)
+    schema = helm_values.schema(helm_values.parse(read_text(root / VALUES), VALUES), "ornith chart values")
+    _at(schema, "properties", "profile")["enum"] = shipped_profile_names()
+    _at(schema, "properties", "engine", "properties", "kind")["enum"] = sorted(ADAPTERS)
     return with_header(SCHEMA_SOURCE, schema, "json")
+
+
+def _at(tree: Any, *keys: str) -> Any:
+    """tree[k1][k2]..., or an error naming the key of the chart's values.yaml that is missing."""
+    for depth, key in enumerate(keys):
+        if not isinstance(tree, dict) or key not in tree:
+            path = ".".join(k for k in keys[: depth + 1] if k != "properties")
+            raise UserError(f"{VALUES}: no {path!r} (the chart's hand-written values must keep the key)")
+        tree = tree[key]
+    return tree
 
 
 def _rules() -> str:
@@ -185,24 +200,33 @@ def _scenario_builder(scenario: Scenario) -> Callable[[], str]:
     def build() -> str:
         profile = load_profile(scenario.profile, scenario.overrides, shipped=True)
         values = deep_merge(yaml.safe_load(render_profile(profile, "helm-values.yaml.j2", "helm")),
-                            {"projectImages": {"registry": SCENARIO_REGISTRY}})
+                            {"projectImages": {"registry": SCENARIO_REGISTRY},
+                             "apiKey": {"secretName": SCENARIO_KEY_SECRET}})
         values = deep_merge(values, scenario.values)
         sets = "".join(f" --set {k}={v}" for k, v in scenario.overrides.items())
         return with_header(_scenario_source(scenario), f"# Scenario: {scenario.description}\n"
                 + f"# engine.args equal `ornith-stack launch-args {profile.name}{sets} --json` after the program.\n"
-                + f"# The images this project builds come from {SCENARIO_REGISTRY}, a stand-in for your registry.\n"
+                + f"# The images this project builds come from {SCENARIO_REGISTRY}, a stand-in for your registry;\n"
+                + f"# the keys from the Secret {SCENARIO_KEY_SECRET} (ORNITH_API_KEY, ORNITH_OPERATOR_KEY), made beforehand.\n"
                 + f"# helm install ornith helm/ornith -f helm/ornith/ci/{scenario.name}.yaml\n"
                 + yaml.safe_dump(values, sort_keys=False, width=10_000), "yaml")
 
     return build
 
 
+def _seconds(startup: Any, key: str) -> int:
+    value = _at(startup, key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UserError(f"{VALUES}: engine.probes.startup.{key} is {value!r}, expected a whole number above 0")
+    return value
+
+
 def _readme(root: Path) -> str:
-    text = (root / VALUES).read_text()
-    startup = yaml.safe_load(text)["engine"]["probes"]["startup"]
+    text = read_text(root / VALUES)
+    startup = _at(parse_yaml(text, VALUES), "engine", "probes", "startup")
     body = environment().get_template("helm-readme.md.j2").render(
         values_table=helm_values.table(helm_values.parse(text, VALUES).rows), profiles=shipped_profile_names(),
         scenarios=SCENARIOS, profile_section=PROFILE_SECTION, scenario_registry=SCENARIO_REGISTRY,
         exporter_image=images()["services"]["exporter"],
-        startup_minutes=startup["periodSeconds"] * startup["failureThreshold"] // 60)
+        startup_minutes=_seconds(startup, "periodSeconds") * _seconds(startup, "failureThreshold") // 60)
     return with_header(README_SOURCE, body, "markdown")

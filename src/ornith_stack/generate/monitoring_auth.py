@@ -3,31 +3,35 @@ password, written into the volume they mount at /auth before they start.
 
 With ORNITH_MONITORING_PASSWORD set: Prometheus' and Alertmanager's web config (`--web.config.file`)
 holds user `ornith` with a bcrypt hash of it, so both answer 401 without it; Grafana's settings turn the
-anonymous viewer off and the login on (the admin is `ornith`, that password). Without it: an empty web
-config (no authentication) and Grafana as before, anonymous viewers and no login unless the operator's
-ORNITH_GRAFANA_LOGIN_DISABLED / ORNITH_GRAFANA_BASIC_AUTH say otherwise; and the one-shot refuses to run
-when ORNITH_MONITORING_BIND leaves loopback, so that Prometheus, Alertmanager and Grafana (which wait for
-it) never start unauthenticated beyond this machine.
+anonymous viewer off and the login on, and its /metrics asks for the same login. Grafana's admin is
+`admin` with a password of its own (GRAFANA_ADMIN_PASSWORD; unset, a random one kept in the volume), never
+the viewers' one: the grafana-viewer one-shot gives `ornith` a Viewer login with the monitoring password.
+Without it: an empty web config (no authentication) and Grafana as before, anonymous viewers and no login
+unless the operator's ORNITH_GRAFANA_LOGIN_DISABLED / ORNITH_GRAFANA_BASIC_AUTH say otherwise; and the
+one-shot refuses to run when ORNITH_MONITORING_BIND leaves loopback, so that Prometheus, Alertmanager and
+Grafana (which wait for it) never start unauthenticated beyond this machine.
 
 The password file is what Prometheus sends to itself and to Alertmanager (`basic_auth.password_file` in
-monitoring/prometheus/prometheus.yml) and what Grafana's admin reads (`$__file{}`). The files are
-world-readable inside the volume: three images read them as three users (nobody, grafana's 472, Debian's
-prometheus), and only those containers mount it.
+monitoring/prometheus/prometheus.yml); its healthcheck reads the login from a wgetrc or promtool's HTTP
+client configuration, never from a command line. Each file is mode 0600 and owned by the one user that
+reads it: Prometheus' and Alertmanager's (ORNITH_MONITORING_UID, the upstream images' nobody by default) or
+Grafana's (ORNITH_GRAFANA_UID, 472); only those containers mount the volume.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
-from urllib.parse import quote
-
-import bcrypt
 
 from ornith_stack import deployment as D
+from ornith_stack.errors import UserError
 from ornith_stack.generate.prometheus import dump
 from ornith_stack.urls import is_loopback
+from ornith_stack.wire.http import WireError, basic_auth, fetch
 
 # bcrypt cost 2^10: Prometheus checks the hash on every request it has not cached (scrapes, healthchecks).
 BCRYPT_COST = 10
@@ -37,7 +41,22 @@ BASIC_AUTH_ENV = "ORNITH_GRAFANA_BASIC_AUTH"
 
 def bcrypt_hash(password: str) -> str:
     """The $2b$ hash Prometheus' and Alertmanager's web config take (exporter-toolkit's basic_auth_users)."""
+    import bcrypt  # only where a password is hashed: rendering and planning do not need it
+
     return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=BCRYPT_COST)).decode("ascii")
+
+
+def kept_hash(password: str, previous: str = "") -> str:
+    """`previous` when it is a bcrypt hash of `password` (a run that changes nothing writes nothing), else a
+    new one. Ansible's host mode keeps its web config so (its ornith_bcrypt filter)."""
+    import bcrypt
+
+    try:
+        if previous and bcrypt.checkpw(password.encode(), previous.encode()):
+            return previous
+    except ValueError:  # not a bcrypt hash
+        pass
+    return bcrypt_hash(password)
 
 
 def web_config(password: str) -> dict[str, object]:
@@ -50,15 +69,27 @@ def _flag(value: str, default: bool) -> str:
 
 
 def grafana_ini(password: str, environ: Mapping[str, str]) -> str:
-    """Grafana's settings: a login as `ornith` with the password, else the anonymous viewer of loopback."""
+    """Grafana's settings: viewers log in as `ornith` with the password, else the anonymous viewer of
+    loopback; the admin's password a file of its own either way; /metrics behind the viewers' login (off
+    without one: nothing scrapes it)."""
+    common = {
+        "users": {"allow_sign_up": "false", "auto_assign_org_role": "Viewer"},
+        "security": {
+            "admin_user": D.GRAFANA_ADMIN_USER,
+            "admin_password": "$__file{" + D.GRAFANA_ADMIN_PASSWORD_FILE + "}",
+        },
+    }
+    auth: dict[str, dict[str, str]]
     if password:
         auth = {
             "auth": {"disable_login_form": "false"},
             "auth.anonymous": {"enabled": "false"},
             "auth.basic": {"enabled": "true"},
-            "security": {
-                "admin_user": D.MONITORING_USER,
-                "admin_password": "$__file{" + D.MONITORING_PASSWORD_FILE + "}",
+            **common,
+            "metrics": {
+                "enabled": "true",
+                "basic_auth_username": D.MONITORING_USER,
+                "basic_auth_password": "$__file{" + D.GRAFANA_VIEWER_PASSWORD_FILE + "}",
             },
         }
     else:
@@ -66,16 +97,35 @@ def grafana_ini(password: str, environ: Mapping[str, str]) -> str:
             "auth": {"disable_login_form": _flag(environ.get(LOGIN_DISABLED_ENV, ""), True)},
             "auth.anonymous": {"enabled": "true", "org_role": "Viewer"},
             "auth.basic": {"enabled": _flag(environ.get(BASIC_AUTH_ENV, ""), False)},
+            **common,
+            "metrics": {"enabled": "false"},
         }
     return "\n".join(
         f"[{section}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items()) for section, keys in auth.items()
     )
 
 
-def ready_url(password: str) -> str:
-    """Prometheus' readiness route as its healthcheck fetches it (the credentials in the URL)."""
-    login = f"{quote(D.MONITORING_USER, safe='')}:{quote(password, safe='')}@" if password else ""
-    return f"http://{login}127.0.0.1:{D.PROMETHEUS_PORT}/-/ready"
+def wgetrc(password: str) -> str:
+    """GNU wget's settings for Prometheus' healthcheck: the login, read from this file, not from argv."""
+    return f"http_user = {D.MONITORING_USER}\nhttp_password = {password}\n" if password else ""
+
+
+def promtool_http_config(password: str) -> dict[str, object]:
+    """promtool's HTTP client configuration for `promtool check ready` (the password read from its file)."""
+    if not password:
+        return {}
+    return {"basic_auth": {"username": D.MONITORING_USER, "password_file": D.MONITORING_PASSWORD_FILE}}
+
+
+def healthcheck() -> str:
+    """Prometheus' healthcheck as compose's shell runs it: GNU wget with the WGETRC (the Debian stand-in
+    image), else promtool with its HTTP client configuration (the upstream image, whose busybox wget takes a
+    login from its arguments only, where `ps` shows it). Neither has a credential in its command line."""
+    url = f"http://127.0.0.1:{D.PROMETHEUS_PORT}"
+    return (
+        f"WGETRC={D.MONITORING_WGETRC} wget -qO- {url}/-/ready >/dev/null 2>&1 || "
+        f"promtool check ready --url={url} --http.config.file={D.MONITORING_PROMTOOL_HTTP_CONFIG} >/dev/null"
+    )
 
 
 def refusal(environ: Mapping[str, str]) -> str | None:
@@ -93,25 +143,101 @@ def refusal(environ: Mapping[str, str]) -> str | None:
     )
 
 
+def _uid(environ: Mapping[str, str], name: str, default: int) -> int:
+    value = environ.get(name, "").strip()
+    return int(value) if value.isdigit() else default
+
+
 def write(folder: Path, environ: Mapping[str, str]) -> None:
-    """The four files, each replaced whole (a shorter password leaves nothing of the longer one)."""
+    """The files, each replaced whole (a shorter password leaves nothing of the longer one), mode 0600 and
+    owned by the user that reads it (when run as root, as the one-shot is)."""
     password = environ.get(D.MONITORING_PASSWORD_VARIABLE, "")
+    admin = environ.get(D.GRAFANA_ADMIN_PASSWORD_VARIABLE, "")
+    admin_file = folder / Path(D.GRAFANA_ADMIN_PASSWORD_FILE).name
+    if not admin:  # a random one kept across runs: never the viewers' password, never Grafana's admin/admin
+        kept = admin_file.read_text() if admin_file.is_file() else ""
+        admin = kept if kept and kept != password else secrets.token_urlsafe(24)
+    monitoring = _uid(environ, D.MONITORING_UID_VARIABLE, D.MONITORING_UID_DEFAULT)
+    grafana = _uid(environ, D.GRAFANA_UID_VARIABLE, D.GRAFANA_UID_DEFAULT)
     files = {
-        D.MONITORING_PASSWORD_FILE: password,
-        D.MONITORING_WEB_CONFIG: dump(web_config(password)),
-        D.MONITORING_GRAFANA_INI: grafana_ini(password, environ),
-        D.MONITORING_READY_URL_FILE: ready_url(password),
+        D.MONITORING_PASSWORD_FILE: (password, monitoring),
+        D.MONITORING_WEB_CONFIG: (dump(web_config(password)), monitoring),
+        D.MONITORING_WGETRC: (wgetrc(password), monitoring),
+        D.MONITORING_PROMTOOL_HTTP_CONFIG: (dump(promtool_http_config(password)), monitoring),
+        D.MONITORING_GRAFANA_INI: (grafana_ini(password, environ), grafana),
+        D.GRAFANA_VIEWER_PASSWORD_FILE: (password, grafana),
+        D.GRAFANA_ADMIN_PASSWORD_FILE: (admin, grafana),
     }
     folder.mkdir(parents=True, exist_ok=True)
-    for path, text in files.items():
+    for path, (text, owner) in files.items():
         target = folder / Path(path).name
         temporary = target.with_name(f".{target.name}.tmp")
-        temporary.write_text(text)
-        temporary.chmod(0o444)
+        temporary.unlink(missing_ok=True)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        if os.geteuid() == 0:
+            os.chown(temporary, owner, owner)
         os.replace(temporary, target)
 
 
+def ensure_viewer(grafana: str, admin_password: str, password: str, wait_s: float = 120.0) -> None:
+    """Give `ornith` a Viewer login with the monitoring password in the Grafana at `grafana` (base URL), as
+    its admin: created when missing, its password and role set again when present. Waits for Grafana."""
+    admin = basic_auth(D.GRAFANA_ADMIN_USER, admin_password)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if fetch(f"{grafana}/api/health", 5).status == 200:
+                break
+        except WireError:
+            pass
+        if time.monotonic() > deadline:
+            raise UserError(f"Grafana at {grafana} did not answer within {wait_s:.0f} s")
+        time.sleep(1)
+    found = fetch(f"{grafana}/api/users/lookup?loginOrEmail={D.MONITORING_USER}", 10, headers=admin)
+    if found.status == 404:
+        made = fetch(
+            f"{grafana}/api/admin/users",
+            10,
+            "POST",
+            headers=admin,
+            json={"name": D.MONITORING_USER, "login": D.MONITORING_USER, "password": password},
+        )
+        answers = [made.status]
+        user = made.json().get("id") if made.status == 200 else None
+    else:
+        user = found.json().get("id") if found.status == 200 else None
+        answers = [found.status]
+        if user is not None:
+            answers.append(
+                fetch(
+                    f"{grafana}/api/admin/users/{user}/password", 10, "PUT", headers=admin, json={"password": password}
+                ).status
+            )
+    if user is not None:
+        answers.append(
+            fetch(f"{grafana}/api/orgs/1/users/{user}", 10, "PATCH", headers=admin, json={"role": "Viewer"}).status
+        )
+    if user is None or any(status != 200 for status in answers):
+        raise UserError(
+            f"Grafana at {grafana} refused the admin {D.GRAFANA_ADMIN_USER} (answers {answers}): "
+            f"its admin password is {D.GRAFANA_ADMIN_PASSWORD_FILE}; recreate grafana if it was changed"
+        )
+
+
 def main(argv: list[str], environ: Mapping[str, str]) -> int:
+    if argv[:1] == ["--viewer"]:  # compose's grafana-viewer one-shot: --viewer GRAFANA_URL [FOLDER]
+        folder = Path(argv[2] if len(argv) > 2 else D.MONITORING_AUTH_DIR)
+        password = environ.get(D.MONITORING_PASSWORD_VARIABLE, "")
+        if password:  # without one, viewers are anonymous: no login to make
+            try:
+                admin = (folder / Path(D.GRAFANA_ADMIN_PASSWORD_FILE).name).read_text()
+                ensure_viewer(argv[1], admin, password)
+            except (UserError, WireError, OSError, ValueError) as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+        return 0
     problem = refusal(environ)
     if problem:
         print(f"error: {problem}", file=sys.stderr)

@@ -40,7 +40,7 @@ def readme() -> str:
         warning_env=alertmanager.WARNING_WEBHOOK_ENV, heartbeat_env=alertmanager.HEARTBEAT_ENV,
         runbook_key=alerts.RUNBOOK_URL_KEY, runbook_base=alerts.runbook_base(), slo=Slo(),
         burn_windows=alerts.BURN_WINDOWS, page_burns=alerts.burns_text(alerts.PAGE_BURNS),
-        ticket_burns=alerts.burns_text(alerts.TICKET_BURNS), planned_restart=alerts.PLANNED_RESTART,
+        ticket_burns=alerts.burns_text(alerts.TICKET_BURNS), min_slo_events=alerts.MIN_SLO_EVENTS, planned_restart=alerts.PLANNED_RESTART,
         start_budget=alerts.START_BUDGET, acceptance_own=alerts.ACCEPTANCE_OWN_FRACTION,
         acceptance_window=alerts.ACCEPTANCE_OWN_WINDOW, acceptance_floor=alerts.ACCEPTANCE_FLOOR,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,12 +10,14 @@ from typing import Any
 from ornith_stack import deployment
 from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError, shown
+from ornith_stack.generate import monitoring_auth
 from ornith_stack.generate.core import TEMPLATES, GeneratedFile, environment, render, require_targets, with_header
 from ornith_stack.planner.disk import disk_need
 from ornith_stack.planner.layout import Layout, profile_document
 from ornith_stack.profiles import images, load_profile, shipped_profile_names
 from ornith_stack.profiles.images import parse_image
 from ornith_stack.profiles.model import Profile
+from ornith_stack.sizing.shapes import load_shape
 
 # Placeholders for values an operator must supply at deploy time (a model the seed does not name).
 # Each target format spells "required" its own way, so the profile stays free of deployment syntax.
@@ -66,11 +69,33 @@ def gateway(profile: Profile, replicas: list[dict[str, Any]], running_limit: int
     if service is None:
         return None
     port = profile.serve.port
-    urls = [f"http://{r['service']}:{port}" for r in replicas]
+    urls = [deployment.worker_url(r["service"], port) for r in replicas]
     return {"service": service, "pin": images()["gateway"],
             "args": deployment.gateway_args(urls, port, balance_threshold=running_limit),
             # Helm: the gateway finds the engine pods itself (service discovery), no worker list.
             "args_discovered": deployment.gateway_args([], port, balance_threshold=running_limit)}
+
+
+def drain_budget(profile: Profile, max_model_len: int | None, gateway: bool) -> dict[str, Any]:
+    """How long an engine may take to finish its in-flight requests when it drains: the longest request the
+    profile allows, i.e. its max tokens (the context, prompt and output together) decoded at the slowest
+    single-stream rate its seed measured (deployment.DRAIN_DECODE_TOK_S where it measured none), capped by
+    the gateway's request timeout when a gateway is in front (it ends longer ones itself)."""
+    tokens = max_model_len or (load_shape(profile.model.shape).max_position_embeddings if profile.model.shape else None)
+    if tokens is None:
+        raise UserError(f"profile {profile.name!r}: neither a max-model-len/context-length flag nor model.shape: "
+                        "the longest request (and so the drain time) is unknown; set one of them")
+    expected = profile.expected
+    rates = [p.decode_tok_s for p in expected.sweep if p.decode_tok_s] if expected else []
+    if expected:
+        rates += [r for r in (expected.baseline_decode_tok_s, expected.decode_tok_s) if r]
+    rate = min(rates) if rates else deployment.DRAIN_DECODE_TOK_S
+    seconds = math.ceil(tokens / rate)
+    if gateway:
+        seconds = min(seconds, deployment.GATEWAY_REQUEST_TIMEOUT_S)
+    source = "the seed's slowest measured decode" if rates else "deployment.DRAIN_DECODE_TOK_S (no measured decode)"
+    return {"max_tokens": tokens, "decode_tok_s": rate, "rate_source": source, "max_request_seconds": seconds,
+            "capped_by_gateway": gateway and seconds == deployment.GATEWAY_REQUEST_TIMEOUT_S}
 
 
 def template_context(profile: Profile, style: str, profile_file: Path | None = None) -> dict[str, Any]:
@@ -88,6 +113,7 @@ def template_context(profile: Profile, style: str, profile_file: Path | None = N
         # An operator's profile is not in the images: compose mounts this file into the containers.
         "profile_file": profile_file,
         "gateway": gateway(profile, replicas, settings.max_running_requests),
+        "drain": drain_budget(profile, settings.max_model_len, len(replicas) > 1),
         # Named after the engine build: a new version or image starts with an empty cache.
         "compile_cache": deployment.compile_cache_key(profile.engine.kind, profile.engine.version,
                                                       profile.engine.image),
@@ -101,6 +127,7 @@ def template_context(profile: Profile, style: str, profile_file: Path | None = N
         "missing": {w: ref.missing_hint for w, ref in refs.items() if ref is not None and not ref.repo},
         "images": images(),
         "image_ref": parse_image,
+        "monitoring_healthcheck": monitoring_auth.healthcheck(),
     }
 
 

@@ -25,7 +25,7 @@ RULES_DIR = "monitoring/prometheus/rules"
 ANSIBLE_CONFIG = "ansible/roles/monitoring/templates/prometheus.yml.j2"
 SOURCE = "src/ornith_stack/generate/prometheus.py, the metrics catalogue and the profiles"
 # Meta-monitoring: Prometheus scrapes itself and Alertmanager (failed notifications, the alert path).
-PROMETHEUS_JOB, ALERTMANAGER_JOB = "prometheus", "alertmanager"
+PROMETHEUS_JOB, ALERTMANAGER_JOB = D.PROMETHEUS_JOB, D.ALERTMANAGER_JOB
 PROMETHEUS_SELF = f"localhost:{D.PROMETHEUS_PORT}"
 
 
@@ -137,8 +137,10 @@ def ansible_config() -> dict[str, Any]:
     """Host mode: Prometheus beside the exporter; a Jinja2 template filled with the role's variables."""
     port = "{{ monitoring_exporter_listen.rsplit(':', 1)[-1] }}"
     # Absolute rule paths: the role validates the file with promtool from a temporary copy.
+    # The password file: the role writes it (empty without monitoring_password).
     return prometheus_config(f"127.0.0.1:{port}", f"127.0.0.1:{D.ALERTMANAGER_PORT}",
-                             "{{ monitoring_prometheus_scrape_interval }}", "/etc/prometheus/rules")
+                             "{{ monitoring_prometheus_scrape_interval }}", "/etc/prometheus/rules",
+                             password_file="{{ __monitoring_password_file }}")
 
 
 def dump(data: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from ornith_stack.engines import adapter_for
+from ornith_stack.engines import ADAPTERS, adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.gpus import GpuModel
 from ornith_stack.planner import plan_request, request_for_profile
@@ -29,6 +29,22 @@ from ornith_stack.sizing.model import Caps, Plan, PlanRequest
 from ornith_stack.sizing.shapes import load_shape
 
 TP_SIZES = (1, 2, 4, 8)
+# Context lengths `profiles new` weighs (the model's window first), each a power of two: the serving default
+# is the longest at which one replica runs at least USEFUL_RUNNING requests; `profiles new` picks any.
+CONTEXT_CHOICES = (262_144, 131_072, 65_536, 32_768)
+# Running requests per replica the serving default keeps: 8 is the middle load of the project's bench (1, 8, 32
+# concurrent) and where the seed's H200 throughput has left single-stream decode behind (FACTS 13: 268 tok/s
+# at 1, 1,058 at 8 with seed 000's caps).
+USEFUL_RUNNING = 8
+# Below this a profile is said loudly to serve too few: seed 000's own --max-running-requests 4 is the
+# fewest its author served; with fewer, a fifth user waits for a whole generation.
+MIN_RUNNING = 4
+# GeForce boards at tp > 1: NCCL's peer-to-peer path over PCIe hangs (all_reduce on 2 and 8 RTX 4090s:
+# NVIDIA/nccl-tests issue 117, tinygrad/open-gpu-kernel-modules issue 45, where NCCL_P2P_DISABLE=1 runs); NCCL
+# then goes through host shared memory. The doctor warns when a GeForce host's profile lacks it.
+GEFORCE_NCCL_ENV = {"NCCL_P2P_DISABLE": "1"}
+# The shortest --context-length accepted: a prompt and its answer (the accounting's MIN_KV_TOKENS).
+MIN_CONTEXT = 4096
 _WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
 # What a layout is chosen for: the most requests served at once over the host (replicas x running
 # requests per replica), or the lowest per-token latency (the largest tp that fits, its weights and
@@ -66,6 +82,10 @@ class Layout:
     changes: tuple[str, ...] = ()  # flags dropped or sized for the card, one line each
     objective: str = "throughput"
     considered: tuple[str, ...] = ()  # every tp tried: "tp 2: 4 x 38 running" or why not
+    context: int = 0  # tokens per request (the engine's context flag)
+    context_chosen: str = ""  # why this context: given, or the serving default's reason
+    # (context length, running requests per replica, layout) at each context weighed, the model's window first.
+    trade: tuple[tuple[int, int], ...] = ()
 
     @property
     def tp(self) -> int:
@@ -96,11 +116,25 @@ def recipe(key: str) -> Recipe:
     return RECIPES[key]
 
 
+def recipe_of(profile: Profile) -> str:
+    """The recipe whose model, draft and engine `profile` serves (a shipped seed profile or one computed from
+    it); the default recipe when none does."""
+    def key(p: Profile) -> tuple[object, ...]:
+        return p.engine.kind, p.model.shape, p.draft.shape if p.draft else None
+
+    for r in RECIPES.values():
+        if profile.name in r.profiles or any(key(load_profile(n)) == key(profile) for n in r.profiles):
+            return r.key
+    return DEFAULT_RECIPE
+
+
 def compute_layout(recipe_key: str, gpu: GpuModel, count: int, name: str,
-                   objective: str = "throughput") -> Layout:
-    """The layout of `recipe_key` on `count` x `gpu`: for throughput the tp whose replicas x running
-    requests is largest (ties: the smaller tp, more replicas), for latency the largest tp that fits;
-    UserError naming what would start when none does."""
+                   objective: str = "throughput", context_length: int | None = None) -> Layout:
+    """The layout of `recipe_key` on `count` x `gpu` at `context_length` tokens per request: for throughput
+    the tp whose replicas x running requests is largest (ties: the smaller tp, more replicas), for latency
+    the largest tp that fits; UserError naming what would start when none does. Without a context length,
+    the serving default: the longest of CONTEXT_CHOICES (the model's window first) at which a replica runs
+    USEFUL_RUNNING requests, else the one that runs the most. `trade` keeps every context weighed."""
     if objective not in OBJECTIVES:
         raise UserError(f"--layout must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if not 1 <= count <= gpu.per_host:
@@ -108,8 +142,63 @@ def compute_layout(recipe_key: str, gpu: GpuModel, count: int, name: str,
                         f"{gpu.name}, got {count}")
     chosen = recipe(recipe_key)
     bases = sorted(((load_profile(n), n) for n in chosen.profiles), key=lambda b: _tp(b[0]))
+    window = load_shape(bases[0][0].model.shape or "").max_position_embeddings
+    if context_length is not None and not MIN_CONTEXT <= context_length <= window:
+        raise UserError(f"--context-length must be from {MIN_CONTEXT:,} (a prompt and its answer) to the model's "
+                        f"window of {window:,} tokens, got {context_length:,}")
+    if context_length is not None:
+        picked, why = _layout_at(chosen, bases, gpu, count, name, objective, context_length), "given (--context-length)"
+    else:
+        picked, why = _serving_default(chosen, bases, gpu, count, name, objective, window)
+    return replace(picked, context_chosen=why, trade=context_trade(_request(picked.profile, gpu, picked.tp)))
+
+
+def _serving_default(chosen: Recipe, bases: list[tuple[Profile, str]], gpu: GpuModel, count: int, name: str,
+                     objective: str, window: int) -> tuple[Layout, str]:
+    """The longest context (the model's window first) at which a replica runs USEFUL_RUNNING requests, else
+    the one that runs the most; the refusal at the full window when none starts."""
+    placed: list[Layout] = []
+    refusal: UserError | None = None
+    for ctx in _contexts(window):
+        try:
+            layout = _layout_at(chosen, bases, gpu, count, name, objective, ctx)
+        except UserError as exc:
+            refusal = refusal or exc
+            continue
+        if layout.caps.running >= USEFUL_RUNNING:
+            return layout, (f"the serving default: the longest context at which a replica runs at least "
+                            f"{USEFUL_RUNNING} requests" + (" (the model's full window)" if ctx == window else
+                            f"; the full window is an explicit choice: --context-length {window}"))
+        placed.append(layout)
+    if not placed:
+        assert refusal is not None
+        raise refusal
+    best = max(placed, key=lambda c: (c.caps.running, c.context))
+    return best, (f"the serving default: no context runs {USEFUL_RUNNING} requests per replica on this card; "
+                  "this one runs the most")
+
+
+def _contexts(window: int) -> list[int]:
+    return [window, *(c for c in CONTEXT_CHOICES if c < window)]
+
+
+def context_trade(req: PlanRequest) -> tuple[tuple[int, int], ...]:
+    """(context length, running requests per replica) on the request's card at the model's window and each
+    shorter CONTEXT_CHOICES, with the caps a computed profile would get there (0: not one request)."""
+    adapter = ADAPTERS[req.engine]
+    return tuple((ctx, adapter.card_caps(req.with_settings(max_model_len=ctx)).running)
+                 for ctx in _contexts(req.shape.max_position_embeddings))
+
+
+def trade_line(trade: tuple[tuple[int, int], ...], window: int) -> str:
+    """"full window 262,144: 2; 131,072: 6; 65,536: 8; 32,768: 8" (running requests per replica)."""
+    return "; ".join(f"{'full window ' if ctx == window else ''}{ctx:,}: {n}" for ctx, n in trade)
+
+
+def _layout_at(chosen: Recipe, bases: list[tuple[Profile, str]], gpu: GpuModel, count: int, name: str,
+               objective: str, context: int) -> Layout:
     shape = load_shape(bases[0][0].model.shape or "")
-    candidates = [_candidate(chosen, bases, gpu, max(count, tp), tp, name, objective)
+    candidates = [_candidate(chosen, bases, gpu, max(count, tp), tp, name, objective, context)
                   for tp in TP_SIZES if tp <= gpu.per_host and not tp_divisibility(shape, tp)]
     considered = tuple(_considered(c, count) for c in candidates)
     fitting = [c for c in candidates if c.placed and c.tp <= count]
@@ -118,7 +207,7 @@ def compute_layout(recipe_key: str, gpu: GpuModel, count: int, name: str,
             best = max(fitting, key=lambda c: c.tp)
         else:
             best = max(fitting, key=lambda c: (c.running, -c.tp))
-        return replace(best, count=count, considered=considered)
+        return replace(best, count=count, considered=considered, context=context)
     larger = next((c for c in candidates if c.placed), None)
     raise UserError(_refusal(chosen, gpu, count, candidates, larger.tp if larger else None))
 
@@ -137,12 +226,14 @@ def _tp(profile: Profile) -> int:
 
 
 def _candidate(chosen: Recipe, bases: list[tuple[Profile, str]], gpu: GpuModel, count: int, tp: int,
-               name: str, objective: str) -> Layout:
+               name: str, objective: str, context: int) -> Layout:
     base, base_name = next(((p, n) for p, n in reversed(bases) if _tp(p) <= tp), bases[0])
     replicas = count // tp
     adapter = adapter_for(base)
     args, changes = adapter.runnable_args(dict(base.serve.args), gpu.compute_capability)
     args[adapter.tp_flag] = tp
+    if context < load_shape(base.model.shape or "").max_position_embeddings:
+        args[adapter.context_flag] = context  # the full window is the engine's default (and the seed's value)
     draft = from_data(_profile_data(base, chosen, gpu, tp, replicas, name, args), Path(f"{name}.yaml"))
     request = _request(draft, gpu, tp)
     caps = adapter.card_caps(request)
@@ -182,6 +273,8 @@ def _profile_data(base: Profile, chosen: Recipe, gpu: GpuModel, tp: int, replica
         "cpu_arch": [gpu.host_arch],
     }
     data["serve"] = {**data["serve"], "args": args, "replicas": replicas}
+    if gpu.geforce and tp > 1:
+        data["serve"]["env"] = {**data["serve"].get("env", {}), **GEFORCE_NCCL_ENV}
     expected = data.pop("expected", None)
     if expected and expected.get("acceptance_length"):  # the draft's acceptance does not depend on the GPU
         data["expected"] = {"source": expected["source"], "acceptance_length": expected["acceptance_length"]}
@@ -222,6 +315,7 @@ def layout_lines(layout: Layout, command: str | None = None) -> list[str]:
         f"Planner ({plan.engine} {plan.engine_version}): {plan.verdict}; per replica {plan.kv_cache_tokens:,} KV "
         f"tokens, {layout.caps.why}.",
     ]
+    lines += context_lines(layout)
     adapter = adapter_for(layout.profile)
     logged = adapter.expected_log(plan)
     if logged:
@@ -231,10 +325,30 @@ def layout_lines(layout: Layout, command: str | None = None) -> list[str]:
                                              bool(adapter.settings(layout.profile).speculative_method))
     if backend:
         lines.append(f"{backend[0].upper()}{backend[1:]} on this GPU.")
+    if layout.tp > 1 and layout.gpu.geforce:
+        lines.append("NCCL_P2P_DISABLE=1 in serve.env: GeForce boards have no peer-to-peer over PCIe and NCCL's "
+                     "P2P all-reduce hangs on them; NCCL goes through host shared memory.")
     if layout.tp > 1 and layout.gpu.interconnect == "pcie":
         lines.append(f"tp {layout.tp} all-reduces over PCIe every layer: --layout latency gains less here than on "
                      "NVLink.")
     if layout.idle:
         lines.append(f"{layout.idle} GPU(s) stay idle: {layout.count} is not a multiple of tp {layout.tp}.")
     lines += [f"Unknown: {u}" for u in plan.unknowns]
+    return lines
+
+
+def context_lines(layout: Layout) -> list[str]:
+    """The context the profile serves, why, the trade against running requests, and a loud warning when a
+    replica runs fewer than MIN_RUNNING requests."""
+    if not layout.context:
+        return []
+    window = layout.plan.max_model_len if not layout.trade else layout.trade[0][0]
+    lines = [f"Context: {layout.context:,} tokens per request, {layout.context_chosen}.",
+             f"Running requests per replica by context on this card: {trade_line(layout.trade, window)}."]
+    if layout.caps.running < MIN_RUNNING:
+        better = next((ctx for ctx, n in layout.trade if n >= MIN_RUNNING), None)
+        fix = (f"--context-length {better} runs {dict(layout.trade)[better]}" if better
+               else "a card with more memory or more GPUs (--gpu, --count) runs more")
+        lines.append(f"WARNING: {layout.caps.running} running request(s) per replica at {layout.context:,} tokens, "
+                     f"fewer than {MIN_RUNNING} (seed 000's own cap): one more user waits for a whole answer; {fix}.")
     return lines

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from ornith_stack.errors import UserError, shown
 from ornith_stack.merge import deep_merge
-from ornith_stack.profiles.model import Profile
+from ornith_stack.profiles.model import PROFILE_NAME, Profile
 from ornith_stack.reading import parse_yaml, read_yaml_mapping
 
 DEFAULT_PROFILE = "cpu-demo"
@@ -75,6 +75,17 @@ def check_name(name: str, known: bool = True) -> str:
         listed = f"; known profiles: {', '.join(profile_names())}" if known else ""
         raise UserError(f"profile {shown(name)}: a profile name is letters, digits, '.', '_' and '-' "
                         f"(at most 64, no path){listed}")
+    return name
+
+
+def check_new_name(name: str, option: str) -> str:
+    """`name` if a new operator profile can take it (the schema's name: lowercase letters, digits and dashes, no
+    path) and no shipped profile has it; checked before anything is written, never after the work."""
+    if not re.fullmatch(PROFILE_NAME, name):
+        raise UserError(f"{option} {shown(name)}: a new profile's name is lowercase letters, digits and '-', "
+                        "starting with a letter or digit, at most 63 (no path)")
+    if name in shipped_profile_names():
+        raise UserError(f"{option} {name!r} is a shipped profile; choose another name")
     return name
 
 

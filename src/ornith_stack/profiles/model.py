@@ -7,19 +7,18 @@ entrypoint) reads them through `ornith_stack.engines.adapter_for(profile).launch
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ornith_stack.cuda_requirement import CudaRequirement, parse_requirement
+from ornith_stack.deployment import CANARY_CHECK_ANSWER, CANARY_CHECK_LIVENESS
 from ornith_stack.engines import engine_arg_problems
 from ornith_stack.errors import UserError
-from ornith_stack.gpus import gpu_table, known_model
+from ornith_stack.gpus import COMPUTE_CAPABILITY, gpu_table, known_model
 from ornith_stack.profiles.images import ImageRef, parse_image, parse_pinned_image
-
-# An engine flag value: a switch (true), a scalar, or a mapping the adapter serialises as JSON (a flag whose
-# type is a JSON mapping in the engine's flags.py).
-ArgValue = bool | int | float | str | dict[str, bool | int | float | str]
+from ornith_stack.sizing.settings import ArgValue
 
 
 class Strict(BaseModel):
@@ -33,7 +32,7 @@ class Gpu(Strict):
     model: str = Field(description="Marketing name, e.g. 'NVIDIA A100 80GB'.")
     count: int = Field(ge=1, description="GPUs per host the profile uses.")
     memory_gib: float = Field(gt=0, description="Memory per GPU in GiB as NVML reports it.")
-    compute_capability: str = Field(pattern=r"^\d+\.\d+$", description="e.g. '8.0' for A100, '12.1' for GB10.")
+    compute_capability: str = Field(pattern=f"^{COMPUTE_CAPABILITY}$", description="e.g. '8.0' for A100, '12.1' for GB10.")
     memory_bandwidth_gbps: float = Field(gt=0, description="Per GPU, GB/s; the decode roofline uses it.")
     models: list[str] = Field(
         min_length=1, description="Keys of the GPU table (src/ornith_stack/gpus.yaml) this profile runs on; "
@@ -59,7 +58,7 @@ class Hardware(Strict):
 
 class Engine(Strict):
     kind: Literal["vllm", "sglang"]
-    version: str = Field(pattern=r"^\d+\.\d+\.\d+")
+    version: str = Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+")
     image: str = Field(
         description="Upstream image reference [registry/]name[:tag][@sha256:digest], pinned "
         "to a digest or a tag (never 'latest')."
@@ -96,6 +95,10 @@ class Engine(Strict):
         return parse_image(self.image)
 
 
+# A full Git commit hash: the only revision whose content cannot change under its name.
+COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
 class ModelRef(Strict):
     repo: str | None = Field(
         default=None,
@@ -123,6 +126,11 @@ class Serve(Strict):
         "Model Gateway in front as the single endpoint.",
     )
     sampling: Sampling | None = Field(default=None, description="Request defaults the seed evaluated with.")
+    remote_code_unpinned: bool = Field(
+        default=False, description="Allow `trust-remote-code` with a model or draft at a branch or tag rather than "
+        "a commit hash: the checkpoint's own Python then runs, and what a branch holds can change under its name. "
+        "Without it such a profile is refused; pin model.revision and draft.revision to commits instead.",
+    )
 
 
 class SweepPoint(Strict):
@@ -164,8 +172,12 @@ class Slo(Strict):
         default=0.95, gt=0, lt=1, description="Share of requests that must be good events for TTFT.")
 
 
+# The name of a profile, as its schema takes it (and as `profiles new` and `tune --name` check it before writing).
+PROFILE_NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
+
+
 class Profile(Strict):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    name: str = Field(pattern=PROFILE_NAME)
     description: str
     seed: str | None = Field(default=None, description="The seed file this profile reproduces.")
     hardware: Hardware
@@ -183,6 +195,18 @@ class Profile(Strict):
             raise ValueError("; ".join(problems))
         return self
 
+    @model_validator(mode="after")
+    def _remote_code_pinned(self) -> Profile:
+        if self.serve.args.get("trust-remote-code") not in (True, "true", "") or self.serve.remote_code_unpinned:
+            return self
+        unpinned = [f"{which}.revision {ref.revision!r}" for which, ref in (("model", self.model), ("draft", self.draft))
+                    if ref is not None and ref.repo and not ref.repo.startswith("/") and not COMMIT.fullmatch(ref.revision)]
+        if unpinned:
+            raise ValueError(f"serve.args.trust-remote-code runs the checkpoint's own code, and {' and '.join(unpinned)} "
+                             "is no commit: pin it to a commit hash (40 hex digits), or set serve.remote_code_unpinned: "
+                             "true to run whatever the branch holds")
+        return self
+
     def require_repo(self, which: Literal["model", "draft"] = "model") -> str:
         """The model (or draft) repository, or a clear error naming how to supply it."""
         ref = getattr(self, which)
@@ -194,6 +218,13 @@ class Profile(Strict):
     @property
     def gpu_count(self) -> int:
         return self.hardware.gpu.count if self.hardware.gpu else 0
+
+    @property
+    def canary_check(self) -> str:
+        """What the exporter's canary checks (`exporter --canary-check`): the known answer where the profile
+        serves real weights (every GPU profile), else liveness only: the CPU demo's tiny model has random
+        weights, so it cannot know the answer, and a hung engine must fail its canary all the same."""
+        return CANARY_CHECK_ANSWER if self.gpu_count else CANARY_CHECK_LIVENESS
 
     @property
     def gpus_per_engine(self) -> int:

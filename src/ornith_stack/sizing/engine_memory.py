@@ -16,10 +16,16 @@ tests/fixtures/engines/sglang-0.5.17/):
 | a bare NCCL init at tp 1 | 138.63 | 0.56 | measured (FACTS 13), below what SGLang itself logs |
 
 tp 4 and tp 8 are estimates (NCCL's buffers grow with its channels and peers): 1.5 and 2.0 GiB. The
-driver and context shares are taken as the same on every card (estimated elsewhere than the H200). A
-margin of 0.5 GiB below that covers the bare NCCL figure (0.46 GiB below SGLang's own at tp 1), a few
-hundred MiB held by a monitoring agent, and run-to-run noise; a computed profile's caps are sized
-within it, so the engine, finding at least that much, logs exactly the caps.
+driver and context shares are taken as the same on every card (estimated elsewhere than the H200).
+
+The slack belongs to the caps (issue 41). A computed profile's caps are sized on what an idle card
+leaves the engine less SLACK_GIB (0.5 GiB: the bare NCCL figure, 0.46 GiB below SGLang's own at tp 1, a
+few hundred MiB held by a display server or a monitoring agent, run-to-run noise). The doctor plans on
+what NVML shows at check time and does not take the slack off again: an idle card, or one where other
+processes hold less than the slack, plans at least the caps; a card short of them by a little is a
+warning naming what the engine clamps to (the accounting's `clamp` lines), only a large shortfall fails.
+
+Idle memory NVML shows on real cards (no process), as the project has recorded it (IDLE_RECORDINGS).
 """
 
 from __future__ import annotations
@@ -31,7 +37,44 @@ CUDA_CONTEXT_GIB = 0.61  # measured, H200: 139.80 -> 139.19 once a process holds
 # Collective library at each tensor-parallel size: (GiB, measured?).
 COLLECTIVE_GIB: dict[int, tuple[float, bool]] = {1: (0.10, True), 2: (1.01, True), 4: (1.5, False),
                                                  8: (2.0, False)}
-MARGIN_GIB = 0.5
+# Kept below the idle card's figure by every computed profile's caps; the doctor does not subtract it.
+SLACK_GIB = 0.5
+
+
+@dataclass(frozen=True)
+class IdleRecording:
+    """What NVML showed on one real card with no process, and where it was recorded."""
+
+    gpu: str  # NVML name
+    driver: str
+    total_mib: int
+    free_gib: float
+    smi_used_mib: int  # nvidia-smi's "Memory-Usage" (the driver's reservation is not counted there)
+    source: str
+
+    @property
+    def reserved_gib(self) -> float:
+        return round(self.total_mib / 1024 - self.free_gib, 2)
+
+
+IDLE_RECORDINGS = (
+    IdleRecording("NVIDIA H200", "580.159.04", 143_771, 139.80, 0,
+                  "FACTS.md section 13; tests/fixtures/engines/sglang-0.5.17/machine-h200x1.txt and machine.txt "
+                  "(nvidia-smi: 0MiB / 143771MiB on each of one and two H200s)"),
+)
+
+
+def idle_recording(gpu: str, driver: str | None = None) -> IdleRecording | None:
+    """The recorded idle figures of this card (same driver first, else any driver), None when none."""
+    found = [r for r in IDLE_RECORDINGS if r.gpu.lower() == gpu.lower()]
+    return next((r for r in found if r.driver == driver), found[0] if found else None)
+
+
+def idle_used_gib(gpu: str, driver: str | None = None) -> tuple[float, bool]:
+    """(GiB NVML shows used on an idle card, whether recorded on that card): the recording, else the
+    H200's driver share."""
+    found = idle_recording(gpu, driver)
+    return (found.reserved_gib, True) if found else (DRIVER_RESERVED_GIB, False)
 
 
 @dataclass(frozen=True)
@@ -45,7 +88,7 @@ class EngineMemory:
     context_gib: float
     collective_gib: float
     collective_measured: bool
-    margin_gib: float
+    margin_gib: float  # the caps' slack (SLACK_GIB) when sized on the total; 0 on what NVML shows
 
     @property
     def free_gib(self) -> float:
@@ -58,8 +101,10 @@ class EngineMemory:
         collective = "measured on the H200" if self.collective_measured else "estimated"
         context = (f" - CUDA context {self.context_gib:g} (measured on the H200)" if self.context_gib
                    else " (CUDA context inside the reserve)")
+        slack = (f" - slack {self.margin_gib:g} (kept by the caps, not taken again by the doctor)" if self.margin_gib
+                 else " (no slack taken off: planned on what NVML shows)")
         return (f"pools sized from {self.free_gib:.2f} GiB per GPU: {start}{context} - collective start at tp "
-                f"{self.tp} {self.collective_gib:g} ({collective}) - margin {self.margin_gib:g}")
+                f"{self.tp} {self.collective_gib:g} ({collective}){slack}")
 
 
 def collective_gib(tp: int) -> tuple[float, bool]:
@@ -72,11 +117,12 @@ def collective_gib(tp: int) -> tuple[float, bool]:
 
 
 def engine_memory(total_gib: float, tp: int, nvml_free_gib: float | None = None, context: bool = True) -> EngineMemory:
-    """What an engine at `tp` finds free: from NVML's free memory when observed, else from the total.
+    """What an engine at `tp` finds free: from NVML's free memory when observed (no slack taken off), else
+    from the total less the driver's share and the caps' slack.
     `context` False: the caller's reserve already holds the CUDA context (vLLM's, from seed 003)."""
     collective, measured = collective_gib(tp)
     observed = nvml_free_gib is not None
     return EngineMemory(start_gib=nvml_free_gib if nvml_free_gib is not None else total_gib,
                         observed_free=observed, tp=tp, driver_gib=0.0 if observed else DRIVER_RESERVED_GIB,
                         context_gib=CUDA_CONTEXT_GIB if context else 0.0, collective_gib=collective, collective_measured=measured,
-                        margin_gib=MARGIN_GIB)
+                        margin_gib=0.0 if observed else SLACK_GIB)

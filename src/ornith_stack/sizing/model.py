@@ -224,6 +224,9 @@ class Plan:
     suggestion: str | None = None
     # What the plan could not know (e.g. a draft shape guessed, not read): no problem found, but no "fits".
     unknowns: list[str] = field(default_factory=list)
+    # What the engine starts with but clamps (and logs a warning for): a small shortfall against a cap, e.g.
+    # SGLang's "max_total_tokens=... is larger than the profiled value ...". Not a problem: the engine serves.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -238,7 +241,8 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["fits"] = self.fits
+        # true only when it fits, false when it does not, null when the verdict is unknown (a figure guessed).
+        data["fits"] = None if self.verdict == "unknown" else self.fits
         data["verdict"] = self.verdict
         data["max_concurrency"] = round(self.max_concurrency, 2)
         data["problems"] = [asdict(p) | {"line": p.line()} for p in self.problems]

@@ -7,10 +7,10 @@ each field); the accountings read them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ornith_stack.profiles.model import ArgValue
+# An engine flag value: a switch (true), a scalar, or a mapping the adapter serialises as JSON (a flag whose
+# type is a JSON mapping in the engine's flags.py). The profile schema (profiles/model.py) types its flags with it.
+ArgValue = bool | int | float | str | dict[str, bool | int | float | str]
 
 
 @dataclass(frozen=True)

@@ -3,5 +3,7 @@ first answered request.
 
 Rooms: `shell` (running docker, one way), `preflight` (what must hold before anything changes),
 `envfile` (compose/.env and the API key), `compose` (one stack: its project, files and containers),
-`artifacts` (weights and images), `bringup` (the steps of `up`), `status` (the exporter's figures).
+`artifacts` (weights and images), `health` (started engines proved healthy and answering), `rolling`
+(replicas changed one at a time behind the gateway), `bringup` (the steps of `up`), `status` (the exporter's
+figures).
 """

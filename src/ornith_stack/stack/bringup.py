@@ -7,12 +7,10 @@ changed (same images, same resolved compose configuration, every service running
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
 from ornith_stack import deployment
 from ornith_stack.engines import EngineAdapter, adapter_for
@@ -20,21 +18,23 @@ from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.profiles.model import Profile
 from ornith_stack.stack.artifacts import download_weights, ensure_images, hub_models
-from ornith_stack.stack.compose import (
-    Layout,
-    Stack,
-    containers,
-    gateway_keyed,
-    layout_for,
-    published,
-    service_of,
-    stack_for,
+from ornith_stack.stack.compose import Layout, Stack, gateway_keyed, layout_for, published, stack_for, stale_services
+from ornith_stack.stack.envfile import (
+    Secret,
+    api_key,
+    check_secrets,
+    kept_secret,
+    monitoring_password,
+    operator_key,
+    read_env,
+    set_env,
 )
-from ornith_stack.stack.envfile import Secret, api_key, monitoring_password, read_env, set_env
+from ornith_stack.stack.health import POLL_S, Reporter, answered, engine_states, smoke, wait_healthy
 from ornith_stack.stack.preflight import preflight
+from ornith_stack.stack.rolling import DRAIN_TIMEOUT_S, Roll, downtime_note, remember_start, resume, roll_engines
 from ornith_stack.stack.shell import Runner, first_line
-from ornith_stack.stack.status import asks_for_login, chat_body, post_without_key
-from ornith_stack.wire.http import ERROR_BYTES, METRICS_BYTES, WireError, bearer, fetch
+from ornith_stack.stack.status import asks_for_login, post_without_key, status_with
+from ornith_stack.wire.http import METRICS_BYTES, WireError, fetch
 from ornith_stack.wire.metrics import BadExposition, parse
 
 # How long the engine may take to answer its health route after `up -d`: the compose healthchecks'
@@ -42,17 +42,6 @@ from ornith_stack.wire.metrics import BadExposition, parse
 # 300 s for the tiny CPU model) plus room.
 START_TIMEOUT_GPU_S = 1800.0
 START_TIMEOUT_CPU_S = 600.0
-POLL_S = 3.0
-SMOKE_PROMPT = "Say hello in one short sentence."
-LOG_TAIL = 6
-
-
-class Reporter(Protocol):
-    def step(self, title: str) -> None:
-        """A new step begins (the previous one is done)."""
-
-    def note(self, text: str) -> None:
-        """Progress inside the running step."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +52,8 @@ class UpOptions:
     env_file: Path | None = None
     with_key: bool = True
     start_timeout_s: float | None = None
+    all_at_once: bool = False  # replicas: recreate every changed one together (not one at a time)
+    drain_timeout_s: float = DRAIN_TIMEOUT_S
 
 
 @dataclass
@@ -73,6 +64,7 @@ class Access:
     model: str
     key: Secret
     monitoring: Secret = Secret("", "")  # the login of Prometheus, Alertmanager and Grafana (empty: none)
+    operator: Secret = Secret("", "")  # the operator's credential: worker and admin routes (empty: none)
     thinking_field: str = ""  # where the smoke request's answer was: reasoning_content or content
     addresses: dict[str, str] = field(default_factory=dict)  # Grafana, Prometheus, ... -> URL
 
@@ -86,9 +78,14 @@ class Outcome:
     access: Access
 
 
+# The first step: checks only, nothing written or started before it passes.
+PREFLIGHT = "preflight"
+
+
 def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str, str] = os.environ) -> Outcome:
-    reporter.step("preflight")
+    reporter.step(PREFLIGHT)
     env_path = options.env_file or options.root / "compose" / ".env"
+    check_secrets(env_path, environ)  # the user's input, before anything runs or is written
     values = {**read_env(env_path), **environ}
     hf_home = hf_cache(values)
     monitoring_bind = values.get(deployment.MONITORING_BIND_VARIABLE) or "127.0.0.1"
@@ -103,9 +100,24 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
     key = api_key(env_path, environ, options.with_key)
     if key.created:
         changed.append(f"new API key: {key.where}")
+    operator = operator_key(env_path, environ, options.with_key)
+    if operator.created:
+        changed.append(f"new operator credential: {operator.where}")
     login = monitoring_password(env_path, environ, monitoring_bind)
     if login.created:
         changed.append(f"new monitoring password: {login.where}")
+    if login.value:  # Grafana's admin: a credential of its own, never the viewers' login
+        admin = kept_secret(env_path, environ, deployment.GRAFANA_ADMIN_PASSWORD_VARIABLE, create=True)
+        if admin.created:
+            changed.append(f"new Grafana admin password: {admin.where}")
+    adapter = adapter_for(profile)
+    layout = layout_for(profile)
+    timeout = options.start_timeout_s or (START_TIMEOUT_GPU_S if profile.hardware.gpu else START_TIMEOUT_CPU_S)
+    model = profile.serve.served_name or profile.model.repo or ""
+    roll = Roll(run, stack, layout, adapter, profile.serve.port, model, key.value, operator.value, timeout,
+                options.drain_timeout_s, reporter)
+    if layout.gateway is not None:
+        resume(roll)  # an interrupted roll's replicas back in rotation, before anything else changes
 
     reporter.step("weights")
     if hub_models(profile):
@@ -123,27 +135,21 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
     changed += images_changed
 
     reporter.step("start")
-    if not images_changed and unchanged(run, stack):
-        reporter.note("every service runs as configured")
-    else:
-        result = run(stack.compose("up", "--detach", "--no-build", "--remove-orphans"), timeout=900)
-        if result.returncode != 0:
-            raise UserError(f"`docker compose up` failed: {first_line(result)} (`ornith-stack logs` shows the services)")
-        changed.append(f"started {stack.project} ({stack.compose_file.name})")
+    started, engines_started = start(roll, bool(images_changed), options.all_at_once)
+    changed += started
 
-    adapter = adapter_for(profile)
-    layout = layout_for(profile)
     endpoint = published(run, stack, layout.endpoint, profile.serve.port)
     if endpoint is None:
         raise UserError(f"the {layout.endpoint} service of {stack.project} publishes no port {profile.serve.port}: "
                         f"`ornith-stack logs {layout.endpoint}` shows why it stopped")
     reporter.step("engine health" if layout.gateway is None else f"health of {len(layout.engines)} replicas")
-    timeout = options.start_timeout_s or (START_TIMEOUT_GPU_S if profile.hardware.gpu else START_TIMEOUT_CPU_S)
+    began = time.monotonic()
     wait_healthy(run, stack, layout, adapter, f"http://{endpoint}", timeout, reporter)
+    if engines_started:
+        remember_start(stack, time.monotonic() - began)
 
     reporter.step("smoke request")
-    model = profile.serve.served_name or profile.model.repo or ""
-    access = Access(f"http://{endpoint}/v1", model, key, login, addresses=addresses(run, stack))
+    access = Access(f"http://{endpoint}/v1", model, key, login, operator, addresses=addresses(run, stack))
     access.thinking_field = smoke(f"http://{endpoint}", adapter, model, key.value, layout)
     if key.value and layout.gateway is not None:
         if gateway_keyed(run, stack, layout):
@@ -151,12 +157,38 @@ def up(options: UpOptions, run: Runner, reporter: Reporter, environ: Mapping[str
         else:
             reporter.note(f"the {layout.gateway} service gets no API key: its {deployment.GATEWAY_WORKERS_PATH} "
                           "routes are open to anyone who reaches its port")
+    if key.value:
+        reporter.step("roles")
+        for line in prove_roles(f"http://{endpoint}", adapter, layout, key.value, operator.value):
+            reporter.note(line)
     if login.value:
         refuse_monitoring(access.addresses, timeout=120.0)
     exporter = access.addresses.get("exporter")
     if exporter:
         wait_exporter(exporter, timeout=120.0)
     return Outcome(stack, profile, ready.reason, changed, access)
+
+
+def start(roll: Roll, images_changed: bool, all_at_once: bool) -> tuple[list[str], bool]:
+    """Apply the change: with replicas behind a serving gateway the changed ones one at a time, then every other
+    changed service at once (`compose up`). What changed, one line each, and whether an engine started so."""
+    run, stack, layout = roll.run, roll.stack, roll.layout
+    stale = stale_services(run, stack)
+    if not images_changed and stale == []:
+        roll.reporter.note("every service runs as configured")
+        return [], False
+    rolled = roll_engines(roll, stale or [], all_at_once)
+    changed = [f"rolled {', '.join(rolled)} one at a time"] if rolled else []
+    rest = [s for s in stale or layout.services if s not in rolled]
+    if rolled and not rest:
+        return changed, False
+    engines = [s for s in rest if s in layout.engines]
+    if layout.gateway is None and engines and engine_states(run, stack, layout):
+        roll.reporter.note(downtime_note(stack))
+    result = run(stack.compose("up", "--detach", "--no-build", "--remove-orphans"), timeout=900)
+    if result.returncode != 0:
+        raise UserError(f"`docker compose up` failed: {first_line(result)} (`ornith-stack logs` shows the services)")
+    return [*changed, f"started {stack.project} ({stack.compose_file.name})"], bool(engines)
 
 
 def hf_mount(hf_home: Path) -> dict[str, str]:
@@ -176,117 +208,49 @@ def hf_cache(values: Mapping[str, str]) -> Path:
     return Path(home)
 
 
-def unchanged(run: Runner, stack: Stack) -> bool:
-    """Every service has a running container (not restarting) made from the configuration compose resolves
-    now and from the image its tag names now."""
-    result = run(stack.compose("config", "--hash", "*"))
-    if result.returncode != 0:
-        return False
-    want = dict(line.split(None, 1) for line in result.stdout.splitlines() if len(line.split()) == 2)
-    have = {service_of(c): (c.get("Config", {}).get("Labels") or {}).get("com.docker.compose.config-hash")
-            for c in containers(run, stack) if _current(run, c)}
-    return bool(want) and all(have.get(service) == digest for service, digest in want.items())
-
-
-def _current(run: Runner, container: dict[str, Any]) -> bool:
-    """Running steadily (or, for a one-shot service such as alertmanager-config, finished with exit code
-    0 under no restart policy), from the image its tag points at today."""
-    state = container.get("State", {})
-    restart = ((container.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or "no"
-    finished = restart == "no" and state.get("Status") == "exited" and state.get("ExitCode") == 0
-    if not finished and (state.get("Status") != "running" or state.get("Restarting")):
-        return False
-    tag = run(["docker", "image", "inspect", "--format", "{{.Id}}", str(container.get("Config", {}).get("Image"))])
-    return tag.returncode == 0 and tag.stdout.strip() == container.get("Image")
-
-
-def engine_log(run: Runner, stack: Stack, services: tuple[str, ...] | list[str], lines: int = 400) -> str:
-    result = run(stack.compose("logs", "--no-color", "--no-log-prefix", "--tail", str(lines), *services))
-    return result.stdout + result.stderr
-
-
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def log_tail(text: str, lines: int = LOG_TAIL) -> str:
-    """The last lines of a log on one line, without terminal control sequences."""
-    return " | ".join(line.strip() for line in ANSI.sub("", text).strip().splitlines()[-lines:])
-
-
-def wait_healthy(run: Runner, stack: Stack, layout: Layout, adapter: EngineAdapter, base: str, timeout_s: float,
-                 reporter: Reporter) -> None:
-    """Until the endpoint answers its (unauthenticated) health route and, behind a gateway, every replica's
-    container is healthy (the gateway is ready once one is), showing the start phases as they appear in the
-    engines' logs; an engine that exits or restarts, or the timeout, is the error with its last lines."""
-    deadline = time.monotonic() + timeout_s
-    seen: set[str] = set()
-    while True:
-        log = engine_log(run, stack, layout.engines)
-        for phase, pattern in adapter.start_phases:
-            if phase not in seen and re.search(pattern, log):
-                seen.add(phase)
-                reporter.note(phase)
-        states = engine_states(run, stack, layout)
-        for service, state in states.items():
-            if state.get("Status") in ("exited", "dead") or int(state.get("RestartCount", 0) or 0) > 0 or (
-                    state.get("Restarting")):
-                last = log_tail(engine_log(run, stack, [service]))
-                raise UserError(f"{_which(layout, service)} stopped (exit {state.get('ExitCode')}); its last lines: {last}")
-        waiting = [s for s in layout.engines if layout.gateway and
-                   (states.get(s, {}).get("Health") or {}).get("Status") != "healthy"]
-        try:
-            if not waiting and fetch(base + layout.health_path, 5, limit=ERROR_BYTES, cut=True).status == 200:
-                return
-        except WireError:
-            pass
-        if time.monotonic() > deadline:
-            late = (f"{', '.join(waiting)} did not become healthy" if waiting
-                    else f"the {layout.endpoint} did not answer {layout.health_path}")
-            raise UserError(f"{late} within {timeout_s:.0f} s; the last lines: {log_tail(log)} "
-                            f"(`ornith-stack logs {deployment.ENGINE_SERVICE}` shows more)")
-        time.sleep(POLL_S)
-
-
-def engine_states(run: Runner, stack: Stack, layout: Layout) -> dict[str, dict[str, Any]]:
-    """Each engine service's container state (`docker inspect`'s State: Status, RestartCount, Health)."""
-    return {service_of(c): c.get("State", {}) for c in containers(run, stack) if service_of(c) in layout.engines}
-
-
-def _which(layout: Layout, service: str) -> str:
-    return "the engine" if layout.gateway is None else f"replica {service}"
-
-
-def smoke(base: str, adapter: EngineAdapter, model: str, key: str, layout: Layout) -> str:
-    """One chat request with the key (and, with a key, the same request without it, which must be refused,
-    as a user's curl without the header is); returns the message field the answer came in."""
-    body = chat_body(model, SMOKE_PROMPT)
-    try:
-        answer = fetch(base + adapter.chat_path, 300, "POST", headers=bearer(key), json=body)
-    except WireError as exc:
-        raise UserError(f"the smoke request to {base} failed: {exc}") from None
-    if answer.status != 200:
-        raise UserError(f"the smoke request answered HTTP {answer.status}: {answer.text[:200]}")
-    unauthenticated = post_without_key(base + adapter.chat_path, body) if key else None
-    if key and unauthenticated != 401:
-        raise UserError(f"{base}{adapter.chat_path} answered {_answer(unauthenticated)} without the API key "
-                        f"(expected 401): the {layout.endpoint} did not take ORNITH_API_KEY; "
-                        f"`ornith-stack logs {layout.endpoint}`")
-    message = answer.json()["choices"][0]["message"]
-    return "reasoning_content" if message.get("reasoning_content") else "content"
-
-
 def refuse_workers(base: str) -> None:
     """A keyed gateway's worker-management route refuses a request without the key (an empty body: an open
     gateway refuses it as invalid, so the probe adds no worker)."""
     code = post_without_key(base + deployment.GATEWAY_WORKERS_PATH, {})
     if code != 401:
-        raise UserError(f"{base}{deployment.GATEWAY_WORKERS_PATH} answered {_answer(code)} without the API key "
+        raise UserError(f"{base}{deployment.GATEWAY_WORKERS_PATH} answered {answered(code)} without the API key "
                         "(expected 401): anyone who reaches the gateway can add or remove its workers; "
                         "`ornith-stack logs gateway`")
 
 
-def _answer(code: int | None) -> str:
-    return "nothing" if code is None else f"HTTP {code}"
+def prove_roles(base: str, adapter: EngineAdapter, layout: Layout, key: str, operator: str) -> list[str]:
+    """The users' key gets 401/403 on every control and admin route the endpoint serves (the gateway's worker
+    routes, the engine's admin routes) and the engine's other routes refuse a request without it; the
+    operator's credential opens the control routes. Returns what was proved, one line per role."""
+    refused: tuple[tuple[str, str], ...]
+    if layout.gateway is not None:
+        refused, probes = deployment.GATEWAY_CONTROL_ROUTES, [r for r in deployment.GATEWAY_CONTROL_ROUTES
+                                                              if r[0] == "GET"]
+    else:
+        refused, probes = adapter.admin_routes, [adapter.operator_probe] if adapter.operator_probe else []
+    for method, path in refused:
+        code = status_with(base + path, method, key)
+        if code not in (401, 403):
+            raise UserError(f"{method} {base}{path} answered {answered(code)} to the users' key (expected 401 or 403): "
+                            f"ORNITH_API_KEY can steer the {layout.endpoint}; `ornith-stack logs {layout.endpoint}`")
+    for method, path in adapter.keyed_routes if layout.gateway is None else ():
+        code = status_with(base + path, method, "")
+        if code != 401:
+            raise UserError(f"{method} {base}{path} answered {answered(code)} without the API key (expected 401): "
+                            f"the {layout.endpoint} serves it to anyone; `ornith-stack logs {layout.endpoint}`")
+    lines = [f"the users' key: 401/403 on {', '.join(f'{m} {p}' for m, p in refused)}" if refused else
+             "the users' key: the endpoint serves no control or admin route"]
+    if adapter.keyed_routes and layout.gateway is None:
+        lines.append(f"no key: 401 on {', '.join(f'{m} {p}' for m, p in adapter.keyed_routes)} too")
+    for method, path in probes:
+        code = status_with(base + path, method, operator)
+        if code is None or code in (401, 403) or code >= 500:
+            raise UserError(f"{method} {base}{path} answered {answered(code)} to the operator's credential: "
+                            f"the {layout.endpoint} did not take ORNITH_OPERATOR_KEY; "
+                            f"`ornith-stack logs {layout.endpoint}`")
+    if probes:
+        lines.append(f"the operator's credential: {', '.join(f'{m} {p}' for m, p in probes)} answered")
+    return lines
 
 
 LOGIN_SERVICES = ("prometheus", "alertmanager")

@@ -102,6 +102,46 @@ def service_of(container: dict[str, Any]) -> str:
     return str((container.get("Config", {}).get("Labels") or {}).get("com.docker.compose.service", ""))
 
 
+def stale_services(run: Runner, stack: Stack) -> list[str] | None:
+    """The services without a running container (not restarting) made from the configuration compose
+    resolves now (its own per-service hash) and from the image its tag names now, in compose's order; None
+    when compose resolves no service."""
+    result = run(stack.compose("config", "--hash", "*"))
+    if result.returncode != 0:
+        return None
+    want = dict(line.split(None, 1) for line in result.stdout.splitlines() if len(line.split()) == 2)
+    have = {service_of(c): (c.get("Config", {}).get("Labels") or {}).get("com.docker.compose.config-hash")
+            for c in containers(run, stack) if _current(run, c)}
+    return [service for service, digest in want.items() if have.get(service) != digest] if want else None
+
+
+def _current(run: Runner, container: dict[str, Any]) -> bool:
+    """Running steadily (or, for a one-shot service such as alertmanager-config, finished with exit code
+    0 under no restart policy), from the image its tag points at today."""
+    state = container.get("State", {})
+    restart = ((container.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or "no"
+    finished = restart == "no" and state.get("Status") == "exited" and state.get("ExitCode") == 0
+    if not finished and (state.get("Status") != "running" or state.get("Restarting")):
+        return False
+    tag = run(["docker", "image", "inspect", "--format", "{{.Id}}", str(container.get("Config", {}).get("Image"))])
+    return tag.returncode == 0 and tag.stdout.strip() == container.get("Image")
+
+
+def container_address(run: Runner, stack: Stack, service: str, port: int) -> str | None:
+    """host:port where this host reaches a service's container port: where compose publishes it, else the
+    container's own address on its network (a bridge network is routed from the Docker host); None: no
+    running container."""
+    address = published(run, stack, service, port)
+    if address is not None:
+        return address
+    for container in containers(run, stack):
+        networks = (container.get("NetworkSettings") or {}).get("Networks") or {}
+        ips = [n.get("IPAddress") for n in networks.values() if n.get("IPAddress")]
+        if service_of(container) == service and container.get("State", {}).get("Running") and ips:
+            return f"{ips[0]}:{port}"
+    return None
+
+
 def published(run: Runner, stack: Stack, service: str, port: int) -> str | None:
     """host:port where a service's container port is published, or None."""
     result = run(stack.compose("port", service, str(port)))

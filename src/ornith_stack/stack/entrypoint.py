@@ -7,11 +7,13 @@
    shell would without evaluating anything. ORNITH_DRY_RUN=1 prints the argv as a JSON list instead.
 4. HF_HUB_OFFLINE unset or empty: offline once every Hub model the command names is in the Hugging Face
    cache, so a restart loads what the first start downloaded and never re-resolves `main` on the Hub.
-5. $ORNITH_API_KEY set: the engine adapter hands it over the engine's own way (vLLM: $VLLM_API_KEY; SGLang:
-   a 0600 config file it is pointed at), never as a flag; ORNITH_API_KEY leaves the engine's environment, and the
-   engine runs under a supervisor that redacts the key from its output (stack/supervise.py). Without a
-   key the engine replaces this process (exec).
-The log line before the start shows the argv with secrets redacted.
+5. $ORNITH_API_KEY set: the engine adapter hands it over the engine's own way (vLLM: $VLLM_API_KEY and a
+   middleware that asks for it on every route but health and metrics; SGLang: a 0600 config file it is pointed
+   at), never as a flag; ORNITH_API_KEY leaves the engine's environment, and the engine runs under a supervisor
+   that redacts the key from its output (stack/supervise.py). $ORNITH_OPERATOR_KEY, the operator's credential,
+   goes the same way to the routes that change the engine (SGLang's admin routes: `admin-api-key` in that
+   file). The key file is removed when the engine exits. Without a key the engine replaces this process (exec).
+The log line before the start, and a dry run's argv, show the argv with secrets redacted.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -28,12 +31,14 @@ from pathlib import Path
 from ornith_stack.engines import adapter_for, launch_args, models_named, shell_join
 from ornith_stack.errors import UserError
 from ornith_stack.profiles import Profile, load_profile
-from ornith_stack.stack.envfile import KEY_VAR, check_key
+from ornith_stack.stack.envfile import KEY_VAR, OPERATOR_VAR, check_key
+from ornith_stack.stack.keycheck import refusal
 
 ON = ("1", "true", "yes", "on")
-# The value of a secret flag (--api-key, --admin-api-key, --hf-token, --*-token, --*-secret, --*-password):
-# every word after it up to the next flag (vLLM's `--api-key a b` takes several), or after "=".
-_SECRET_FLAG = re.compile(r"--?(?:[\w-]*-)?(?:api-keys?|token|secret|password|passwd)", re.IGNORECASE)
+# The value of a secret flag (--api-key, --admin-api-key, --hf-token, --*-token, --*-secret, --*-password), in
+# every spelling the engines accept (vLLM's argparse takes --api_key and --hf_token too): every word after it
+# up to the next flag (vLLM's `--api-key a b` takes several), or after "=".
+_SECRET_FLAG = re.compile(r"--?(?:[\w-]*[-_])?(?:api[-_]keys?|token|secret|password|passwd)", re.IGNORECASE)
 _HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
 
 
@@ -47,16 +52,28 @@ def is_on(value: str | None) -> bool:
 
 @dataclass
 class Launch:
-    """What to start: the argv, its environment, and the key its output must not show (empty: none)."""
+    """What to start: the argv, its environment, the keys its output must not show (none: no key) and the
+    private folder of the files that hand them over (removed when the engine exits)."""
 
     argv: list[str]
     env: dict[str, str]
-    key: str = ""
+    keys: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    key_dir: Path | None = None  # the private folder of a key file the engine reads
+
+    def discard(self) -> None:
+        """Remove what prepare() wrote (a dry run starts nothing, so it leaves no key file behind)."""
+        if self.key_dir is not None:
+            shutil.rmtree(self.key_dir, ignore_errors=True)
 
 
 def redacted(argv: list[str]) -> str:
     """The argv as one shell-quoted line for the log, secrets replaced by <redacted>."""
+    return shell_join(redacted_words(argv))
+
+
+def redacted_words(argv: list[str]) -> list[str]:
+    """The argv with secrets replaced by <redacted> (what a log or a dry run may show)."""
     out: list[str] = []
     hide_next = False
     for word in argv:
@@ -70,7 +87,7 @@ def redacted(argv: list[str]) -> str:
             hide_next = not eq
         else:
             out.append(_HF_TOKEN.sub("<redacted>", word))
-    return shell_join(out)
+    return out
 
 
 def profile_of(environ: Mapping[str, str]) -> Profile:
@@ -93,6 +110,16 @@ def command(profile: Profile, argv: list[str], environ: Mapping[str, str]) -> li
         # Not echoed: it may carry a secret (--api-key).
         raise UserError("refusing to start: ORNITH_EXTRA_ARGS has unbalanced quotes (check its ' and \" pairs)") \
             from None
+
+
+def check_input(profile: Profile, argv: list[str], environ: Mapping[str, str]) -> None:
+    """What prepare() reads of the user's (ORNITH_EXTRA_ARGS, ORNITH_API_KEY, ORNITH_OPERATOR_KEY, and
+    ORNITH_BIND where compose publishes the engine), checked before the doctor runs: a refusal is one error
+    line, after nothing else."""
+    command(profile, argv, environ)
+    problem = refusal(environ)  # compose's api-key-check, which the engines do not wait for
+    if problem:
+        raise UserError(f"refusing to start: {problem}")
 
 
 def cached_models(argv: list[str]) -> list[str] | None:
@@ -121,13 +148,17 @@ def prepare(profile: Profile, argv: list[str], environ: Mapping[str, str]) -> La
             launch.notes.append(f"{' '.join(cached)} already in the Hugging Face cache: HF_HUB_OFFLINE=1 "
                                 "(set HF_HUB_OFFLINE=0 to re-resolve on the Hub)")
     key = check_key(launch.env.pop(KEY_VAR, ""))
-    if key:
-        # Private (0700) and kept while the engine runs: SGLang reads its key file at start.
-        directory = Path(tempfile.mkdtemp(prefix="ornith-key."))
-        handoff = adapter_for(profile).api_key_handoff(key, directory)
+    operator = check_key(launch.env.pop(OPERATOR_VAR, ""), f"${OPERATOR_VAR}")
+    if operator and operator == key:
+        raise UserError(f"refusing to start: ${OPERATOR_VAR} equals ${KEY_VAR}: the users' key would unlock the "
+                        "engine's admin routes (give the operator a credential of its own)")
+    if key or operator:
+        # Private (0700) and kept while the engine runs (SGLang reads its key file at start); removed after.
+        launch.key_dir = Path(tempfile.mkdtemp(prefix="ornith-key."))
+        handoff = adapter_for(profile).api_key_handoff(key, launch.key_dir, operator)
         launch.env.update(dict.fromkeys(handoff.env, key))
         launch.argv += handoff.args
-        launch.key = key
+        launch.keys = [k for k in (key, operator) if k]
     return launch
 
 
@@ -135,8 +166,8 @@ def run(launch: Launch, profile: Profile) -> int:
     """Start the engine: exec without a key; with one, under the redacting supervisor (its exit status)."""
     for note in launch.notes:
         say(note)
-    say(f"profile {profile.name}: {'run' if launch.key else 'exec'} {redacted(launch.argv)}")
-    if not launch.key:
+    say(f"profile {profile.name}: {'run' if launch.keys else 'exec'} {redacted(launch.argv)}")
+    if not launch.keys:
         sys.stdout.flush()
         sys.stderr.flush()
         try:
@@ -146,4 +177,7 @@ def run(launch: Launch, profile: Profile) -> int:
             return 127 if isinstance(exc, FileNotFoundError) else 126
     from ornith_stack.stack.supervise import supervise
 
-    return supervise(launch.argv, launch.env, launch.key)
+    try:
+        return supervise(launch.argv, launch.env, launch.keys)
+    finally:
+        launch.discard()

@@ -1,5 +1,5 @@
-"""compose/.env: the variables compose reads, and the secrets kept there (mode 0600): the API key and the
-monitoring password."""
+"""compose/.env: the variables compose reads, and the secrets kept there (mode 0600): the API key (the users'),
+the operator's credential and the monitoring password."""
 
 from __future__ import annotations
 
@@ -14,11 +14,18 @@ from ornith_stack.errors import UserError
 from ornith_stack.urls import is_loopback
 
 KEY_VAR = "ORNITH_API_KEY"
+# The operator's credential: the gateway's worker routes and SGLang's admin routes, which the users' key
+# (KEY_VAR) must not reach.
+OPERATOR_VAR = "ORNITH_OPERATOR_KEY"
 PASSWORD_VAR = deployment.MONITORING_PASSWORD_VARIABLE
-# What a key may hold: visible ASCII. A line break would end its line in compose/.env and make the rest a
-# setting of its own (`k<newline>ORNITH_BIND=0.0.0.0`); a space or a control character breaks the
-# `Authorization: Bearer` header clients send it in.
-_KEY_CHARS = frozenset(chr(c) for c in range(0x21, 0x7F))
+# What a secret (the API key, the monitoring password) may hold, checked once for every consumer: visible
+# ASCII. A line break would end its line in compose/.env and make the rest a setting of its own
+# (`k<newline>ORNITH_BIND=0.0.0.0`); a space or a control character breaks the `Authorization: Bearer` header
+# clients send it in; compose interpolates `$` in compose/.env (`k$HOME` reached the engines as `k/root`) and
+# strips or keeps quotes by rules of its own, and a YAML or shell reader of the value has its own for `\` and
+# backquotes: none of those five.
+_UNQUOTABLE = "$'\"\\`"
+_KEY_CHARS = frozenset(chr(c) for c in range(0x21, 0x7F)) - set(_UNQUOTABLE)
 
 
 @dataclass(frozen=True)
@@ -48,10 +55,15 @@ def set_env(path: Path, name: str, value: str) -> None:
     lines = path.read_text().splitlines() if path.is_file() else []
     kept = [line for line in lines if line.strip().partition("=")[0].strip() != name]
     kept.append(f"{name}={value}")
+    write_private(path, "\n".join(kept) + "\n")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace `path` with `text` at once (a reader sees the old file or the new one), mode 0600."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        handle.write("\n".join(kept) + "\n")
+        handle.write(text)
     os.replace(temporary, path)
     os.chmod(path, 0o600)
 
@@ -59,9 +71,23 @@ def set_env(path: Path, name: str, value: str) -> None:
 def check_key(value: str, where: str = f"${KEY_VAR}") -> str:
     """`value`, if it is usable as an API key; else a UserError that does not echo it."""
     if set(value) - _KEY_CHARS:
-        raise UserError(f"{where} holds a line break, space, control or non-ASCII character: use visible ASCII "
-                        "only (e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))')")
+        raise UserError(f"{where} holds a line break, space, control or non-ASCII character, or one of "
+                        f"{' '.join(_UNQUOTABLE)} (compose would change those in its env file): use visible ASCII without those (e.g. python3 -c 'import "
+                        "secrets; print(secrets.token_urlsafe(32))')")
     return value
+
+
+def check_secrets(path: Path, environ: Mapping[str, str]) -> None:
+    """Both secrets `up` keeps, from the environment and the env file, checked before either is written: a
+    refused monitoring password must not leave a new API key behind."""
+    stored = read_env(path)
+    limit = deployment.MONITORING_PASSWORD_MAX_BYTES
+    for name in (KEY_VAR, OPERATOR_VAR, PASSWORD_VAR):
+        for where, given in ((f"${name}", environ.get(name, "")), (f"{name} in {path}", stored.get(name, ""))):
+            check_key(given, where)
+            if name == PASSWORD_VAR and len(given.encode()) > limit:
+                raise UserError(f"{where} is longer than bcrypt's {limit} bytes (Prometheus and Alertmanager check "
+                                "a bcrypt hash of it): use a shorter one")
 
 
 def kept_secret(path: Path, environ: Mapping[str, str], name: str, create: bool) -> Secret:
@@ -83,15 +109,23 @@ def api_key(path: Path, environ: Mapping[str, str], wanted: bool) -> Secret:
     return kept_secret(path, environ, KEY_VAR, create=True)
 
 
+def operator_key(path: Path, environ: Mapping[str, str], wanted: bool) -> Secret:
+    """The operator's credential, kept like the API key (kept_secret); `wanted` False: none (there is no API
+    key either, so nothing tells an operator from a user)."""
+    if not wanted:
+        return Secret("", "none: no API key (--no-api-key)")
+    stored = read_env(path)
+    given = environ.get(OPERATOR_VAR) or stored.get(OPERATOR_VAR, "")
+    if given and given == (environ.get(KEY_VAR) or stored.get(KEY_VAR)):
+        raise UserError(f"{OPERATOR_VAR} equals {KEY_VAR}: the operator's credential must differ from the "
+                        f"users' key (unset {OPERATOR_VAR} and `up` makes one)")
+    return kept_secret(path, environ, OPERATOR_VAR, create=True)
+
+
 def monitoring_password(path: Path, environ: Mapping[str, str], bind: str) -> Secret:
     """The password Prometheus, Alertmanager and Grafana ask for: a new one when `bind`
     (ORNITH_MONITORING_BIND) leaves loopback and none is set; on loopback, only the operator's."""
-    limit = deployment.MONITORING_PASSWORD_MAX_BYTES
-    for where, given in ((f"${PASSWORD_VAR}", environ.get(PASSWORD_VAR, "")),
-                         (f"{PASSWORD_VAR} in {path}", read_env(path).get(PASSWORD_VAR, ""))):
-        if len(given.encode()) > limit:  # refused before the env file is touched
-            raise UserError(f"{where} is longer than bcrypt's {limit} bytes (Prometheus and Alertmanager check a "
-                            "bcrypt hash of it): use a shorter one")
+    check_secrets(path, environ)  # refused before the env file is touched
     found = kept_secret(path, environ, PASSWORD_VAR, create=not is_loopback(bind))
     return found if found.value else Secret("", "none: Prometheus, Alertmanager and Grafana ask for no login "
                                                 "(they are published on loopback only)")

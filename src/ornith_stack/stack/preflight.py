@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ornith_stack.deployment import GRAFANA_PORT
 from ornith_stack.doctor import Options, diagnose
 from ornith_stack.errors import UserError
 from ornith_stack.generate.core import find_root
@@ -75,7 +76,7 @@ def check_monitoring_exposure(bind: str, has_password: bool) -> None:
     if not has_password and not is_loopback(bind):
         raise UserError(f"ORNITH_MONITORING_BIND={bind} would publish Prometheus, Alertmanager and Grafana without "
                         "a login (anyone could silence alerts): set ORNITH_MONITORING_PASSWORD, or keep it 127.0.0.1 "
-                        "and reach them through an SSH tunnel (ssh -L 3000:127.0.0.1:3000 HOST)")
+                        f"and reach them through an SSH tunnel (ssh -L {GRAFANA_PORT}:127.0.0.1:{GRAFANA_PORT} HOST)")
 
 
 def docker_info(run: Runner) -> dict[str, Any]:

@@ -8,12 +8,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from ornith_stack import deployment
 from ornith_stack.engines import SpecCounters, acceptance_length
 from ornith_stack.errors import UserError
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.stack.compose import Layout
-from ornith_stack.wire.http import ERROR_BYTES, METRICS_BYTES, WireError, basic_auth, fetch
+from ornith_stack.wire.http import ERROR_BYTES, METRICS_BYTES, WireError, basic_auth, bearer, fetch
 from ornith_stack.wire.metrics import parse
 
 Reading = dict[str, dict[str, float]]  # target -> series name -> value
@@ -110,8 +112,15 @@ def chat_body(model: str, prompt: str, max_tokens: int = 32) -> dict[str, Any]:
 
 def post_without_key(url: str, body: dict[str, Any]) -> int | None:
     """The HTTP status of a POST without an Authorization header (None: nothing answered)."""
+    return status_with(url, "POST", "", body)
+
+
+def status_with(url: str, method: str, key: str, body: dict[str, Any] | None = None) -> int | None:
+    """The HTTP status of a request with `key` as its bearer (empty: no Authorization header; None: nothing
+    answered). A POST or PUT carries `body` (none: an empty JSON object, which no route acts on)."""
+    payload = (body if body is not None else {}) if method in ("POST", "PUT") else None
     try:
-        return fetch(url, 300, "POST", json=body, limit=ERROR_BYTES, cut=True).status
+        return fetch(url, 300, method, headers=bearer(key), json=payload, limit=ERROR_BYTES, cut=True).status
     except WireError:
         return None
 
@@ -142,16 +151,37 @@ def asks_for_login(address: str) -> bool | None:
         return None
 
 
-def alerts_go_nowhere(address: str, password: str = "") -> bool | None:
-    """Whether the running Alertmanager at host:port still sends to the generated placeholder webhook, a
-    reserved name that never resolves (None: it did not answer, or not to `password`). Read from its own
-    API, so it is what Alertmanager loaded, not what a file on the host says."""
+def _loaded_config(address: str, password: str) -> str | None:
+    """The configuration the running Alertmanager at host:port loaded, from its own API (None: it did not
+    answer, or not to `password`): what it uses, not what a file on the host says."""
     try:
         loaded = fetch(f"http://{address}/api/v2/status", 10, headers=monitoring_login(password)).json()
         loaded = loaded["config"]["original"]
     except (WireError, ValueError, KeyError, TypeError, RecursionError):
         return None
-    return isinstance(loaded, str) and deployment.ALERT_WEBHOOK_PLACEHOLDER in loaded
+    return loaded if isinstance(loaded, str) else None
+
+
+def alerts_go_nowhere(address: str, password: str = "") -> bool | None:
+    """Whether the running Alertmanager at host:port still sends to the generated placeholder webhook, a
+    reserved name that never resolves (None: it did not answer, or not to `password`)."""
+    loaded = _loaded_config(address, password)
+    return None if loaded is None else deployment.ALERT_WEBHOOK_PLACEHOLDER in loaded
+
+
+def heartbeat_goes_nowhere(address: str, password: str = "") -> bool | None:
+    """Whether the running Alertmanager's heartbeat receiver (the dead man's switch that notices a broken
+    alert path) has no webhook or the placeholder (None: it did not answer, or not to `password`)."""
+    loaded = _loaded_config(address, password)
+    if loaded is None:
+        return None
+    try:
+        receivers = yaml.safe_load(loaded).get("receivers") or []
+    except (yaml.YAMLError, AttributeError):
+        return None
+    hooks = [c.get("url", "") for r in receivers if isinstance(r, dict) and r.get("name") == deployment.HEARTBEAT_RECEIVER
+             for c in r.get("webhook_configs") or []]
+    return not [url for url in hooks if url and url != deployment.ALERT_WEBHOOK_PLACEHOLDER]
 
 
 @dataclass(frozen=True)

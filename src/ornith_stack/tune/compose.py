@@ -19,8 +19,9 @@ from ornith_stack.generate.profile_files import operator_files
 from ornith_stack.profiles import user_profile_dir
 from ornith_stack.profiles.model import Profile
 from ornith_stack.stack import shell
-from ornith_stack.stack.bringup import UpOptions, engine_log, log_tail, up
+from ornith_stack.stack.bringup import UpOptions, up
 from ornith_stack.stack.compose import find_checkout, layout_for, stack_for
+from ornith_stack.stack.health import engine_log, log_tail
 from ornith_stack.tune.measure import Engine, EngineCrash, Launcher
 
 
@@ -40,9 +41,10 @@ class _Quiet:
 
 
 def compose_launcher(start_timeout_s: float) -> Launcher:
+    root = find_checkout(Path.cwd())  # compose needs the checkout's build contexts: refuse before the run starts
+
     @contextlib.contextmanager
     def launch(profile: Profile, workdir: Path) -> Iterator[Engine]:
-        root = find_checkout(Path.cwd())  # compose needs the checkout's build contexts: refuse before writing
         digest = hashlib.sha256(profile.model_dump_json().encode()).hexdigest()[:8]
         name = f"tune-{digest}"
         candidate = profile.model_copy(update={"name": name})
@@ -68,7 +70,8 @@ def compose_launcher(start_timeout_s: float) -> Launcher:
                 return shell.run(stack.compose("ps", "--status", "running", "-q", *engines)).stdout.strip() != ""
 
             yield Engine(outcome.access.api_base.removesuffix("/v1"), outcome.access.model, candidate, alive,
-                         lambda: log_tail(engine_log(shell.run, stack, engines), 30))
+                         lambda: log_tail(engine_log(shell.run, stack, engines), 30),
+                         lambda: engine_log(shell.run, stack, engines, 1_000_000))
         finally:
             shell.run(stack.compose("down", "--remove-orphans"), timeout=600)
             for item in written:

@@ -36,6 +36,7 @@ from ornith_stack.wire.metrics import BadExposition, parse
 
 LOG_TAIL_LINES = 30
 STOP_GRACE_S = 20.0
+KILL_WAIT_S = 120.0
 POLL_S = 1.0
 
 
@@ -57,6 +58,7 @@ class Engine:
     profile: Profile
     alive: Callable[[], bool]
     log_tail: Callable[[], str]
+    log: Callable[[], str] = str  # the engine's whole log so far (its sizing lines come early)
 
 
 Launcher = Callable[[Profile, Path], contextlib.AbstractContextManager[Engine]]
@@ -115,7 +117,7 @@ def local_launcher(start_timeout_s: float) -> Launcher:
                 alive = lambda: proc.poll() is None  # noqa: E731
                 wait_healthy(profile, base, alive, lambda: tail(log_path), start_timeout_s)
                 yield Engine(base, profile.serve.served_name or str(profile.model.repo), profile, alive,
-                             lambda: tail(log_path))
+                             lambda: tail(log_path), lambda: log_path.read_text(errors="replace"))
             finally:
                 stop_group(proc)
 
@@ -142,16 +144,38 @@ def _answers(url: str) -> bool:
         return False
 
 
-def stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the engine's process group, SIGKILL what is left after the grace period."""
-    for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 120.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
+def stop_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the engine's process group, SIGKILL what is left of it after the grace period, and return
+    only once the whole group is gone: vLLM's EngineCore outlives its API server by seconds, still writing
+    the candidate's log and, on a GPU, holding the memory the next candidate needs."""
+    pgid = proc.pid  # the group's id is its leader's pid, and names the workers after the leader is gone
+    deadline = time.monotonic() + grace_s
+    _signal_group(pgid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+    if _group_gone(pgid, deadline):
+        return
+    _signal_group(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=KILL_WAIT_S)
+    _group_gone(pgid, time.monotonic() + KILL_WAIT_S)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _group_gone(pgid: int, deadline: float) -> bool:
+    """Whether no process of the group is left by the deadline (signal 0 tests for one without sending)."""
+    while True:
         try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 def bench_levels(engine: Engine, plan: LoadPlan, out: Path) -> list[dict[str, Any]]:
@@ -160,22 +184,28 @@ def bench_levels(engine: Engine, plan: LoadPlan, out: Path) -> list[dict[str, An
     TTFT and p99 TPOT, and its failed requests. One call, not one per rate: a process start of the bench
     costs seconds on a loaded machine, and the high rates, past the first that misses, take the least time."""
     rates = ",".join("inf" if math.isinf(rate) else f"{rate:g}" for rate in plan.rates)
-    argv = [sys.executable, "-m", "ornith_stack", "bench", "--url", engine.base_url, "--model", engine.model,
-            "--suite", "serving", "--request-rate", rates, "--max-concurrency", str(plan.max_concurrency),
+    args = ["--request-rate", rates, "--max-concurrency", str(plan.max_concurrency),
             "--num-prompts", str(plan.num_prompts), "--repeats", str(plan.repeats), "--warmup", str(plan.warmup),
-            "--goodput", f"ttft:{plan.slo.ttft_p99_ms:g} tpot:{plan.slo.tpot_p99_ms:g}", "--out", str(out),
-            *plan.workload.bench_args()]
-    timeout = plan.level_timeout_s * len(plan.rates)
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+            "--goodput", f"ttft:{plan.slo.ttft_p99_ms:g} tpot:{plan.slo.tpot_p99_ms:g}", *plan.workload.bench_args()]
+    levels = serving_runs(engine, args, out, plan.level_timeout_s * len(plan.rates), len(plan.rates))
+    return [_figures(runs) for runs in levels]
+
+
+def serving_runs(engine: Engine, args: list[str], out: Path, timeout_s: float, levels: int) -> list[list[dict[str, Any]]]:
+    """`ornith-stack bench --suite serving ARGS` against the engine, through its command line; the recorded
+    runs of each of its `levels` levels from its bench.json (the bench's log beside it). EngineCrash when the
+    bench wrote fewer levels, with the bench's last line."""
+    argv = [sys.executable, "-m", "ornith_stack", "bench", "--url", engine.base_url, "--model", engine.model,
+            "--suite", "serving", "--out", str(out), *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
     (out / "bench.log").write_text(done.stdout + done.stderr)
     try:
-        levels = json.loads((out / "bench.json").read_text())["suites"]["serving"]["levels"]
-        found = [_figures(level["runs"]) for level in levels]
+        found = [list(level["runs"]) for level in json.loads((out / "bench.json").read_text())["suites"]["serving"]["levels"]]
     except (OSError, ValueError, KeyError, TypeError):
         found = []
-    if len(found) != len(plan.rates):
+    if len(found) != levels:
         last = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
-        raise EngineCrash(f"the bench wrote no serving result for every rate: {last[0]}", engine.log_tail())
+        raise EngineCrash(f"the bench wrote no serving result for every level: {last[0]}", engine.log_tail())
     return found
 
 
@@ -206,7 +236,7 @@ def spec_counters(engine: Engine) -> SpecCounters | None:
 def measure(engine: Engine, plan: LoadPlan, workdir: Path, say: Callable[[str], None]) -> Measured:
     """The rising rates on a healthy engine; each level against the SLO; the acceptance length over them."""
     before = spec_counters(engine)
-    figures = bench_levels(engine, plan, _fresh(workdir / "bench"))
+    figures = bench_levels(engine, plan, fresh_dir(workdir / "bench"))
     after = spec_counters(engine)
     if not engine.alive():
         raise EngineCrash("the engine exited while it was loaded", engine.log_tail())
@@ -228,7 +258,7 @@ def _level_line(level: LevelResult) -> str:
             f"p99 TPOT {ms(level.tpot_p99_ms)}: {verdict}")
 
 
-def _fresh(path: Path) -> Path:
+def fresh_dir(path: Path) -> Path:
     """The bench's folder, emptied of an interrupted run's results (never read as this run's)."""
     path.mkdir(parents=True, exist_ok=True)
     for old in path.glob("bench.*"):

@@ -92,6 +92,23 @@ def _climb(profile: Profile, axes: tuple[Axis, ...], run: Callable[[Candidate], 
             attempt(axis, value)
 
 
+def outline(profile: Profile, axes: tuple[Axis, ...]) -> list[Candidate]:
+    """What the search starts from, without measuring (`tune --dry-run`): the seed, the engine's defaults,
+    then every value of each axis from the seed (the coarse pass before a measurement moves the best; the
+    climb stops early in a direction that does not improve, and the fine step follows the best). Each
+    distinct set of flags once."""
+    caps = {a.name: None for a in axes if a.cap}
+    listed = [build(profile, axes, {}, "seed")]
+    if caps:
+        listed.append(build(profile, axes, caps, "engine defaults"))
+    for axis in axes:
+        listed += [build(profile, axes, {axis.name: v}) for v in axis.values if v != axis.current(profile)]
+    distinct: dict[str, Candidate] = {}
+    for candidate in listed:
+        distinct.setdefault(candidate.key, candidate)
+    return list(distinct.values())
+
+
 def _nearest(numbers: list[float | int], value: AxisValue) -> int:
     if not numbers:
         return 0

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ornith_stack.errors import UserError
+from ornith_stack.errors import UserError, shown
+from ornith_stack.reading import parse_json, read_text
 
 STATE_FILE = "tune-state.json"
 FORMAT = "ornith-stack-tune/1"
@@ -81,24 +83,54 @@ class State:
         return sum(r.duration_s for r in self.records.values())
 
 
-def load_state(out: Path, question: dict[str, Any]) -> State:
-    """The state in `out` for this question; an empty one when there is none or it answered another."""
+@dataclass(frozen=True)
+class StateFile:
+    """tune-state.json as written by save_state; read back through the bench's checking decoder."""
+
+    format: str
+    question: dict[str, Any]
+    records: tuple[Record, ...] = ()
+
+
+STATUSES = ("measured", "refused", "crashed")
+
+
+def load_state(out: Path, question: dict[str, Any], axes: Collection[str] = ()) -> State:
+    """The state in `out` for this question; an empty one when there is none or it answered another. A file
+    that is not a state this version wrote (a list, deep nesting, a string rate, a candidate on an axis this
+    run does not have) is one error naming it, never a traceback in the middle of the run."""
     path = out / STATE_FILE
     if not path.is_file():
         return State(question)
+    where = f"{path}: not a tune state file"
+    data = parse_json(read_text(path), where)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise UserError(f"{where} ({FORMAT}); remove it or choose another --out")
+    # The bench's decoder, imported here: the bench package brings httpx, which the tuner's HTTP does without.
+    from ornith_stack.bench.codec import Malformed, from_json
+
     try:
-        data = json.loads(path.read_text())
-        if data.get("format") != FORMAT or data.get("question") != question:
-            return State(question)
-        records = {r["key"]: _record(r) for r in data["records"]}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path}: not a tune state file ({exc}); remove it or choose another --out") from None
-    return State(question, records)
+        saved = from_json(StateFile, data)
+    except Malformed as exc:
+        raise UserError(f"{where} ({exc}); remove it or choose another --out") from None
+    if saved.question != question:
+        return State(question)
+    for record in saved.records:
+        problem = _problem(record, axes)
+        if problem:
+            raise UserError(f"{where} (candidate {shown(record.key)}: {problem}); remove it or choose another --out")
+    return State(question, {r.key: r for r in saved.records})
 
 
-def _record(data: dict[str, Any]) -> Record:
-    levels = tuple(LevelResult(**lv) for lv in data.pop("levels", ()))
-    return Record(**data, levels=levels)
+def _problem(record: Record, axes: Collection[str]) -> str | None:
+    unknown = sorted(set(record.settings) - set(axes)) if axes else []
+    if unknown:
+        return f"axis {shown(unknown[0])}, which this run does not vary"
+    if record.status not in STATUSES:
+        return f"status {shown(record.status)}, not {', '.join(STATUSES)}"
+    if any(math.isnan(lv.rate) or lv.rate <= 0 for lv in record.levels):
+        return "a request rate that is not above 0"
+    return None
 
 
 def save_state(out: Path, state: State) -> None:

@@ -94,7 +94,9 @@ RELEASES = (
             deprecated_flags={"mamba-scheduler-strategy": "an alias of --mamba-radix-cache-strategy"}),
     Release((0, 5, 21), mid_gpu=(4096, 48, 160), exact_draft_cell=True, mm_reservation_mib=100,
             mm_feature_cache_mib=1024, has_language_model_only=True,
-            removed_flags={"mamba-scheduler-strategy": "use --mamba-radix-cache-strategy"},
+            removed_flags={"mamba-scheduler-strategy": "use --mamba-radix-cache-strategy",
+                           "cuda-graph-max-bs": "use --cuda-graph-max-bs-decode / --cuda-graph-max-bs-prefill "
+                           "(argparse calls the old spelling ambiguous)"},
             deprecated_flags={"enable-flashinfer-allreduce-fusion": "SGLang warns and maps it to "
                               "--flashinfer-allreduce-fusion-backend auto"}),
 )  # fmt: skip
@@ -446,7 +448,7 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
         kv_pool_bytes=sp.kv_tokens * sp.cell, block_size=sp.page, page_size_bytes=sp.page * sp.cell,
         num_blocks=sp.kv_tokens // sp.page, blocks_per_request=cdiv(req.max_model_len, sp.page),
         max_concurrency=sp.kv_tokens / req.max_model_len, kv_cache_tokens=sp.kv_tokens,
-        problems=problems, notes=notes, unknowns=_unknowns(req),
+        problems=problems, notes=notes, unknowns=_unknowns(req), warnings=clamp_warnings(req, sp),
         engine_details={
             "accounting_release": sp.release.name,
             "memory_before_load_gib": req.memory_before_load_gib,
@@ -541,9 +543,10 @@ def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
         problems.append(Problem(
             "mamba state cache", f"SGLang: the hybrid state cache is too small to serve any request "
             f"({sp.mamba.slots} slots, {sp.ratio} per request)", "raise --mem-fraction-static or --tp"))
-    if s.max_total_tokens and sp.kv_tokens_profiled < s.max_total_tokens:
+    if s.max_total_tokens and sp.kv_tokens_profiled < s.max_total_tokens and not small_shortfall(req, sp):
         problems.append(Problem(
-            "KV pool", f"{sp.kv_tokens_profiled:,} tokens fit, fewer than --max-total-tokens {s.max_total_tokens:,}",
+            "KV pool", f"{sp.kv_tokens_profiled:,} tokens fit, fewer than --max-total-tokens {s.max_total_tokens:,}"
+            + _shortfall_limit(req, sp),
             "raise --mem-fraction-static, lower --max-total-tokens, or more GPUs (--tp)"))
     elif sp.kv_tokens <= 0:
         problems.append(Problem("KV pool", "no room for any KV token", "raise --mem-fraction-static or --tp"))
@@ -552,6 +555,43 @@ def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
             "CUDA graphs + activations", f"{gib(reserve_bytes(req))} exceed the {gib(headroom)} headroom "
             "outside the static pool", "lower --mem-fraction-static or add GPUs (--tp)"))
     return problems
+
+
+# A KV pool short of --max-total-tokens by at most this share, still holding as much of one request as the
+# cap did (the full context when the cap held it), is a warning: SGLang starts, logs "max_total_tokens=... is
+# larger than the profiled value ...; use the profiled value instead" and serves every request the profile
+# promises, a little less of them cached. 10% of a computed H200 profile's pool is 0.6 GiB, beyond the caps'
+# 0.5 GiB slack (sizing/engine_memory.py); a larger shortfall is a problem.
+SMALL_SHORTFALL = 0.10
+
+
+def small_shortfall(req: PlanRequest, sp: Split) -> bool:
+    """Whether the pool SGLang will clamp --max-total-tokens to is short of it by little (SMALL_SHORTFALL) and
+    still holds the longest request the cap held."""
+    cap = req.settings.max_total_tokens
+    if not cap or sp.kv_tokens_profiled >= cap:
+        return False
+    return (sp.kv_tokens_profiled >= cap * (1 - SMALL_SHORTFALL)
+            and sp.kv_tokens_profiled >= min(cap, req.max_model_len) and sp.running > 0)
+
+
+def _shortfall_limit(req: PlanRequest, sp: Split) -> str:
+    cap = req.settings.max_total_tokens or 0
+    held = min(cap, req.max_model_len)
+    return (f" ({(1 - sp.kv_tokens_profiled / cap):.1%} short: more than {SMALL_SHORTFALL:.0%}, or the pool no longer "
+            f"holds a {held:,}-token request)")
+
+
+def clamp_warnings(req: PlanRequest, sp: Split) -> list[str]:
+    """What SGLang starts with but clamps, with the line it logs."""
+    cap = req.settings.max_total_tokens
+    if not cap or not small_shortfall(req, sp):
+        return []
+    return [f"the KV pool holds {sp.kv_tokens_profiled:,} tokens, {cap - sp.kv_tokens_profiled:,} "
+            f"({1 - sp.kv_tokens_profiled / cap:.2%}) fewer than --max-total-tokens {cap:,}: SGLang clamps to "
+            f"{sp.kv_tokens:,} and logs \"max_total_tokens={cap} is larger than the profiled value "
+            f"{sp.kv_tokens_profiled}. Use the profiled value instead.\"; {sp.running} running requests are "
+            f"unchanged (free the memory other processes hold to get the full pool)"]
 
 
 def _suggest(req: PlanRequest) -> str | None:
@@ -612,8 +652,7 @@ def card_caps(req: PlanRequest) -> Caps:
                     reasons)
 
     def tokens_for(running: int) -> int:
-        sized = split(base.with_settings(max_running_requests=running, max_mamba_cache_size=sp.ratio * running))
-        return sized.kv_tokens_profiled if sized.running >= running else -1
+        return _tokens_for(base, sp.ratio, running)
 
     full = base.max_model_len
     fitting = [n for n in range(limit, 0, -1) if tokens_for(n) >= full]
@@ -633,3 +672,26 @@ def card_caps(req: PlanRequest) -> Caps:
                     "buffers)")
     return Caps({**lowered, "max-running-requests": running, "max-mamba-cache-size": sp.ratio * running,
                  "max-total-tokens": tokens}, running, tokens, why, reasons)
+
+
+def _tokens_for(base: PlanRequest, ratio: int, running: int) -> int:
+    """The KV pool left once `running` requests have their state slots (and verify buffers); -1 when the
+    state of that many does not fit."""
+    sized = split(base.with_settings(max_running_requests=running, max_mamba_cache_size=ratio * running))
+    return sized.kv_tokens_profiled if sized.running >= running else -1
+
+
+def running_caps(req: PlanRequest, running: int | None) -> dict[str, int | float | None]:
+    """The caps of `req` re-planned for exactly `running` requests on the same card (`tune`'s candidates):
+    their state slots, their DFlash verify buffers (none with speculation off) and the KV pool that remains;
+    None: every cap removed, SGLang sizes its pools itself. The fraction is the request's own."""
+    if running is None:
+        return dict.fromkeys(CAP_FLAGS)
+    base = req.with_settings(max_total_tokens=None, max_running_requests=None, max_mamba_cache_size=None)
+    sp = split(base)
+    if not sp.per_request_state:
+        return {"max-running-requests": running, "max-mamba-cache-size": None, "max-total-tokens": sp.kv_tokens}
+    tokens = max(_tokens_for(base, sp.ratio, running), 0) // sp.page * sp.page
+    # No pool (the state of that many does not fit): no KV cap; the planner refuses the state cache.
+    return {"max-running-requests": running, "max-mamba-cache-size": sp.ratio * running,
+            "max-total-tokens": tokens or None}

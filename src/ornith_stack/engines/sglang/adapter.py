@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from ornith_stack.engines import capabilities
 from ornith_stack.engines.base import (
+    ArgValue,
     EngineAdapter,
     EngineInfo,
     MetricNames,
     PanelQuery,
     PromQL,
     ReportedAcceptance,
+    ServedProfile,
     ServeSettings,
     SpecCounters,
     TuneAxis,
@@ -23,11 +25,9 @@ from ornith_stack.engines.base import (
 from ornith_stack.engines.sglang import accounting
 from ornith_stack.engines.sglang import metrics as names
 from ornith_stack.engines.sglang.flags import FLAGS
+from ornith_stack.errors import UserError
 from ornith_stack.sizing.model import Caps, Plan, PlanRequest
 from ornith_stack.wire.metrics import Samples
-
-if TYPE_CHECKING:
-    from ornith_stack.profiles.model import ArgValue, Profile
 
 
 class SglangAdapter(EngineAdapter):
@@ -35,6 +35,7 @@ class SglangAdapter(EngineAdapter):
     module = "sglang.launch_server"
     model_flag = "model-path"
     tp_flag = "tp-size"
+    context_flag = "context-length"
     display_name = "SGLang"
     metric_prefix = names.PREFIX
     flags = FLAGS
@@ -57,6 +58,14 @@ class SglangAdapter(EngineAdapter):
         ("CUDA graphs captured", r"CUDA graph end"),
         ("API up", r"The server is fired up"),
     )
+    # Its own sizing lines (tests/fixtures/engines/sglang-0.5.17/*/engine.log; rank 0's come first). The
+    # scheduler's line is the final pool: "KV Cache is allocated" only when it never got that far.
+    sizing_patterns: ClassVar[dict[str, tuple[str, ...]]] = {
+        "weights_gib": (r"Load weight end\..*?mem usage=([\d.]+) GB",),  # SGLang's "GB" is bytes / 2**30
+        "state_slots": (r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+)",),
+        "kv_tokens": (r"max_total_num_tokens=(\d+)", r"KV Cache is allocated\. dtype: \S+, #tokens: (\d+)"),
+        "running_requests": (r"max_total_num_tokens=\d+,.*?max_running_requests=(\d+)",),
+    }
     metrics: ClassVar[MetricNames] = names.NAMES
     ttft_buckets: ClassVar[tuple[float, ...]] = names.TTFT_BUCKETS
     requests_finished: ClassVar[str] = names.REQUESTS_FINISHED
@@ -64,13 +73,18 @@ class SglangAdapter(EngineAdapter):
 
     # server_args.py 0.5.17. The speculative axis is DFlash's block: the drafted tokens plus the verified one.
     tune_axes = (
-        TuneAxis("max-running-requests", "max-running-requests", (None, 8, 32, 128), cap=True),
+        # Running requests move the state slots, the verify buffers and the KV pool (`tune_caps`): no separate
+        # --max-total-tokens or --max-mamba-cache-size axis. The decode-graph flag is spelled as both 0.5.17
+        # and 0.5.21 parse it (0.5.21 has no --cuda-graph-max-bs). The depth axis writes whichever DFlash
+        # flag the profile speculates with (`depth_flag`).
+        TuneAxis("max-running-requests", "max-running-requests", (None, 8, 32, 128), cap=True, running=True),
         TuneAxis("spec-block", "speculative-dflash-block-size", (0, 4, 8, 16), speculative=True),
-        TuneAxis("max-total-tokens", "max-total-tokens", (None,), cap=True),
         TuneAxis("chunked-prefill-size", "chunked-prefill-size", (2048, 8192), cap=True),
-        TuneAxis("cuda-graph-max-bs", "cuda-graph-max-bs", (None, 32, 128), cap=True),
-        TuneAxis("mem-fraction-static", "mem-fraction-static", (0.8, 0.85, 0.9)),
+        TuneAxis("cuda-graph-max-bs-decode", "cuda-graph-max-bs-decode", (None, 32, 128), cap=True),
+        TuneAxis("mem-fraction-static", "mem-fraction-static", (0.8, 0.85, 0.9), pool=True),
     )
+    # The flags that set DFlash's depth (they must agree when both are given).
+    depth_flags = ("speculative-dflash-block-size", "speculative-num-draft-tokens")
     # Flags that only mean something with speculation on; removed with it.
     speculative_flags = ("speculative-algorithm", "speculative-dflash-block-size", "speculative-num-draft-tokens",
                          "speculative-num-steps", "speculative-eagle-topk")
@@ -80,8 +94,16 @@ class SglangAdapter(EngineAdapter):
     # (server_args_config_parser.py), so the key stays out of argv. Its auth middleware leaves /health* and
     # /metrics* open (utils/auth.py), so probes and scrapes need no key.
     key_config = ("--config", "api-key")
+    # Without `admin-api-key` the users' `api-key` unlocks the admin routes (@auth_level(ADMIN_OPTIONAL) in
+    # http_server.py: /update_weights_from_disk, /init_weights_update_group, /configure_logging,
+    # /release_memory_occupation, /pause_generation...; utils/auth.py decide_request_auth); with it, only it.
+    admin_key_option = "admin-api-key"
+    admin_routes = (("POST", "/update_weights_from_disk"), ("POST", "/init_weights_update_group"),
+                    ("POST", "/send_weights_to_remote_instance"), ("POST", "/configure_logging"),
+                    ("POST", "/release_memory_occupation"), ("POST", "/pause_generation"))
+    operator_probe = ("POST", "/flush_cache")  # the radix cache: refilled by the next requests
 
-    def profile_args(self, profile: Profile) -> dict[str, ArgValue]:
+    def profile_args(self, profile: ServedProfile) -> dict[str, ArgValue]:
         args: dict[str, ArgValue] = {}
         for flag, value in profile.serve.args.items():
             args[flag] = value
@@ -96,9 +118,17 @@ class SglangAdapter(EngineAdapter):
         return [*super().models_named(flags, positional),
                 (flags.get("--speculative-draft-model-path"), flags.get("--speculative-draft-model-revision"))]
 
+    def depth_flag(self, args: dict[str, ArgValue], flag: str) -> str:
+        return next((f for f in self.depth_flags if f in args), flag)
+
+    def tune_caps(self, req: PlanRequest, running: int | None) -> dict[str, int | float | None]:
+        return accounting.running_caps(req, running)
+
     def set_speculative_depth(self, args: dict[str, ArgValue], flag: str, depth: int | float | None) -> bool:
         if depth:
-            args[flag] = int(depth)
+            for depth_flag in self.depth_flags:  # both given: both move (SGLang refuses them unequal)
+                if depth_flag == flag or depth_flag in args:
+                    args[depth_flag] = int(depth)
             return False
         for spec_flag in self.speculative_flags:
             args.pop(spec_flag, None)
@@ -111,7 +141,7 @@ class SglangAdapter(EngineAdapter):
         # Every node runs the same launch_server; rank 0 serves HTTP, the others only schedule.
         return ["--nnodes", str(nodes), "--node-rank", rank, "--dist-init-addr", f"{leader}:{port}"]
 
-    def settings(self, profile: Profile) -> ServeSettings:
+    def settings(self, profile: ServedProfile) -> ServeSettings:
         args = profile.serve.args
         method = first(args, "speculative-algorithm")
         block = int_arg(first(args, "speculative-dflash-block-size", "speculative-num-draft-tokens"))
@@ -159,6 +189,19 @@ class SglangAdapter(EngineAdapter):
         return (f"SGLang will log max_total_num_tokens={details['max_total_num_tokens']}, "
                 f"max_running_requests={details['max_running_requests']} (capped by "
                 f"{details['running_requests_capped_by']}).")
+
+    def simulated_acceptance_env(self, profile: ServedProfile, length: float) -> dict[str, str]:
+        # srt/environ.py (0.5.17 and 0.5.21): SGLANG_SIMULATE_ACC_LEN, a float, off below 0; EAGLE's and
+        # DFlash's verify steps then accept that many tokens (bonus included) whatever the draft proposed.
+        block = int_arg(first(dict(profile.serve.args), "speculative-dflash-block-size",
+                              "speculative-num-draft-tokens"))
+        if not str_arg(profile.serve.args.get("speculative-algorithm")) or block is None:
+            raise UserError(f"--acceptance: profile {profile.name!r} runs without speculative decoding "
+                            "(no --speculative-algorithm with a block size): there is no acceptance to simulate")
+        if not 1.0 <= length <= block:
+            raise UserError(f"--acceptance {length:g}: an acceptance length is from 1 to the block size {block} of "
+                            f"profile {profile.name!r} (tokens per verification step, bonus token included)")
+        return {"SGLANG_SIMULATE_ACC_LEN": f"{length:g}"}
 
     def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:
         # SGLang counts verification steps; every generated token is either a bonus token (one per
@@ -216,3 +259,4 @@ class SglangAdapter(EngineAdapter):
         ratio = samples.mean(names.ACCEPT_RATE)
         return ReportedAcceptance(length=sum(lengths) / len(lengths),
                                   ratio=ratio if ratio is not None and 0.0 <= ratio <= 1.0 else None)
+

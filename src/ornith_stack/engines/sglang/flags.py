@@ -31,8 +31,10 @@ FLAGS: dict[str, FlagType] = {
     "dp-size": POSITIVE_INT, "pp-size": POSITIVE_INT, "context-length": POSITIVE_INT,
     "max-total-tokens": POSITIVE_INT, "max-running-requests": POSITIVE_INT, "page-size": POSITIVE_INT,
     "max-mamba-cache-size": POSITIVE_INT, "chunked-prefill-size": integer(-1),
+    # Decode CUDA graphs up to this batch (0.5.17 and 0.5.21; 0.5.21 has no plain --cuda-graph-max-bs).
+    "cuda-graph-max-bs-decode": POSITIVE_INT,
     "mem-fraction-static": FRACTION, "mamba-full-memory-ratio": POSITIVE,
-    "dtype": TEXT, "kv-cache-dtype": TEXT, "attention-backend": TEXT,
+    "dtype": TEXT, "kv-cache-dtype": TEXT, "attention-backend": TEXT, "load-format": TEXT,
     # Speculative decoding.
     "speculative-algorithm": TEXT, "speculative-dflash-block-size": POSITIVE_INT,
     "speculative-num-draft-tokens": POSITIVE_INT, "speculative-num-steps": POSITIVE_INT,

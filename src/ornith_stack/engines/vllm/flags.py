@@ -26,7 +26,7 @@ FLAGS: dict[str, FlagType] = {
     "tensor-parallel-size": POSITIVE_INT, "tp": POSITIVE_INT, "pipeline-parallel-size": POSITIVE_INT,
     "data-parallel-size": POSITIVE_INT, "max-model-len": POSITIVE_INT, "kv-cache-memory-bytes": POSITIVE_INT,
     "max-num-batched-tokens": POSITIVE_INT, "max-num-seqs": POSITIVE_INT, "block-size": POSITIVE_INT,
-    "gpu-memory-utilization": FRACTION, "dtype": TEXT, "kv-cache-dtype": TEXT, "mamba-ssm-cache-dtype": TEXT,
+    "gpu-memory-utilization": FRACTION, "dtype": TEXT, "load-format": TEXT, "kv-cache-dtype": TEXT, "mamba-ssm-cache-dtype": TEXT,
     "speculative-config": SPECULATIVE_CONFIG,
     "enable-prefix-caching": SWITCH, "no-enable-prefix-caching": SWITCH, "trust-remote-code": SWITCH,
     "enforce-eager": SWITCH, "language-model-only": unchecked(bool),

@@ -1,0 +1,1 @@
+../../../src/ornith_stack/engine_guard.py
