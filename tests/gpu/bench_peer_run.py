@@ -415,6 +415,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="times the A B B A order is run per level")
     parser.add_argument("--compile-cache", type=Path, help="folder for every compile cache (kept between calls)")
     parser.add_argument("--record-canary", action="store_true", help="afterwards, the canary and aborted requests")
+    parser.add_argument("--realsize", action="store_true",
+                        help="--target/--draft are realsize_run.py's real-shape folders: dummy weights, DFlash "
+                             "acceptance 6.1 simulated (issue 40)")  # fmt: skip
     parser.add_argument("--driver", choices=("ours", "theirs"), help=argparse.SUPPRESS)
     parser.add_argument("--connection-per-request", action="store_true",
                         help="ours opens a new connection for each request, as bench_serving does")  # fmt: skip
@@ -441,8 +444,16 @@ def main() -> None:
     levels = [int(v) for v in args.levels.split(",")]
     out.mkdir(parents=True, exist_ok=True)
     cmd, changes = sglang_run.engine_command("gpu96", args.target, args.draft, args.port, "uncapped")
-    (out / "launch.json").write_text(json.dumps({"cmd": cmd, "changes": changes}, indent=1))
     env = dict(sglang_run.ENV["uncapped"])
+    if args.realsize:  # the same engine as realsize_run.py's `compare` uncapped variant, on a GPU-bound engine
+        import realsize_run
+
+        target, draft = Path(args.target), Path(args.draft)
+        if (target.name, draft.name, args.port) != ("real-target", "real-draft", realsize_run.PORT):
+            parser.error(f"--realsize takes realsize_run.py's real-target and real-draft folders, port {realsize_run.PORT}")
+        cmd, changes = realsize_run.engine("gpu96", target.parent, "uncapped")
+        env.update(realsize_run.acceptance_env(6.1))
+    (out / "launch.json").write_text(json.dumps({"cmd": cmd, "changes": changes, "env": env}, indent=1))
     if args.compile_cache:
         from fit_run import cache_env
 

@@ -11,13 +11,13 @@
 # - torch is not carried: the machine's own torch 2.11.0+cu130 is the one sglang 0.5.17 pins.
 # - math-verify and its two dependencies as wheels in the last folder (the ornith-stack CLI imports it;
 #   run_sglang_h200.sh unpacks a staged folder's wheels into $W/wheels).
-# Packed as one tar.xz split into parts of PART_MIB (45 MiB), one per folder xferN, so that each device
-# call (64 MiB at most, the working tree of about 14 MiB included) carries one folder; xfer<last> holds
+# Packed as one tar.xz split into parts of PART_MIB (38 MiB), one per folder xferN, so that each device
+# call (64 MiB at most, the working tree of about 19 MiB included) carries one folder; xfer<last> holds
 # the manifest.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 G=$REPO/.gpu/sglang
-PART_MIB=${PART_MIB:-45}
+PART_MIB=${PART_MIB:-38}
 PY=${PYTHON:-python3}
 PLAT=()
 for p in manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 \

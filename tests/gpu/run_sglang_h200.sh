@@ -20,9 +20,12 @@
 #   bash tests/gpu/run_sglang_h200.sh bench-peer                  # ours beside sglang.bench_serving, same
 #                                                                 # prompts, A B B A; again as D (32,8,1)
 #                                                                 # and E (8,32,1); 128,256 as B
+#                                                                 # BENCH_PEER_REALSIZE=1: at the 35B's real shapes
 #   bash tests/gpu/run_sglang_h200.sh realsize seed000            # the 35B at its real shapes, dummy weights,
 #   bash tests/gpu/run_sglang_h200.sh realsize computed           # simulated acceptance (issue 40): seed 000's
 #   bash tests/gpu/run_sglang_h200.sh realsize compare            # table, the computed profile, caps vs defaults
+#   bash tests/gpu/run_sglang_h200.sh rehearse                    # `ornith-stack rehearse` of the computed 1x H200
+#                                                                 # profile as a user runs it (issue 40)
 #   bash tests/gpu/run_sglang_h200.sh tune                        # `ornith-stack tune gpu96 --launch local`:
 #                                                                 # seed caps, SGLang's defaults, DFlash depth
 # A staged folder may also hold wheels (sglang-router for `gateway`, math-verify which the CLI imports);
@@ -153,10 +156,14 @@ bench_peer() {  # tests/gpu/bench_peer_run.py on GPU 0: one uncapped gpu96 engin
     # (BENCH_PEER_ROUNDS) and, with BENCH_PEER_CANARY=1, the canary and aborted requests afterwards (issue 33).
     if [ ! -f "$W/site/.sglang-payload" ] || [ ! -f "$W/models/.done" ]; then log "not staged"; exit 1; fi
     export CUDA_VISIBLE_DEVICES=0
-    local part=${BENCH_PEER_CALL:-A}
+    local part=${BENCH_PEER_CALL:-A} target=$W/models/target draft=$W/models/draft realsize=()
+    if [ -n "${BENCH_PEER_REALSIZE:-}" ]; then  # issue 40: the 35B's real shapes, dummy weights, acceptance 6.1
+        [ -f "$W/models/real-target/config.json" ] || python3 "$REPO/tests/gpu/realsize_run.py" shapes "$W/models" || exit 1
+        target=$W/models/real-target draft=$W/models/real-draft realsize=(--realsize)
+    fi
     log "bench_peer_run.py part $part: levels ${BENCH_PEER_LEVELS:-1,8,32,128,256}, ${BENCH_PEER_ROUNDS:-1} round(s)"
     timeout "${BENCH_PEER_TIMEOUT_S:-590}" python3 "$REPO/tests/gpu/bench_peer_run.py" "$W/runs/bench-peer-$part" \
-        --target "$W/models/target" --draft "$W/models/draft" --compile-cache "$W/compile-cache" \
+        --target "$target" --draft "$draft" "${realsize[@]}" --compile-cache "$W/compile-cache" \
         --levels "${BENCH_PEER_LEVELS:-1,8,32,128,256}" --rounds "${BENCH_PEER_ROUNDS:-1}" \
         ${BENCH_PEER_CANARY:+--record-canary} ${BENCH_PEER_NEW_CONNECTIONS:+--connection-per-request} 2>&1 | tee "$W/runs/bench-peer-run-$part.txt"
     local rc=${PIPESTATUS[0]}
@@ -228,7 +235,32 @@ realsize() {  # tests/gpu/realsize_run.py PART on GPU 0: the 35B at its real sha
     return "$rc"
 }
 
+rehearse_gpu() {  # `ornith-stack rehearse` on GPU 0 (issue 40): the profile `profiles new` writes for this card
+    # (REHEARSE_GPU: h200, or h100-sxm on one H100), at the shipped real shapes, acceptance simulated.
+    if [ ! -f "$W/site/.sglang-payload" ]; then log "not staged"; exit 1; fi
+    export CUDA_VISIBLE_DEVICES=0 ORNITH_PROFILE_DIR=$W/runs/rehearse-profiles
+    eval "$(python3 -c "import sys; sys.path.insert(0, '$REPO/tests/gpu'); from fit_run import cache_env; from pathlib import Path
+print(' '.join(f'export {k}={v}' for k, v in cache_env(Path('$W/compile-cache')).items()))")"
+    local gpu=${REHEARSE_GPU:-h200} name=rehearse-${REHEARSE_GPU:-h200}x1
+    python3 -m ornith_stack profiles new "$name" --gpu "$gpu" --count 1 --out "$W/runs/rehearse-rendered" \
+        2>&1 | tee "$W/runs/rehearse-run.txt" || exit 1
+    # The same engine overrides as every recording here (sglang_run.py): no FA3 kernels carried.
+    log "ornith-stack rehearse $name --acceptance ${REHEARSE_ACCEPTANCE:-6.1}"
+    timeout "${REHEARSE_TIMEOUT_S:-570}" python3 -m ornith_stack rehearse "$name" \
+        --acceptance "${REHEARSE_ACCEPTANCE:-6.1}" --set serve.args.attention-backend=triton \
+        --set serve.args.sampling-backend=pytorch --set serve.args.grammar-backend=none \
+        --start-timeout 420 --out "$W/runs/rehearse" 2>&1 | tee -a "$W/runs/rehearse-run.txt"
+    local rc=${PIPESTATUS[0]}
+    cp "$W/machine.txt" "$W/runs/" 2>/dev/null
+    cp -r "$ORNITH_PROFILE_DIR" "$W/runs/rehearse/profiles" 2>/dev/null
+    tar -czf "$OUT/results-rehearse.tar.gz" -C "$W/runs" --exclude '*.safetensors' rehearse rehearse-run.txt machine.txt
+    tail -n 20 "$W/runs/rehearse/engine/engine.log" 2>/dev/null | cut -c1-300
+    log "rehearse done: rc=$rc"
+    return "$rc"
+}
+
 case ${1:-} in
+    rehearse) rehearse_gpu ;;
     stage) stage "$2" ;;
     serve) serve "$2" ;;
     gateway) gateway ;;
@@ -236,5 +268,5 @@ case ${1:-} in
     fit) fit ;;
     tune) tune ;;
     realsize) realsize "$2" ;;
-    *) echo "usage: $0 stage DIR | serve tp1|tp2|uncapped-tp1 | gateway | bench-peer | fit | tune | realsize seed000|computed|compare" >&2; exit 2 ;;
+    *) echo "usage: $0 stage DIR | serve tp1|tp2|uncapped-tp1 | gateway | bench-peer | fit | tune | rehearse | realsize seed000|computed|compare|refusal" >&2; exit 2 ;;
 esac

@@ -220,6 +220,17 @@ class Outcome:
     after: dict[str, bytes | None]
 
 
+def checkout_files(*folders: str) -> list[str]:
+    """The files of `folders` a clean clone has: tracked or new, not what git ignores (a developer's
+    `compose/.env` from a local `up` would make a scratch checkout that is not CI's)."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard", "-z", "--", *folders],
+                            check=True, capture_output=True, text=True).stdout  # fmt: skip
+    return [name for name in listed.split("\0") if name and (REPO / name).is_file()]
+
+
+CHECKOUT = checkout_files("compose", "docker")  # listed at import: the tests' `sealed` fixture refuses processes
+
+
 def call(
     scratch: Path,
     argv: list[str],
@@ -235,8 +246,9 @@ def call(
     work = scratch / "work"
     for folder in ("home/.config", "home/.cache", "operator-profiles", "tmp"):
         (scratch / folder).mkdir(parents=True)
-    for tree in ("compose", "docker"):  # what `up` and `tune --launch up` need of a checkout
-        shutil.copytree(REPO / tree, work / tree)
+    for name in CHECKOUT:  # what `up` and `tune --launch up` need of a checkout
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, work / name)
     shutil.copy(REPO / "pyproject.toml", work)
     base = {
         "HOME": str(scratch / "home"),

@@ -8,6 +8,8 @@
 - `files/alertmanager-config.yaml`: the route, receivers and inhibitions of compose's alertmanager.yml,
   from the same builder (alertmanager.alertmanager_config_spec), as the spec of an AlertmanagerConfig;
   templates/alertmanagerconfig.yaml fills in the chart's webhook URL.
+- `files/engine_guard.py`: src/ornith_stack/engine_guard.py with the header, which the engine pod mounts from a
+  ConfigMap (the upstream engine image does not carry ornith-stack).
 - `README.md`: templates/helm-readme.md.j2 with the values table from the same annotated values.yaml.
 - `ci/<scenario>.yaml`: complete values files for test scenarios that change a profile (e.g. the
   122B split over two 4-GPU nodes at tp 8), rendered through the same template as values-<profile>.yaml.
@@ -42,6 +44,9 @@ RULES_SOURCE = "src/ornith_stack/generate/prometheus.py (the rule groups of moni
 LIMITS_SOURCE = "src/ornith_stack/generate/prometheus.py (the scrape limits of monitoring/prometheus/prometheus.yml)"
 DASHBOARDS_SOURCE = f"{dashboards.SOURCE} (the dashboards of {dashboards.DASHBOARD_DIR}/)"
 ALERTMANAGER_SOURCE = f"src/ornith_stack/generate/alertmanager.py (what {alertmanager.CONFIG} routes and inhibits)"
+# The engine pod mounts this module from a ConfigMap: a copy in the chart, not a link, since a link does not survive
+# every checkout, `helm package` or a copy of the chart alone.
+ENGINE_GUARD_SOURCE = "src/ornith_stack/engine_guard.py"
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,8 @@ def files(root: Path) -> Iterator[GeneratedFile]:
                         lambda: with_header(LIMITS_SOURCE, prometheus.dump(prometheus.service_monitor_limits()), "yaml"))
     yield GeneratedFile(f"{CHART}/files/grafana-dashboards.yaml", DASHBOARDS_SOURCE, _dashboards)
     yield GeneratedFile(f"{CHART}/files/alertmanager-config.yaml", ALERTMANAGER_SOURCE, _alertmanager_config)
+    yield GeneratedFile(f"{CHART}/files/engine_guard.py", ENGINE_GUARD_SOURCE,
+                        lambda: with_header(ENGINE_GUARD_SOURCE, read_text(root / ENGINE_GUARD_SOURCE), "yaml"))
     for scenario in SCENARIOS:
         yield GeneratedFile(f"{CHART}/ci/{scenario.name}.yaml", _scenario_source(scenario),
                             _scenario_builder(scenario))
