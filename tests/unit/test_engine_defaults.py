@@ -432,8 +432,8 @@ def test_sglang_0521_multimodal_reservation_equals_the_engine(transport: str | N
     assert sglang.mm_reservation_bytes(text_only, rel21) == reserve(is_multimodal=False, mm_feature_transport=transport)
     assert sglang.mm_reservation_bytes(req, sglang.release_for("0.5.17")) == 0  # 0.5.17 has no reservation
     sp = sglang.split(req)
-    without = sglang.static_pool_rest(int(req.memory_before_load_gib * GIB), req.weights_per_gpu() + req.draft_weights_per_gpu(),
-                                      sp.mem_fraction_static)
+    loaded = req.weights_per_gpu() + req.draft_weights_per_gpu() + sp.extras.total
+    without = sglang.static_pool_rest(int(req.memory_before_load_gib * GIB), loaded, sp.mem_fraction_static)
     assert without - sp.rest == sp.mm_reservation > 0
 
 

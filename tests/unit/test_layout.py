@@ -139,20 +139,20 @@ def test_a_profile_naming_a_gpu_the_table_lacks_is_refused(tmp_path: Path, monke
 # is tested in test_operator_profiles.py). L4 x4 and A10 x4 start no request (issue 30); 8x L40S is 2 x tp 4.
 FULL_WINDOW = 262_144
 SEED_000_LAYOUTS = {
-    "h100-sxm": ["needs 2", "1 x tp 2 (37)", "2 x tp 2 (37)", "4 x tp 2 (37)"],
+    "h100-sxm": ["needs 2", "1 x tp 2 (36)", "2 x tp 2 (36)", "4 x tp 2 (36)"],
     "h100-nvl": ["1 x tp 1 (1)", "1 x tp 2 (48)", "2 x tp 2 (48)", "4 x tp 2 (48)"],
     "h200": ["1 x tp 1 (32)", "2 x tp 1 (32)", "4 x tp 1 (32)", "8 x tp 1 (32)"],
     "h20": ["1 x tp 1 (2)", "1 x tp 2 (48)", "2 x tp 2 (48)", "4 x tp 2 (48)"],
-    "a100-40gb": ["needs 4", "needs 4", "1 x tp 4 (24)", "2 x tp 4 (24)"],
-    "a100-80gb": ["needs 2", "1 x tp 2 (37)", "2 x tp 2 (37)", "4 x tp 2 (37)"],
+    "a100-40gb": ["needs 4", "needs 4", "1 x tp 4 (23)", "1 x tp 8 (48)"],
+    "a100-80gb": ["needs 2", "1 x tp 2 (36)", "2 x tp 2 (36)", "4 x tp 2 (36)"],
     "b200": ["1 x tp 1 (48)", "2 x tp 1 (48)", "4 x tp 1 (48)", "8 x tp 1 (48)"],
-    "l40s": ["needs 4", "needs 4", "1 x tp 4 (38)", "2 x tp 4 (38)"],
-    "l4": ["needs 8", "needs 8", "needs 8", "1 x tp 8 (5)"],
-    "a10": ["needs 8", "needs 8", "needs 8", "1 x tp 8 (5)"],
+    "l40s": ["needs 4", "needs 4", "1 x tp 4 (37)", "2 x tp 4 (37)"],
+    "l4": ["needs 8", "needs 8", "needs 8", "1 x tp 8 (2)"],
+    "a10": ["needs 8", "needs 8", "needs 8", "1 x tp 8 (2)"],
     "rtx-pro-6000": ["1 x tp 1 (2)", "1 x tp 2 (48)", "2 x tp 2 (48)", "4 x tp 2 (48)"],
-    "rtx-6000-ada": ["needs 2", "1 x tp 2 (1)", "1 x tp 4 (46)", "2 x tp 4 (46)"],
-    "rtx-4090": ["needs 8", "needs 8", "needs 8", "1 x tp 8 (15)"],
-    "rtx-5090": ["needs 4", "needs 4", "1 x tp 4 (5)", "1 x tp 8 (48)"],
+    "rtx-6000-ada": ["needs 2", "1 x tp 2 (1)", "1 x tp 4 (44)", "2 x tp 4 (44)"],
+    "rtx-4090": ["needs 8", "needs 8", "needs 8", "1 x tp 8 (12)"],
+    "rtx-5090": ["needs 4", "needs 4", "1 x tp 4 (3)", "1 x tp 8 (48)"],
 }
 
 
@@ -198,7 +198,7 @@ def test_one_h100_is_refused_with_the_fix(capsys: pytest.CaptureFixture[str], tm
     assert main(["profiles", "new", "h100", "--gpu", "NVIDIA H100 80GB HBM3", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "Traceback" not in err
-    assert "one NVIDIA H100 80GB (SXM)" in err and "two of them, tp 2, would (37 running requests per replica; " \
+    assert "one NVIDIA H100 80GB (SXM)" in err and "two of them, tp 2, would (36 running requests per replica; " \
         "--count 2)" in err
     assert list(tmp_path.iterdir()) == [] and not (Path(os.environ["ORNITH_PROFILE_DIR"]) / "h100.yaml").exists()
 
@@ -295,8 +295,8 @@ def test_replicas_are_pinned_to_their_own_gpus_behind_the_gateway() -> None:
     workers = command[command.index("--worker-urls") + 1: command.index("--policy")]
     assert workers == [f"http://engine-{i}:30000" for i in range(4)]
     assert command[command.index("--policy") + 1] == "cache_aware"
-    # Balanced once a replica has its running-request limit (sized to the A100 80GB: 37) more in flight.
-    assert command[command.index("--balance-abs-threshold") + 1] == "37"
+    # Balanced once a replica has its running-request limit (sized to the A100 80GB: 36) more in flight.
+    assert command[command.index("--balance-abs-threshold") + 1] == "36"
     assert gateway["ports"] == ["${ORNITH_BIND:-127.0.0.1}:${ORNITH_ENGINE_PORT:-30000}:30000"]
     assert "/readiness" in " ".join(gateway["healthcheck"]["test"])
     exporter = services["exporter"]["command"]

@@ -91,9 +91,11 @@ def test_a_static_fraction_leaving_no_kv_is_refused_with_sglangs_reason(capsys: 
     data = json.loads(capsys.readouterr().out)
     (problem,) = data["problems"]
     assert "leave no GPU memory for the KV cache under --mem-fraction-static=0.5" in problem["message"]
-    # Against the memory SGLang finds before loading (the total less context, collective start and margin).
-    weights = (data["weights_bytes"] + data["draft_weights_bytes"]) / (
-        data["engine_details"]["memory_before_load_gib"] * (1 << 30))
+    # Against the memory SGLang finds before loading (the total less context, collective start and margin):
+    # 1 - available / pre-load memory, what loading took being the weights and what SGLang's load adds.
+    d = data["engine_details"]
+    weights = (data["weights_bytes"] + data["draft_weights_bytes"] + d["load_extras_bytes"]) / (
+        d["memory_before_load_gib"] * (1 << 30))
     assert problem["fix"] == f"--mem-fraction-static above {math.ceil(weights * 1000) / 1000:.3f}"
     assert data["fits"] is False
 

@@ -48,7 +48,7 @@ def choose(name: str, gpus: list[GpuInfo]) -> Choice:
 
     Among saved profiles whose GPU matches: one whose plan fits, then the most GPUs, then the first by name. When the GPU table knows the GPU and the layout computed
     for the whole host (`profiles new`'s) serves more than that profile, auto takes the computed one: 8x H200
-    get 8 replicas, not gpu96 on one GPU; one H200 gets 32 running requests and 297,361 KV tokens, not seed
+    get 8 replicas, not gpu96 on one GPU; one H200 gets 32 running requests and 285,608 KV tokens, not seed
     000's caps (4 and 40,960). `up` saves it as an operator profile before it starts it, and finds it saved
     the next time. `--profile gpu96` is seed 000 as published."""
     if name != "auto":

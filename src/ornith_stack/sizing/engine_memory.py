@@ -39,6 +39,14 @@ COLLECTIVE_GIB: dict[int, tuple[float, bool]] = {1: (0.10, True), 2: (1.01, True
                                                  8: (2.0, False)}
 # Kept below the idle card's figure by every computed profile's caps; the doctor does not subtract it.
 SLACK_GIB = 0.5
+# What SGLang 0.5.17's start holds when it sizes its pools beyond what the planner counts (the weights and
+# `load_extras` in engines/sglang/accounting.py: RoPE caches, deepstack mergers, DFlash's fused KV weights):
+# the caching allocator's partly filled segments (a checkpoint's 1-10 MiB tensors share 20 MiB segments: the
+# vision tower's 27 blocks leave ~40 MiB, by a replay of PyTorch's allocator) and CUDA's own. Measured: the
+# 35B at real shapes on the H200 (tests/fixtures/engines/sglang-0.5.17/realsize-h200, cold start: 292,330 KV
+# tokens from 139.07 GiB before loading) took 66.856 GiB before SGLang profiled, 0.056 +- 0.004 more than
+# counted; the tiny model's recordings (tp1, uncapped-tp1, tp2 beside it) 0.03, 0.03 and 0.00. Taken as 0.05.
+SGLANG_LOAD_UNTRACKED_GIB = 0.05
 
 
 @dataclass(frozen=True)

@@ -64,22 +64,38 @@ class VisionShape:
     spatial_merge_size: int
     out_hidden_size: int
     num_position_embeddings: int
+    num_heads: int = 16
+    # Blocks whose output a deepstack merger feeds to the language model (Qwen3-VL: 8, 16, 24; Qwen3.5
+    # publishes none, `[]`); None: the config has no such key (each engine then takes its own default).
+    deepstack_visual_indexes: tuple[int, ...] | None = None
+
+    @property
+    def num_deepstack_mergers(self) -> int:
+        """Deepstack mergers the config lists (none when it lists none or has no key)."""
+        return len(self.deepstack_visual_indexes or ())
 
     @property
     def tensor_count(self) -> int:
         """`visual.*` tensors a complete checkpoint stores: 12 per block (norm1/norm2, qkv, proj,
         fc1, fc2, each weight + bias), patch embed weight + bias, position embedding, merger norm +
-        fc1 + fc2 (weight + bias). 27 blocks -> 333, the count seed 003 reports for Ornith 1.0."""
-        return 12 * self.depth + 3 + 6
+        fc1 + fc2 (weight + bias), the same 6 for each deepstack merger. 27 blocks -> 333, the count
+        seed 003 reports for Ornith 1.0."""
+        return 12 * self.depth + 3 + 6 * (1 + self.num_deepstack_mergers)
+
+    def merger_params(self, postshuffle_norm: bool = False) -> int:
+        """One patch merger: its norm (over the block width, or over the merged width for a deepstack
+        merger's post-shuffle norm), fc1 (merged -> merged) and fc2 (merged -> out), with biases."""
+        merged = self.hidden_size * self.spatial_merge_size**2
+        norm = 2 * (merged if postshuffle_norm else self.hidden_size)
+        return norm + (merged * merged + merged) + (merged * self.out_hidden_size + self.out_hidden_size)
 
     @property
     def params(self) -> int:
         h, m = self.hidden_size, self.intermediate_size
         patch = self.in_channels * self.temporal_patch_size * self.patch_size**2 * h + h
         block = 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * m + m) + (m * h + h)
-        merged = h * self.spatial_merge_size**2
-        merger = 2 * h + (merged * merged + merged) + (merged * self.out_hidden_size + self.out_hidden_size)
-        return patch + self.num_position_embeddings * h + self.depth * block + merger
+        deepstack = self.num_deepstack_mergers * self.merger_params(postshuffle_norm=True)
+        return patch + self.num_position_embeddings * h + self.depth * block + self.merger_params() + deepstack
 
 
 @dataclass(frozen=True)
@@ -114,6 +130,8 @@ class ModelShape:
     tie_word_embeddings: bool = False
     mtp_num_hidden_layers: int = 0
     vision: VisionShape | None = None
+    # RoPE on this share of head_dim (`partial_rotary_factor`, top level or in rope_parameters); 1: all of it.
+    partial_rotary_factor: float = 1.0
     # DFlash drafts: the target's embeddings and head are shared, and an fc reads target layers.
     is_dflash_draft: bool = False
     dflash_target_layers: int = 0
@@ -134,6 +152,11 @@ class ModelShape:
     @property
     def num_linear_attention_layers(self) -> int:
         return sum(t == LINEAR_ATTENTION for t in self.layer_types)
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head RoPE rotates (the engines' `int(head_dim * partial_rotary_factor)`)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def is_hybrid(self) -> bool:
@@ -295,6 +318,7 @@ def shape_from_config(data: dict[str, Any], source: str = "config.json", name: s
         tie_word_embeddings=bool(data.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
         mtp_num_hidden_layers=get.int("mtp_num_hidden_layers", default=0),
         vision=_vision(data.get("vision_config"), f"{source}: vision_config"),
+        partial_rotary_factor=_partial_rotary_factor(text, where),
         is_dflash_draft=dflash is not None,
         dflash_target_layers=len(target_layers),
         mask_token_id=(dflash or {}).get("mask_token_id", data.get("ornith_mask_token_id")),
@@ -352,6 +376,29 @@ def _optional_dtype(value: Any, where: str) -> str | None:
     return str(value)
 
 
+def _partial_rotary_factor(text: dict[str, Any], where: str) -> float:
+    """`partial_rotary_factor` at the top of the text config, else in rope_parameters (rope_scaling before
+    transformers 5), else 1."""
+    value = text.get("partial_rotary_factor")
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = text.get(key)
+        if value is None and isinstance(rope, dict):
+            value = rope.get("partial_rotary_factor")
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise UserError(f"{where}: partial_rotary_factor must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _deepstack(value: Any, where: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise UserError(f"{where}: deepstack_visual_indexes must be a list of block indexes, got {value!r}")
+    return tuple(value)
+
+
 def _vision(data: Any, where: str) -> VisionShape | None:
     if not isinstance(data, dict):
         return None
@@ -367,6 +414,8 @@ def _vision(data: Any, where: str) -> VisionShape | None:
         spatial_merge_size=get.int("spatial_merge_size", default=2),
         out_hidden_size=get.int("out_hidden_size", default=hidden),
         num_position_embeddings=get.int("num_position_embeddings", default=0),
+        num_heads=get.int("num_heads", default=16, minimum=1),
+        deepstack_visual_indexes=_deepstack(data.get("deepstack_visual_indexes"), where),
     )
 
 

@@ -11,6 +11,9 @@ what differs between them is one `Release` record, chosen by the profile's engin
   "extra_buffer" for Qwen3.5 with the overlap scheduler and the triton linear-attention backend);
 - `static_pool_rest`: kv_cache_configurator.py `_profile_available_bytes` (memory after weights, target
   and draft, minus total x (1 - mem_fraction_static); 0.5.21 also minus `mm_runtime_reservation_gb`);
+- `load_extras`: what SGLang holds on the GPU at that point besides the checkpoint's tensors (RoPE caches,
+  deepstack mergers a config without `deepstack_visual_indexes` gets, DFlash's fused KV weights, and the
+  allocator's share measured at real size);
 - `mamba_pool`: `_handle_max_mamba_cache` (state slots K and the DFlash verify buffers solved jointly
   inside the static pool, each with the pool's +1 padding slot);
 - `kv_cell_bytes` and `max_total_num_tokens`: pool_configurator.py `DefaultPoolConfigurator` (full
@@ -29,6 +32,7 @@ from packaging.version import InvalidVersion, Version
 from ornith_stack.engines.capabilities import attention_backend_line, unrunnable
 from ornith_stack.errors import UserError
 from ornith_stack.sizing.common import attention_bytes_per_token, mamba_state_bytes, tp_divisibility
+from ornith_stack.sizing.engine_memory import SGLANG_LOAD_UNTRACKED_GIB
 from ornith_stack.sizing.model import GIB, Caps, Plan, PlanRequest, Problem, cdiv, gib
 from ornith_stack.sizing.shapes import ModelShape, VisionShape
 
@@ -255,6 +259,107 @@ def mamba_ratio(strategy: str, radix: bool, overlap: bool) -> int:
     return MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO + extra
 
 
+# -- what loading leaves on the GPU besides the checkpoint ----------------------------------------------
+
+# layers/rotary_embedding/base.py: on CUDA a RoPE cos/sin cache stays float32, one row per position of
+# rotary_dim values (cos and sin halves); get_rope shares one per distinct geometry.
+ROPE_CACHE_DTYPE_BYTES = 4
+# utils/common.py `reserve_rope_cache_for_long_sequences`, run at the end of each `load_model` (target and
+# draft): every RoPE cache grows to the context + speculative steps x draft tokens x 2 + 256 positions,
+# aligned to 128 (environ.py SGLANG_SPEC_EXPANSION_SAFETY_FACTOR, SGLANG_ROPE_CACHE_SAFETY_MARGIN,
+# SGLANG_ROPE_CACHE_ALIGN); `_ensure_cos_sin_cache_length` rounds the new length up to the next 128 again.
+ROPE_SPEC_FACTOR = 2
+ROPE_MARGIN = 256
+ROPE_ALIGN = 128
+# models/qwen3_vl.py Qwen3VLMoeVisionModel: the vision tower's RoPE is built for 8192 positions, on half
+# of each head.
+VISION_ROPE_POSITIONS = 8192
+# configs/qwen3_vl.py Qwen3VLVisionConfig: deepstack_visual_indexes when a vision config has no such key
+# (SGLang reloads a Qwen3.5 config with its own classes, so this default applies to them too).
+DEFAULT_DEEPSTACK_VISUAL_INDEXES = (8, 16, 24)
+# models/dflash.py: the drafts whose `supports_fused_context_kv` is true; dflash_worker_v2.py then stacks
+# every layer's K and V projection into one weight (FusedKVMaterializeHelper.flat_kv_weight_t).
+FUSED_KV_DRAFT_ARCHS = frozenset({"DFlashDraftModel"})
+# PyTorch's caching allocator: an allocation of 10 MiB or more gets a segment of its own rounded up to 2 MiB.
+ALLOCATOR_LARGE = 10 * MIB
+ALLOCATOR_ROUND = 2 * MIB
+
+
+def segment_bytes(n: int) -> int:
+    """What cudaMemGetInfo sees of a tensor of `n` bytes that gets a segment of its own."""
+    return cdiv(n, ALLOCATOR_ROUND) * ALLOCATOR_ROUND if n >= ALLOCATOR_LARGE else n
+
+
+def rope_reserve(req: PlanRequest) -> int:
+    """The positions `reserve_rope_cache_for_long_sequences` grows every RoPE cache to (before its own
+    rounding): the context, plus 2 x draft tokens for the one speculative step, plus 256, aligned to 128."""
+    steps = 1 if req.settings.speculative_method else 0
+    return cdiv(req.max_model_len + steps * draft_tokens(req) * ROPE_SPEC_FACTOR + ROPE_MARGIN, ROPE_ALIGN) * ROPE_ALIGN
+
+
+def rope_rows(positions: int, reserve: int) -> int:
+    """Rows of a cache built for `positions` once `_ensure_cos_sin_cache_length(reserve - 1)` ran."""
+    needed = reserve - 1
+    return positions if needed < positions else (needed + ROPE_ALIGN) // ROPE_ALIGN * ROPE_ALIGN
+
+
+def rope_cache_bytes(positions: int, rotary_dim: int, reserve: int) -> int:
+    return rope_rows(positions, reserve) * rotary_dim * ROPE_CACHE_DTYPE_BYTES
+
+
+def deepstack_mergers(vision: VisionShape) -> int:
+    """Deepstack mergers SGLang builds: the config's list, or its default three when the key is absent."""
+    listed = vision.deepstack_visual_indexes
+    return len(DEFAULT_DEEPSTACK_VISUAL_INDEXES if listed is None else listed)
+
+
+@dataclass(frozen=True)
+class LoadExtras:
+    """Bytes per GPU SGLang holds when it sizes its pools besides the checkpoint's tensors."""
+
+    rope: int  # the RoPE caches (text, vision tower, draft), grown to the context
+    deepstack: int  # deepstack mergers of a vision config without deepstack_visual_indexes
+    fused_kv: int  # DFlash's stacked KV weights, or the draft's pre-growth RoPE segment they are carved from
+    untracked: int  # the allocator's partly filled segments and CUDA's own (measured, engine_memory.py)
+
+    @property
+    def total(self) -> int:
+        return self.rope + self.deepstack + self.fused_kv + self.untracked
+
+
+def load_extras(req: PlanRequest, rel: Release = RELEASES[0]) -> LoadExtras:
+    """What `_profile_available_bytes` finds taken beyond the weights (the recorded 35B at real shapes:
+    tests/fixtures/engines/sglang-0.5.17/realsize-h200, README there):
+    - every RoPE cache, float32 and grown to the context after loading (target text, vision tower, draft);
+    - for a vision config without `deepstack_visual_indexes`, SGLang's default three deepstack mergers
+      (published Qwen3.5 configs list none: only a config without the key, as the recording's, gets them);
+    - DFlash's fused KV materialization: the draft's K and V projections stacked into one weight; the
+      allocator carves it from the segment the draft's RoPE cache left when it grew, which stays reserved;
+    - the allocator's partly filled segments and CUDA's own, measured (SGLANG_LOAD_UNTRACKED_GIB)."""
+    shape, tp, reserve = req.shape, req.settings.tp, rope_reserve(req)
+    rope = deepstack = fused = 0
+    if shape.num_full_attention_layers:
+        rope += segment_bytes(rope_cache_bytes(shape.max_position_embeddings, shape.rotary_dim, reserve))
+    vision = multimodal_vision(req, rel)
+    if vision is not None:
+        head_dim = vision.hidden_size // vision.num_heads
+        rope += segment_bytes(rope_cache_bytes(VISION_ROPE_POSITIONS, head_dim // 2, reserve))
+        missing = deepstack_mergers(vision) - vision.num_deepstack_mergers
+        deepstack = missing * vision.merger_params(postshuffle_norm=True) * req.model_dtype_bytes // tp
+    draft = req.draft
+    if draft is not None and req.settings.speculative_method == "dflash":
+        # DFlashAttention: RoPE on the whole head (rotary_dim = head_dim).
+        rope += segment_bytes(rope_cache_bytes(draft.max_position_embeddings, draft.head_dim, reserve))
+        if draft.architecture in FUSED_KV_DRAFT_ARCHS:
+            stacked = (attention_bytes_per_token(draft, tp, req.model_dtype_bytes) * draft.hidden_size
+                       * draft.num_layers)
+            before = draft.max_position_embeddings * draft.head_dim * ROPE_CACHE_DTYPE_BYTES
+            grew = rope_rows(draft.max_position_embeddings, reserve) > draft.max_position_embeddings
+            # The stack and its transposed copy both fit in the freed segment: the copy keeps it reserved.
+            fused = segment_bytes(before) if grew and 2 * stacked <= before else segment_bytes(stacked)
+    return LoadExtras(rope, deepstack, fused, int(SGLANG_LOAD_UNTRACKED_GIB * GIB))
+
+
 # -- the pool split -----------------------------------------------------------------------------------
 
 
@@ -366,6 +471,7 @@ class Split:
     draft_tokens: int
     release: Release
     mm_reservation: int  # 0.5.21: kept out of the pool for multimodal allocations after sizing
+    extras: LoadExtras  # what loading leaves on the GPU besides the weights
     rest: int  # static pool after weights, before the state pool
     per_request_state: int
     mamba: MambaPool
@@ -388,7 +494,8 @@ def split(req: PlanRequest) -> Split:
     ratio, d = mamba_ratio(strategy, radix, overlap), draft_tokens(req)
     requested = requested_running_requests(req)
     mm = mm_reservation_bytes(req, rel)
-    rest = static_pool_rest(total, req.weights_per_gpu() + req.draft_weights_per_gpu(), frac, mm)
+    extras = load_extras(req, rel)
+    rest = static_pool_rest(total, req.weights_per_gpu() + req.draft_weights_per_gpu() + extras.total, frac, mm)
     conv, recurrent = mamba_state_bytes(req, 0) if shape.is_hybrid else (0, 0)
     per_req = (conv + recurrent) * shape.num_linear_attention_layers
     pool = MambaPool(0, 0, 0)
@@ -400,8 +507,8 @@ def split(req: PlanRequest) -> Split:
     cell, page = kv_cell_bytes(req, rel), resolve_page_size(req)
     profiled, tokens = max_total_num_tokens(kv_rest, cell, page, s.max_total_tokens)
     running = running_requests(tokens, req.max_model_len, requested, pool.slots if per_req else None, ratio)
-    return Split(frac, strategy, overlap, ratio, d, rel, mm, rest, per_req, pool, kv_rest, cell, page, profiled,
-                 tokens, requested, running)
+    return Split(frac, strategy, overlap, ratio, d, rel, mm, extras, rest, per_req, pool, kv_rest, cell, page,
+                 profiled, tokens, requested, running)
 
 
 # -- the plan -------------------------------------------------------------------------------------------
@@ -454,6 +561,9 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
             "memory_before_load_gib": req.memory_before_load_gib,
             "page_size": sp.page,
             "mm_runtime_reservation_bytes": sp.mm_reservation,
+            # Taken with the weights before the pools are sized: RoPE caches, deepstack mergers SGLang adds,
+            # DFlash's fused KV weights, the allocator's share (`load_extras`).
+            "load_extras_bytes": sp.extras.total,
             "mem_fraction_static": sp.mem_fraction_static,
             "headroom_bytes": headroom,
             "static_pool_rest_bytes": max(sp.rest, 0),
@@ -526,11 +636,13 @@ def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
                  for bad in unrunnable(s.extra, req.compute_capability)]
     if sp.rest <= 0:
         # _profile_available_bytes raises this ValueError before any pool exists.
-        weights = req.weights_per_gpu() + req.draft_weights_per_gpu()
-        minimum = math.ceil(weights / (req.memory_before_load_gib * GIB) * 1000) / 1000  # SGLang's suggestion
+        # SGLang's suggestion, 1 - available / pre-load memory: what loading took, RoPE caches and all.
+        weights = req.weights_per_gpu() + req.draft_weights_per_gpu() + sp.extras.total
+        minimum = math.ceil(weights / (req.memory_before_load_gib * GIB) * 1000) / 1000
         fix = (f"--mem-fraction-static above {minimum:.3f}" if minimum < 1
                else f"--tp {s.tp * 2} (more GPUs) or a smaller checkpoint")
-        return [*problems, Problem("weights", f"SGLang: loaded weights ({gib(weights)} per GPU, target + draft) leave no "
+        return [*problems, Problem("weights", f"SGLang: loaded weights ({gib(weights)} per GPU, target + draft with "
+                        "what loading adds) leave no "
                         f"GPU memory for the KV cache under --mem-fraction-static={sp.mem_fraction_static:g}",
                         fix)]
     if req.shape.is_hybrid and sp.mamba.slots <= 0:
