@@ -26,10 +26,11 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import pytest
@@ -168,11 +169,45 @@ def start_load(env: dict[str, str], gateway: str, key: str, requests: int, out: 
     return load
 
 
-def test_a_flag_change_rolls_the_replicas_under_load_with_no_failed_request(
+def up_interrupted(env: dict[str, str], marker: str, out: Path) -> tuple[int, str]:
+    """`up` until a progress note contains `marker`, then Ctrl-C (SIGINT to `up` alone, as a terminal's would
+    reach it); its exit status and what it wrote to stderr."""
+    seen, lines = threading.Event(), []
+
+    def read(stream: IO[str]) -> None:
+        for line in stream:
+            lines.append(line)
+            if marker in line:
+                seen.set()
+
+    with (out / "up-stdout.txt").open("w") as stdout:
+        up = subprocess.Popen([sys.executable, "-m", "ornith_stack.cli", "up", NAME, "--project", PROJECT,
+                               "--start-timeout", "1500"], cwd=REPO, env=env, stdout=stdout,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+        assert up.stderr is not None
+        reader = threading.Thread(target=read, args=(up.stderr,), daemon=True)
+        reader.start()
+        try:
+            reached = seen.wait(timeout=1500)
+            up.send_signal(signal.SIGINT)
+            rc = up.wait(timeout=300)
+        finally:
+            if up.poll() is None:
+                up.kill()
+                up.wait(timeout=60)
+        reader.join(timeout=60)
+    text = "".join(lines)
+    assert reached, f"`up` never wrote {marker!r}:\n{text[-4000:]}"
+    return rc, text
+
+
+def test_a_flag_change_rolls_the_replicas_under_load_and_an_interrupted_roll_resumes_with_no_failed_request(
         first_up: subprocess.CompletedProcess[str], stack_env: dict[str, str], tmp_path: Path) -> None:
     before = project_containers()
     secrets = read_env(ENV_FILE)
     gateway = f"http://127.0.0.1:{stack_env['ORNITH_ENGINE_PORT']}"
+    wide = {**stack_env, "COLUMNS": "400"}  # a wide console: each progress note on one line
+    stack = Stack(NAME, PROJECT, COMPOSE_FILE, ENV_FILE)
 
     # The change: one engine flag, in the profile and so in the compose file.
     write_replica_profile(Path(stack_env["ORNITH_PROFILE_DIR"]), NAME, "test_up_replicas_journey.py",
@@ -182,18 +217,29 @@ def test_a_flag_change_rolls_the_replicas_under_load_with_no_failed_request(
     time.sleep(BEFORE_S)
     load.send_signal(signal.SIGUSR1)  # the change window begins
     began = time.monotonic()
-    # A wide console: each progress note on one line.
-    rolled = ornith({**stack_env, "COLUMNS": "400"}, "up", NAME, "--project", PROJECT, "--start-timeout", "1500",
-                    timeout=3000)
+    # The operator presses Ctrl-C once engine-1 is recreated, while `up` waits for it to be healthy: engine-1
+    # stays out of rotation, recorded, and `status` says so; the next `up` puts it back and rolls nothing again.
+    code, interrupted = up_interrupted(wide, "engine-1: recreated", tmp_path)
+    left_out = read_state(stack).out
+    shown_out = ornith(stack_env, "status", "--project", PROJECT, "--interval", "1", timeout=300).stdout
+    rolled = ornith(wide, "up", NAME, "--project", PROJECT, "--start-timeout", "1500", timeout=3000)
     roll_s = time.monotonic() - began
     load.send_signal(signal.SIGUSR1)  # ... and ends
     out, err = load.communicate(timeout=AFTER_S + 600)
+    print(interrupted[-6000:])
     print(rolled.stderr[-6000:])
     print(out)
+    assert code == 130 and "engine-1: interrupted: out of rotation until `ornith-stack up` runs again" in \
+        " ".join(interrupted.split()), interrupted[-4000:]
+    assert left_out == ["engine-1"], left_out
+    assert re.search(r"out of the gateway's rotation: \S*engine-1\b", shown_out), shown_out
     assert rolled.returncode == 0, rolled.stdout[-2000:] + rolled.stderr[-4000:]
+    resumed = " ".join(rolled.stderr.split())
+    assert "engine-1: recorded out of rotation by an interrupted `up`" in resumed, resumed
+    assert "engine-0: out of rotation" not in resumed, resumed  # rolled once, not again
     report = json.loads((tmp_path / "load.json").read_text())
     total, phases = report["total"], report["phases"]
-    notes = " ".join(rolled.stderr.split())
+    notes = " ".join(interrupted.split()) + " " + resumed
     per_replica = {r: (re.search(rf"{r}: drained in ([0-9.]+) s \((\d+) in flight", notes),
                        re.search(rf"{r}: healthy after (\d+) s", notes)) for r in REPLICAS}
     print(f"`up` with the change: {roll_s:.0f} s; requests sent {total['sent']}, completed {total['completed']}, "
@@ -204,7 +250,7 @@ def test_a_flag_change_rolls_the_replicas_under_load_with_no_failed_request(
     # Not a request failed, before, during or after the change, and the load covered all of it.
     assert total["sent"] == total["completed"] and 0 < total["sent"] < REQUESTS_BOUND, out + err
     assert phases["during"]["sent"] > 0 and phases["after"]["sent"] > 0, out
-    assert "changed: rolled engine-0, engine-1 one at a time" in rolled.stdout, rolled.stdout
+    assert "engine-0: back in rotation" in " ".join(interrupted.split()), notes  # engine-0 rolled before the Ctrl-C
     # One replica after the other: engine-1 left the rotation only once engine-0 was back in it, ...
     order = [notes.index(f"{r}: {what}") for r in REPLICAS for what in ("out of rotation", "back in rotation")]
     assert order == sorted(order), notes
@@ -222,7 +268,7 @@ def test_a_flag_change_rolls_the_replicas_under_load_with_no_failed_request(
     listed = httpx.get(f"{gateway}{deployment.GATEWAY_WORKERS_PATH}", timeout=30,
                        headers={"Authorization": f"Bearer {secrets['ORNITH_OPERATOR_KEY']}"}).json()["workers"]
     assert sorted(w["url"] for w in listed) == [deployment.worker_url(r, 8000) for r in REPLICAS]
-    assert read_state(Stack(NAME, PROJECT, COMPOSE_FILE, ENV_FILE)).out == []
+    assert read_state(stack).out == []
     shown = ornith(stack_env, "status", "--project", PROJECT, "--interval", "1", timeout=300).stdout
     assert "out of the gateway's rotation" not in shown and "rotation unknown" not in shown, shown
 

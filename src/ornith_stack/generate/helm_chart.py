@@ -47,6 +47,7 @@ ALERTMANAGER_SOURCE = f"src/ornith_stack/generate/alertmanager.py (what {alertma
 # The engine pod mounts this module from a ConfigMap: a copy in the chart, not a link, since a link does not survive
 # every checkout, `helm package` or a copy of the chart alone.
 ENGINE_GUARD_SOURCE = "src/ornith_stack/engine_guard.py"
+ENGINE_GUARD = Path(__file__).resolve().parents[1] / "engine_guard.py"  # the installed package's, whatever the root
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def files(root: Path) -> Iterator[GeneratedFile]:
     yield GeneratedFile(f"{CHART}/files/grafana-dashboards.yaml", DASHBOARDS_SOURCE, _dashboards)
     yield GeneratedFile(f"{CHART}/files/alertmanager-config.yaml", ALERTMANAGER_SOURCE, _alertmanager_config)
     yield GeneratedFile(f"{CHART}/files/engine_guard.py", ENGINE_GUARD_SOURCE,
-                        lambda: with_header(ENGINE_GUARD_SOURCE, read_text(root / ENGINE_GUARD_SOURCE), "yaml"))
+                        lambda: with_header(ENGINE_GUARD_SOURCE, read_text(ENGINE_GUARD), "yaml"))
     for scenario in SCENARIOS:
         yield GeneratedFile(f"{CHART}/ci/{scenario.name}.yaml", _scenario_source(scenario),
                             _scenario_builder(scenario))
