@@ -22,6 +22,12 @@ EXPORTER_PORT = 9400
 # answer) for a model that cannot know it. A profile's `canary_check` names one.
 CANARY_CHECK_ANSWER, CANARY_CHECK_LIVENESS = "answer", "liveness"
 CANARY_CHECKS = (CANARY_CHECK_ANSWER, CANARY_CHECK_LIVENESS)
+# The exporter's GPU collector (NVML): auto reports "no_gpu" where there is no NVIDIA driver, required reports
+# that as an error (a GPU profile's exporter: compose, Helm and Ansible pass it), off reports nothing.
+GPU_METRICS_AUTO, GPU_METRICS_REQUIRED, GPU_METRICS_OFF = "auto", "required", "off"
+GPU_METRICS_MODES = (GPU_METRICS_AUTO, GPU_METRICS_REQUIRED, GPU_METRICS_OFF)
+# The exporter reads NVML only: the NVIDIA runtime gives its container the driver's utility libraries, no CUDA.
+NVIDIA_DRIVER_CAPABILITIES_NVML = "utility"
 # Containers listen on every address of their own network namespace; a host-mode exporter listens
 # on loopback unless asked, so it is not reachable from the network by default.
 EXPORTER_LISTEN = f":{EXPORTER_PORT}"

@@ -1,5 +1,5 @@
 """`ornith-stack exporter --target URL [--target URL ...] [--listen [HOST]:PORT] [--canary [--canary-check answer|liveness]]
-[--profile NAME]`."""
+[--profile NAME] [--gpu-metrics auto|required|off] [--model-cache PATH ...]`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ from typing import Annotated
 
 import typer
 
-from ornith_stack.deployment import CANARY_CHECK_ANSWER, CANARY_CHECKS, EXPORTER_LISTEN_HOST, GATEWAY_METRICS_PORT
+from ornith_stack.deployment import (
+    CANARY_CHECK_ANSWER,
+    CANARY_CHECKS,
+    EXPORTER_LISTEN_HOST,
+    GATEWAY_METRICS_PORT,
+    GPU_METRICS_AUTO,
+    GPU_METRICS_MODES,
+)
 from ornith_stack.errors import UserError, shown
 from ornith_stack.exporter import catalogue as C
 from ornith_stack.exporter.scrape import Target
@@ -44,6 +51,13 @@ def register(app: typer.Typer) -> None:
             envvar="ORNITH_API_KEY", show_default=False,
             help="The engines' API key, sent as `Authorization: Bearer` by the canary and the info "
                  "request (prefer the environment variable: a flag shows in the process list).")] = "",
+        gpu_metrics: Annotated[str, typer.Option(
+            help="GPU memory and utilization through NVML: auto (a host without an NVIDIA driver reports "
+                 "no_gpu), required (it reports an error: the exporter of a GPU profile), off.")
+                               ] = GPU_METRICS_AUTO,
+        model_cache: Annotated[list[str] | None, typer.Option(
+            "--model-cache", help="A model cache path (the engines' HF_HOME, mounted read-only) whose file "
+            "system's free and total bytes to report; repeat for several.")] = None,
     ) -> None:
         """Serve unified ornith_* metrics (acceptance, throughput, latency) scraped from vLLM/SGLang engines."""
         if not target:
@@ -53,6 +67,13 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--canary-check {shown(canary_check)}: choose {' or '.join(CANARY_CHECKS)}")
         if not 0 < canary_interval < float("inf"):
             raise UserError(f"--canary-interval {canary_interval}: expected a positive number of seconds")
+        if gpu_metrics not in GPU_METRICS_MODES:
+            raise UserError(f"--gpu-metrics {shown(gpu_metrics)}: choose {', '.join(GPU_METRICS_MODES)}")
+        caches = tuple(dict.fromkeys(path.strip() for path in model_cache or ()))
+        if any(not path or not path.isprintable() for path in caches):
+            raise UserError("--model-cache: a path, printable and not empty (a label value of the disk series)")
+        if len(caches) > C.MAX_MODEL_CACHE_PATHS:
+            raise UserError(f"--model-cache: {len(caches)} paths, at most {C.MAX_MODEL_CACHE_PATHS}")
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         draft = ""
         if profile:
@@ -78,6 +99,7 @@ def register(app: typer.Typer) -> None:
         try:
             serve(Settings(targets, host, port, timeout=timeout, canary=canary, canary_interval=canary_interval,
                            canary_checks_answer=canary_check == CANARY_CHECK_ANSWER,
-                           gateways=gateways))
+                           gateways=gateways, profile=profile or "", gpu_metrics=gpu_metrics,
+                           model_cache=caches))
         except KeyboardInterrupt:
             pass

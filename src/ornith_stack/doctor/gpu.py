@@ -1,4 +1,5 @@
-"""GPU probe: what NVML (`nvidia-ml-py`) says about each GPU, asked one query at a time.
+"""GPU probe: what NVML (`nvidia-ml-py`, started through ornith_stack.nvml) says about each GPU, asked one
+query at a time.
 
 Only a failure to start NVML, or zero devices, means "no GPU". Any other query may fail on its
 own (NVML raises a subclass of `pynvml.NVMLError` per return code) and is recorded with the GPU:
@@ -19,9 +20,9 @@ import ctypes
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from ornith_stack.nvml import NoGpu, nvml_module, text, why_failed
 from ornith_stack.planner import GIB
 
 MEMINFO = Path("/proc/meminfo")
@@ -29,10 +30,6 @@ NVML_MEMORY = "NVML"
 HOST_MEMORY = "host MemAvailable + SwapFree (unified memory: NVML reports no GPU memory of its own)"
 # cuInit's answer on NVSwitch systems whose fabric manager is not running.
 CUDA_ERROR_SYSTEM_NOT_READY = 802
-
-
-class NoGpu(Exception):
-    """No NVIDIA GPU is usable: NVML missing, no driver, no permission, or zero devices."""
 
 
 @dataclass(frozen=True)
@@ -56,11 +53,11 @@ class GpuInfo:
 
 def probe_gpus() -> list[GpuInfo]:
     """Every GPU NVML sees; NoGpu (never a traceback) when there is no NVML, driver or device."""
-    nvml = _nvml()
+    nvml = nvml_module()
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
-        raise NoGpu(_why_nvml_failed(nvml, exc)) from None
+        raise NoGpu(why_failed(nvml, exc)) from None
     try:
         try:
             count = nvml.nvmlDeviceGetCount()
@@ -69,33 +66,13 @@ def probe_gpus() -> list[GpuInfo]:
         if count == 0:
             raise NoGpu("NVML reports 0 GPUs")
         try:
-            driver = _text(nvml.nvmlSystemGetDriverVersion())
+            driver = text(nvml.nvmlSystemGetDriverVersion())
         except nvml.NVMLError as exc:
             driver = f"unknown ({exc})"
         return [_probe_one(nvml, i, driver) for i in range(count)]
     finally:
         with suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
-
-
-def _nvml() -> ModuleType:
-    try:
-        import pynvml  # type: ignore[import-untyped]
-    except ImportError as exc:  # the package is a dependency, but an image may lack it
-        raise NoGpu(f"nvidia-ml-py is not installed ({exc})") from None
-    return pynvml
-
-
-def _why_nvml_failed(nvml: Any, exc: Exception) -> str:
-    if isinstance(exc, nvml.NVMLError_LibraryNotFound):
-        return ("NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver on this host, or the container "
-                "runs without the NVIDIA runtime (docker --gpus all, compose 'gpus: all', Kubernetes "
-                "runtimeClassName: nvidia)")
-    if isinstance(exc, nvml.NVMLError_DriverNotLoaded):
-        return "the NVIDIA kernel driver is not loaded: install it, or reboot after installing it"
-    if isinstance(exc, nvml.NVMLError_NoPermission):
-        return "no permission to open the GPU device files (/dev/nvidia*): run as a user who may"
-    return f"NVML could not start ({exc})"
 
 
 def _probe_one(nvml: Any, index: int, driver: str) -> GpuInfo:
@@ -117,7 +94,7 @@ def _probe_one(nvml: Any, index: int, driver: str) -> GpuInfo:
     brand = ask("brand", nvml.nvmlDeviceGetBrand, handle)
     return GpuInfo(
         index=index,
-        name=_text(name) if name is not None else "unknown",
+        name=text(name) if name is not None else "unknown",
         memory_gib=memory,
         compute_capability=f"{capability[0]}.{capability[1]}" if capability else "unknown",
         driver_version=driver,
@@ -221,7 +198,3 @@ def cuda_init_error() -> int | None:
     except OSError:
         return None
     return int(libcuda.cuInit(0))
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -432,6 +432,15 @@ class EngineAdapter:
         request finishes). vLLM counts generation_tokens_total per iteration."""
         return self.read(samples, self.metrics.generation_tokens)
 
+    def finished_requests(self, samples: Samples) -> float | None:
+        """Requests the engine finished, every outcome (its `requests_finished` counter)."""
+        return self.read(samples, self.requests_finished)
+
+    def aborted_requests(self, samples: Samples) -> float | None:
+        """Requests an abort ended (a client that went away, an abort call), as the engine counts them; None
+        where it counts none."""
+        return None
+
     def kv_usage(self, samples: Samples) -> float | None:
         """Share of the KV cache in use: the fullest rank (data-parallel ranks each own a pool, and a
         request fails on the full one however empty the others are)."""
@@ -455,7 +464,7 @@ class EngineAdapter:
 
     def sample_names(self) -> set[str]:
         """Every sample name this adapter reads from /metrics (lets a scraper skip the rest)."""
-        names = set(self.spec_samples) | set(self.extra_samples)
+        names = set(self.spec_samples) | set(self.extra_samples) | {self.requests_finished}
         for field_name, value in vars(self.metrics).items():
             if field_name in HISTOGRAMS:
                 names.update(f"{value}{suffix}" for suffix in ("_bucket", "_sum", "_count"))

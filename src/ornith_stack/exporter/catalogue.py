@@ -20,6 +20,9 @@ RATIO = "ratio 0-1"
 # Labels every per-target engine metric carries.
 TARGET = ("target", "profile")
 ENGINE = ("target", "profile", "engine", "model")
+# Labels of the host's own series (GPUs, the model cache): the exporter's --profile, not a target.
+GPU = ("profile", "gpu", "uuid", "name")
+CACHE = ("profile", "path")
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,16 @@ MAMBA_CACHE_USAGE = _m("ornith_mamba_cache_usage_ratio", "gauge", RATIO, ENGINE,
                        "Share of the mamba state slots in use on the fullest rank (SGLang mamba_usage; "
                        "engines that do not report it have no series).")
 
+REQUESTS_FINISHED = _m("ornith_requests_finished", "counter", "requests", ENGINE, "requests",
+                       "Requests the engine finished, whatever the outcome (vLLM request_success, every "
+                       "finished_reason; SGLang num_requests, those an abort ended included), the engine's own "
+                       "counter: the abort ratio's denominator.")
+REQUESTS_ABORTED = _m("ornith_requests_aborted", "counter", "requests", ENGINE, "requests",
+                      "Requests ended by an abort, mostly clients that went away (vLLM request_success with "
+                      "finished_reason=\"abort\"). SGLang counts abort calls instead (num_aborted_requests: one "
+                      "abort_all that ends four streams counts 1, so a lower bound), from the first one on; SGLang "
+                      "0.5.17 lets the request of a client that went away run on and counts nothing for it.")
+
 # -- latency: the engine's histograms passed through under our names ---------------------------
 TTFT = _m("ornith_time_to_first_token_seconds", "histogram", "seconds", ENGINE, "latency",
           "Time to first token per request (the engine's histogram, buckets as the engine sets them).")
@@ -129,6 +142,35 @@ CANARY_RUNS = _m("ornith_canary_runs", "counter", "requests", (*TARGET, "outcome
 CANARY_LAST_RUN = _m("ornith_canary_last_run_timestamp_seconds", "gauge", "unix seconds", TARGET, "canary",
                      "When the last canary run finished, whatever its outcome (stale: the canary stopped).")
 
+# -- the host: GPUs through NVML, the model cache's disk ----------------------------------------
+GPU_NVML_STATE = _m("ornith_gpu_nvml_state", "gauge", "1 or 0", ("profile", "state"), "gpu",
+                    "NVML as the exporter's last scrape found it: 1 for the state it is in, 0 for the others. ok: "
+                    "NVML answered; no_gpu: no NVIDIA driver or device where the exporter runs (a CPU host; with "
+                    "--gpu-metrics auto, also a container without the NVIDIA runtime); error: NVML failed (driver "
+                    "not loaded, no permission, a GPU lost, or no NVML where --gpu-metrics required expects "
+                    "GPUs). Absent with --gpu-metrics off.")
+GPU_UP = _m("ornith_gpu_up", "gauge", "1 or 0", GPU, "gpu",
+            "1 if NVML answered the GPU's queries in the last scrape; 0 if one failed (GPU lost, unknown error) or "
+            "NVML no longer lists a GPU it listed before (fallen off the bus), which stays until the exporter "
+            "restarts.")
+GPU_MEMORY_USED = _m("ornith_gpu_memory_used_bytes", "gauge", "bytes", GPU, "gpu",
+                     "GPU memory in use by every process (NVML). An engine holds its static pools, 80-90% of the "
+                     "memory, from start to stop: high is normal. Absent where the GPU has no memory of its own "
+                     "(DGX Spark's unified memory: NVML answers NOT_SUPPORTED).")
+GPU_MEMORY_TOTAL = _m("ornith_gpu_memory_total_bytes", "gauge", "bytes", GPU, "gpu",
+                      "GPU memory in total (NVML); absent where the GPU has no memory of its own.")
+GPU_UTILIZATION = _m("ornith_gpu_utilization_ratio", "gauge", RATIO, GPU, "gpu",
+                     "Share of NVML's last sample period (1/6 s to 1 s, by GPU) in which a kernel ran on the GPU "
+                     "(utilization.gpu / 100): busy time, not how much of the GPU the kernels used.")
+MODEL_CACHE_SIZE = _m("ornith_model_cache_size_bytes", "gauge", "bytes", CACHE, "disk",
+                      "Size of the file system holding the model cache path (statvfs: f_blocks x f_frsize).")
+MODEL_CACHE_FREE = _m("ornith_model_cache_free_bytes", "gauge", "bytes", CACHE, "disk",
+                      "Bytes an unprivileged writer can still use on the model cache's file system (statvfs: "
+                      "f_bavail x f_frsize): what a model download has left.")
+MODEL_CACHE_READABLE = _m("ornith_model_cache_readable", "gauge", "1 or 0", CACHE, "disk",
+                          "1 if the exporter could read the model cache path's file system (statvfs), 0 if not "
+                          "(not mounted into the exporter, removed, an I/O error): the disk figures are then absent.")
+
 # -- the exporter itself -----------------------------------------------------------------------
 SCRAPE_DURATION = _m("ornith_exporter_scrape_duration_seconds", "gauge", "seconds", TARGET, "self",
                      "How long the last scrape of the target took (fetch and parse).")
@@ -148,6 +190,9 @@ SKIPPED_SAMPLES = _m("ornith_exporter_skipped_samples", "counter", "samples", (*
                      "(past the cap per target), not_finite (NaN or Inf), negative (a count below 0), "
                      "out_of_range (a ratio outside 0-1), long_label (an engine label value such as the model "
                      "name, cut to the cap).")
+COLLECT_DURATION = _m("ornith_exporter_collect_duration_seconds", "gauge", "seconds", ("collector",), "self",
+                      "How long the last collection of a host collector took: gpu (NVML queries), model_cache "
+                      "(statvfs); present for the collectors that run.")
 DUPLICATE_TARGET = _m("ornith_exporter_duplicate_target", "gauge", "always 1", (*TARGET, "same_as"), "self",
                       "Present while the target reaches the same engine as the earlier target `same_as` (same "
                       "engine kind, address and port, every loopback address as one, and path): its figures are "
@@ -159,6 +204,11 @@ ERROR_REASONS = ("timeout", "connect", "http_status", "too_large", "truncated", 
 SKIP_REASONS = ("bad_bucket", "too_many_buckets", "too_many_series", "not_finite", "negative", "out_of_range",
                 "long_label")
 CANARY_OUTCOMES = ("correct", "wrong", "failed", "unchecked")
+GPU_STATES = ("ok", "no_gpu", "error")
+HOST_COLLECTORS = ("gpu", "model_cache")
+# GPUs one exporter reports (NVML's first ones; an HGX board has 8) and model cache paths it watches.
+MAX_GPUS = 16
+MAX_MODEL_CACHE_PATHS = 4
 # Bounds on what one target adds to an answer, whatever the engine sends (a 100,000-bucket histogram made a
 # 15 MB answer, a 1 MiB model name a 100 MB one). Draft positions beyond MAX_POSITIONS are not exported.
 MAX_POSITIONS = 64
@@ -184,8 +234,16 @@ _LABEL_VALUES = {SCRAPE_ERRORS.name: ERROR_REASONS, SKIPPED_SAMPLES.name: SKIP_R
 def max_samples_per_target() -> int:
     """The most samples one target can add to an answer: its engine series (capped) and one sample per
     label value of every other per-target metric."""
-    other = sum(len(_LABEL_VALUES.get(m.name, ("",))) for m in CATALOGUE if m.labels[: len(ENGINE)] != ENGINE)
+    other = sum(len(_LABEL_VALUES.get(m.name, ("",))) for m in CATALOGUE
+                if m.labels[: len(TARGET)] == TARGET and m.labels[: len(ENGINE)] != ENGINE)
     return MAX_SERIES_PER_TARGET + other
+
+
+def max_host_samples() -> int:
+    """The most samples the host collectors add to an answer, whatever the number of targets."""
+    per_gpu = sum(1 for m in CATALOGUE if m.labels == GPU)
+    per_path = sum(1 for m in CATALOGUE if m.labels == CACHE)
+    return MAX_GPUS * per_gpu + len(GPU_STATES) + MAX_MODEL_CACHE_PATHS * per_path + len(HOST_COLLECTORS)
 
 
 # -- derived series: recording rules over the counters above ------------------------------------

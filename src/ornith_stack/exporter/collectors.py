@@ -8,8 +8,9 @@ label sets cannot pile up.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric as Family
@@ -110,23 +111,44 @@ def _add(fam: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value:
         fam.add_metric(labels, value)
 
 
+class HostCollector(Protocol):
+    """A collector of the exporter's own machine (exporter/host.py: the GPUs, the model cache's disk)."""
+
+    def collect(self) -> Families: ...
+
+
+def collect_host(host: Sequence[tuple[str, HostCollector]]) -> Families:
+    """Each host collector's families, and how long each took (the exporter instruments itself)."""
+    if not host:
+        return
+    durations = family(C.COLLECT_DURATION)
+    for name, collector in host:
+        start = time.monotonic()
+        families = list(collector.collect())
+        durations.add_metric([name], time.monotonic() - start)
+        yield from families
+    yield durations
+
+
 class ExporterCollector(Collector):
     """The registry's only collector: one round of target scrapes per Prometheus scrape.
 
     `budget` (seconds) is this scrape's deadline, from Prometheus' X-Prometheus-Scrape-Timeout-Seconds;
     `with_budget` gives a collector for one request, so concurrent scrapes keep their own deadlines, and
     `with_results` one for results already in (the server waits for them without holding a thread).
+    `host`: the host collectors by name (C.HOST_COLLECTORS), run after the engines' figures.
     """
 
     def __init__(self, scraper: Scraper, canary: Canary | None = None, budget: float | None = None,
-                 results: list[Result] | None = None) -> None:
+                 results: list[Result] | None = None, host: Sequence[tuple[str, HostCollector]] = ()) -> None:
         self.scraper, self.canary, self.budget, self.results = scraper, canary, budget, results
+        self.host = tuple(host)
 
     def with_budget(self, budget: float | None) -> ExporterCollector:
-        return ExporterCollector(self.scraper, self.canary, budget)
+        return ExporterCollector(self.scraper, self.canary, budget, host=self.host)
 
     def with_results(self, results: list[Result]) -> ExporterCollector:
-        return ExporterCollector(self.scraper, self.canary, results=results)
+        return ExporterCollector(self.scraper, self.canary, results=results, host=self.host)
 
     def collect(self) -> Iterable[Family]:
         results = self.results if self.results is not None else self.scraper.scrape_all(self.budget)
@@ -134,6 +156,7 @@ class ExporterCollector(Collector):
         yield from collect_figures(results)
         yield from collect_canary(self.canary)
         yield from collect_self(self.scraper.states, results)
+        yield from collect_host(self.host)
 
     def describe(self) -> Iterable[Family]:
         # Registering must not scrape the targets.

@@ -370,6 +370,8 @@ def read_figures(result: Result, samples: Samples, skipped: dict[str, int]) -> N
     put(C.REQUESTS_WAITING, adapter.read(samples, names.requests_waiting))
     put(C.KV_CACHE_USAGE, adapter.kv_usage(samples))
     put(C.MAMBA_CACHE_USAGE, adapter.mamba_usage(samples))
+    put(C.REQUESTS_FINISHED, adapter.finished_requests(samples))
+    put(C.REQUESTS_ABORTED, adapter.aborted_requests(samples))
     for metric, field_name in ((C.TTFT, "ttft"), (C.ITL, "itl"), (C.E2E, "e2e")):  # base.HISTOGRAMS
         histogram = passthrough_histogram(samples, getattr(names, field_name), skipped)
         if histogram is not None and fits(len(histogram[0]) + 2):  # buckets, _sum and _count

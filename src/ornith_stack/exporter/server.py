@@ -21,10 +21,11 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, ProcessCollector
 
-from ornith_stack.deployment import EXPORTER_PORT, GATEWAY_SD_PATH, METRICS_PATH, SD_PATH
+from ornith_stack.deployment import EXPORTER_PORT, GATEWAY_SD_PATH, GPU_METRICS_OFF, METRICS_PATH, SD_PATH
 from ornith_stack.errors import UserError
 from ornith_stack.exporter.canary import Canary
 from ornith_stack.exporter.collectors import ExporterCollector, render
+from ornith_stack.exporter.host import host_collectors
 from ornith_stack.exporter.httpd import BoundedServer, Limits, Request, Response
 from ornith_stack.exporter.scrape import Result, Scraper, Target
 from ornith_stack.urls import redact
@@ -54,6 +55,11 @@ class Settings:
     gateways: list[Target] = field(default_factory=list)
     limits: Limits = Limits()
     workers: int = 4  # threads rendering answers
+    # The host's collectors: the `profile` label of their series, NVML's GPUs (deployment.GPU_METRICS_MODES)
+    # and the model cache paths whose file system is watched.
+    profile: str = ""
+    gpu_metrics: str = GPU_METRICS_OFF
+    model_cache: tuple[str, ...] = ()
 
 
 def canary_mode(settings: Settings) -> str:
@@ -128,7 +134,9 @@ class App:
         self.scraper = Scraper(settings.targets, timeout=settings.timeout)
         self.canary = (Canary(settings.targets, interval=settings.canary_interval, adapter_of=self.scraper.adapter_of,
                               check_answer=settings.canary_checks_answer) if settings.canary else None)
-        self.collector = ExporterCollector(self.scraper, self.canary)
+        self.collector = ExporterCollector(self.scraper, self.canary,
+                                           host=host_collectors(settings.profile, settings.gpu_metrics,
+                                                                settings.model_cache))
         self.process = ProcessCollector(registry=None)
         # Rendering is CPU work: a few threads, however many scrapers wait.
         self.pool = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="render")
@@ -229,7 +237,9 @@ def landing_page(settings: Settings) -> str:
         f'<p>Unified speculative-decoding, throughput and latency metrics: <a href="{METRICS_PATH}">{METRICS_PATH}</a></p>'
         f'<p>The engines, for Prometheus service discovery: <a href="{SD_PATH}">{SD_PATH}</a></p>'
         f"<p>Targets:</p><ul>{rows}</ul>"
-        f"<p>Canary: {canary_mode(settings)}</p></body></html>"
+        f"<p>Canary: {canary_mode(settings)}</p>"
+        f"<p>GPU metrics: {settings.gpu_metrics}; model cache: "
+        f"{html.escape(', '.join(settings.model_cache) or 'not watched')}</p></body></html>"
     )
 
 

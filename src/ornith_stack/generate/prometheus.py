@@ -59,10 +59,11 @@ ENGINE_LABEL_LIMIT, LABEL_LIMIT = 64, 32
 # Characters of one label value: the recordings' longest is 29; the exporter cuts the engine's own values
 # (the model name) to C.MAX_LABEL_LENGTH; the rest are target URLs and names.
 LABEL_VALUE_LENGTH_LIMIT = 1024
-# The exporter's answer: its own process' samples beside C.MAX_TARGETS targets' worst case, at most
-# 1 KiB per sample (a bucket line with a 256-character model name and a long target URL is about 500 B).
+# The exporter's answer: its own process' samples and its host collectors' (GPUs, model cache) beside
+# C.MAX_TARGETS targets' worst case, at most 1 KiB per sample (a bucket line with a 256-character model name
+# and a long target URL is about 500 B).
 PROCESS_SAMPLES = 16
-EXPORTER_SAMPLES = C.MAX_TARGETS * C.max_samples_per_target() + PROCESS_SAMPLES
+EXPORTER_SAMPLES = C.MAX_TARGETS * C.max_samples_per_target() + C.max_host_samples() + PROCESS_SAMPLES
 SCRAPE_LIMITS: dict[str, ScrapeLimits] = {
     D.EXPORTER_JOB: ScrapeLimits(EXPORTER_SAMPLES, LABEL_LIMIT, LABEL_VALUE_LENGTH_LIMIT, _mib(EXPORTER_SAMPLES, 1024)),
     # The recorded engines send 434 to 588 samples and 53 to 97 kB per scrape (tests/fixtures/engines/);

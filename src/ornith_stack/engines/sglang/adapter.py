@@ -233,6 +233,11 @@ class SglangAdapter(EngineAdapter):
     def decode_tokens(self, samples: Samples) -> float | None:
         return self.read(samples, names.REALTIME_TOKENS, mode="decode")
 
+    def aborted_requests(self, samples: Samples) -> float | None:
+        # Abort calls, not the requests they end (one abort_all ended four streams: canary-abort recording):
+        # a lower bound, absent until the first call.
+        return self.read(samples, names.ABORT_CALLS)
+
     def mamba_usage(self, samples: Samples) -> float | None:
         return samples.max(names.MAMBA_USAGE)
 

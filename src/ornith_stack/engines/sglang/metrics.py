@@ -29,7 +29,6 @@ SPEC_SAMPLES = (VERIFY_CALLS, ACCEPT_LENGTH, ACCEPT_RATE, NUM_DRAFT_TOKENS)
 # generation_tokens_total only when a request finishes.
 REALTIME_TOKENS = "sglang:realtime_tokens_total"
 MAMBA_USAGE = "sglang:mamba_usage"
-EXTRA_SAMPLES = (REALTIME_TOKENS, MAMBA_USAGE)
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0, 400.0)
 # SGLang counts every finished request (those an abort ended too); its abort counter counts abort *calls*
 # (one `abort_all` that ended four streams reads 1: tests/fixtures recording canary-abort), not failed
@@ -37,6 +36,8 @@ TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40
 REQUESTS_FINISHED = "sglang:num_requests_total"
 REQUESTS_FAILED = ""
 ABORT_CALLS = "sglang:num_aborted_requests_total"
+# What the adapter reads beyond NAMES and the speculative samples (the abort calls: ornith_requests_aborted).
+EXTRA_SAMPLES = (REALTIME_TOKENS, MAMBA_USAGE, ABORT_CALLS)
 
 # -- the dashboard's panels of SGLang's own series --------------------------------------------------
 # Request length histograms: (bucket, panel title, description).

@@ -172,6 +172,9 @@ class VllmAdapter(EngineAdapter):
         except ValueError:
             return None
 
+    def aborted_requests(self, samples: Samples) -> float | None:
+        return samples.total(names.REQUESTS_FINISHED, finished_reason=names.ABORTED_REASON)
+
     def spec_counters(self, samples: Samples, info: EngineInfo | None = None) -> SpecCounters | None:
         drafts = samples.total(names.DRAFTS)
         if drafts is None:

@@ -53,6 +53,9 @@ TTFT_BUCKETS = (
 # (an abort is usually the client going away).
 REQUESTS_FINISHED = "vllm:request_success_total"
 REQUESTS_FAILED = 'vllm:request_success_total{finished_reason="error"}'
+# The finish reason of a request an abort ended: the client went away (the OpenAI server aborts it) or an
+# abort call. vLLM creates the series at 0 on start (tests/fixtures/engines/vllm-0.24.0/ngram/metrics-final.txt).
+ABORTED_REASON = "abort"
 
 # -- the dashboard's panels of vLLM's own series -----------------------------------------------------
 # Request length histograms: (bucket, panel title, description).
