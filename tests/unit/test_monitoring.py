@@ -33,7 +33,7 @@ needs_promtool = pytest.mark.skipif(
 # Grafana's variables, replaced by what they stand for so that promtool can parse the query.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$profile": ".*", "$target": ".*"}
 # Grafana unit ids the dashboards use (Grafana's valueFormats registry); custom units are "suffix:<text>".
-GRAFANA_UNITS = {"short", "none", "s", "percentunit", "bool", "ops", "reqps"}
+GRAFANA_UNITS = {"short", "none", "s", "percentunit", "bool", "ops", "reqps", "bytes"}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
                 "offset", "inf", "nan"}
 

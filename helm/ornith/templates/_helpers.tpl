@@ -160,6 +160,10 @@ release runs, with the commands that build and push it, and the values that leav
 {{- if .root.Values.exporter.canary }}
 {{- $args = concat $args (list "--canary" "--canary-check" .root.Values.exporter.canaryCheck) }}
 {{- end }}
+{{- $args = concat $args (list "--gpu-metrics" (include "ornith.exporterGpuMetrics" .)) }}
+{{- if include "ornith.exporterModelCache" . }}
+{{- $args = concat $args (list "--model-cache" .root.Values.modelCache.mountPath) }}
+{{- end }}
 {{- toJson (concat $args .root.Values.exporter.extraArgs) }}
 {{- end }}
 
@@ -186,13 +190,33 @@ release runs, with the commands that build and push it, and the values that leav
 {{- end }}
 {{- end }}
 
+{{- /* The exporter's GPU metrics (--gpu-metrics): NVML sees GPUs only in a sidecar of a GPU engine pod, where the
+     NVIDIA runtime gives it the node's GPUs (NVIDIA_VISIBLE_DEVICES=all, utility libraries only): `auto` is
+     `required` there (no NVML pages, OrnithNvmlFailing); `off` everywhere else (a separate exporter pod runs
+     apart from the GPUs), and wherever exporter.gpuMetrics says "off" (NVIDIA's dcgm-exporter instead). */}}
+{{- define "ornith.exporterGpuMetrics" -}}
+{{- $v := .root.Values }}
+{{- if and .podName (gt (int $v.engine.gpusPerNode) 0) (ne (toString $v.exporter.gpuMetrics) "off") }}
+{{- if eq (toString $v.exporter.gpuMetrics) "auto" }}required{{ else }}{{ $v.exporter.gpuMetrics }}{{ end }}
+{{- else }}off{{ end }}
+{{- end }}
+
+{{- /* Whether the exporter mounts the model cache read-only (--model-cache): a sidecar shares its pod's volume;
+     a separate exporter pod mounts the claim only where it is ReadWriteMany (a ReadWriteOnce claim is the
+     engine node's). Non-empty: yes. */}}
+{{- define "ornith.exporterModelCache" -}}
+{{- $v := .root.Values }}
+{{- if or .podName (and $v.modelCache.enabled (has "ReadWriteMany" $v.modelCache.accessModes)) }}yes{{ end }}
+{{- end }}
+
 {{- define "ornith.exporterContainer" -}}
 - name: exporter
   image: {{ include "ornith.image" (dict "root" .root "image" .root.Values.exporter.image "key" "exporter.image") | quote }}
   imagePullPolicy: {{ .root.Values.exporter.image.pullPolicy }}
   args: {{ include "ornith.exporterArgs" . }}
   {{- $apiKeyEnv := include "ornith.apiKeyEnv" .root | trim }}
-  {{- if or .podName $apiKeyEnv }}
+  {{- $nvml := ne (include "ornith.exporterGpuMetrics" .) "off" }}
+  {{- if or .podName $apiKeyEnv $nvml }}
   env:
   {{- if .podName }}
     - name: ORNITH_POD_NAME
@@ -203,6 +227,19 @@ release runs, with the commands that build and push it, and the values that leav
   {{- with $apiKeyEnv }}
     {{- . | nindent 4 }}
   {{- end }}
+  {{- if $nvml }}
+    # NVML of the node's GPUs (those the engine container holds among them), no CUDA.
+    - name: NVIDIA_VISIBLE_DEVICES
+      value: all
+    - name: NVIDIA_DRIVER_CAPABILITIES
+      value: utility
+  {{- end }}
+  {{- end }}
+  {{- if include "ornith.exporterModelCache" . }}
+  volumeMounts:
+    - name: model-cache
+      mountPath: {{ .root.Values.modelCache.mountPath }}
+      readOnly: true
   {{- end }}
   ports:
     - name: metrics

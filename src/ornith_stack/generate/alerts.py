@@ -193,6 +193,35 @@ RULES_FAILING = "sum by (rule_group) (increase(prometheus_rule_evaluation_failur
 DISCOVERY_FAILING = ("sum by (instance) (increase(prometheus_sd_http_failures_total[10m])) > 0 or "
                      "sum by (instance) (increase(prometheus_sd_kubernetes_failures_total[10m])) > 0")
 
+# What users feel beyond the SLOs (issue 44): the model cache's disk, the GPUs, clients giving up.
+# The disk: a ticket below CACHE_NEARLY_FULL_SHARE free; a page where, with less than CACHE_FILLING_SHARE free,
+# the trend of the last CACHE_FILL_WINDOW (a least-squares line) runs out within CACHE_FILL_HOURS while the free
+# space is still falling (node-exporter's filesystem alerts take the same window and horizon).
+CACHE_NEARLY_FULL_SHARE = 0.10
+CACHE_FILLING_SHARE = 0.15
+CACHE_FILL_WINDOW = "6h"
+CACHE_FILL_HOURS = 4
+CACHE_FREE_SHARE = f"{C.MODEL_CACHE_FREE.series} / {C.MODEL_CACHE_SIZE.series}"
+# Still falling over CACHE_FALLING_WINDOW: a download that ended is a step the 6-hour line keeps pointing down
+# for hours after, while nothing writes any more.
+CACHE_FALLING_WINDOW = "30m"
+CACHE_FILLING = (f"{CACHE_FREE_SHARE} < {CACHE_FILLING_SHARE:g} and "
+                 f"predict_linear({C.MODEL_CACHE_FREE.series}[{CACHE_FILL_WINDOW}], {CACHE_FILL_HOURS} * 3600) < 0 "
+                 f"and deriv({C.MODEL_CACHE_FREE.series}[{CACHE_FALLING_WINDOW}]) < 0")
+# Clients giving up: the share of finished requests an abort ended, over ABORT_WINDOW per profile, a ticket above
+# ABORTED_SHARE with at least MIN_SLO_EVENTS finished requests in the window (one abort in an idle hour is 100%).
+ABORT_WINDOW = "1h"
+ABORTED_SHARE = 0.2
+ABORT_BY = "profile, namespace"
+_FINISHED = f"sum by ({ABORT_BY}) (increase({C.REQUESTS_FINISHED.series}[{ABORT_WINDOW}]))"
+ABORTS_HIGH = (f"sum by ({ABORT_BY}) (increase({C.REQUESTS_ABORTED.series}[{ABORT_WINDOW}])) / {_FINISHED} "
+               f"> {ABORTED_SHARE:g} and on ({ABORT_BY}) {_FINISHED} >= {MIN_SLO_EVENTS}")
+# A GPU that stopped answering (or vanished) while NVML answers for the rest, or NVML failing as a whole; held
+# like the engines' state while the exporter is down. An engine's memory is full by design: no alert on it.
+NVML_ERROR = f'{C.GPU_NVML_STATE.series}{{state="error"}}'
+GPU_LOST = f"{held(C.GPU_UP.series)} == 0"
+NVML_FAILING = f"{held(NVML_ERROR)} == 1"
+
 # The Model Gateway's own metrics (sglang-router 0.3.2, tests/fixtures/gateway/metrics.txt), job "gateway".
 # 1 while the gateway's health checks pass the worker, 0 while they fail it, and -1 once it left the rotation
 # (removed through the worker API, or gone from Kubernetes' discovery): smg 0.3.2 keeps the series of a removed
@@ -379,6 +408,86 @@ ALERTS: tuple[Alert, ...] = (
           ("Request rate against the benchmark's maximum concurrency for the profile.",
            "KV cache and mamba slot usage: a full cache stops admission."),
           ("Add replicas, or rate-limit at the gateway.",)),
+    Alert("OrnithClientAbortsHigh", ABORTS_HIGH, "15m", "warning",
+          "{{ $labels.profile }}: {{ $value | humanizePercentage }} of requests ended by an abort",
+          f"More than {ABORTED_SHARE:.0%} of the requests the profile's engines finished over the last {ABORT_WINDOW} "
+          f"were ended by an abort, for 15 minutes, with at least {MIN_SLO_EVENTS} finished requests in the window "
+          "(one abort in an idle hour is no trend): clients give up before their answer, usually because it is "
+          "too slow. vLLM counts the requests whose client went away (finish reason abort); SGLang counts abort "
+          "calls (one may end several requests: a lower bound), and 0.5.17 counts nothing for a client that "
+          "went away. A ticket: the TTFT SLO pages when users wait too long.",
+          ("The dashboard's *Requests by finish reason* and *Client aborts* panels: which replica, since when.",
+           "Time to first token and the queue (`ornith_requests_waiting`): slow answers make clients leave.",
+           "The clients: a new timeout, a retrying client that aborts its own requests, a load test."),
+          ("Too slow: add replicas or lower the load (OrnithTimeToFirstTokenHigh's runbook).",
+           "A client's timeout shorter than the profile's answers (a 262K-token prompt takes minutes): raise it.")),
+    Alert("OrnithModelCacheDiskNearlyFull", f"{CACHE_FREE_SHARE} < {CACHE_NEARLY_FULL_SHARE:g}", "15m", "warning",
+          "{{ $labels.profile }}: the model cache {{ $labels.path }} has {{ $value | humanizePercentage }} free",
+          f"The file system of the model cache (the engines' HF_HOME, as the exporter sees it mounted read-only) "
+          f"has had less than {CACHE_NEARLY_FULL_SHARE:.0%} of its size free for 15 minutes: the next model, draft "
+          "or revision download will fail part-way, and an engine that must download at start cannot start.",
+          ("How much each model takes: compose `docker compose -p ornith-<profile> -f compose/<profile>.yml exec "
+           f"{D.EXPORTER_SERVICE} sh -c 'df -h {D.HF_HOME_IN_CONTAINER}; du -sh {D.HF_HOME_IN_CONTAINER}/hub/*'`; "
+           f"Helm `kubectl -n <namespace> exec <engine pod> -c {D.EXPORTER_SERVICE} -- sh -c 'df -h /data/hf; "
+           "du -sh /data/hf/hub/*'` (modelCache.mountPath); Ansible host `df -h /var/lib/ornith/hf; du -sh "
+           "/var/lib/ornith/hf/hub/*` (ornith_service_hf_cache).",
+           "Old revisions and models no profile serves any more (`models--ORG--NAME/snapshots/*`).",
+           "Something else on the same file system (compose's named volumes share Docker's disk)."),
+          ("Delete the models and revisions no profile serves (`rm -r .../hub/models--ORG--NAME`), never the "
+           "running profile's pinned revision.",
+           "Grow the disk: Helm modelCache.size (if the StorageClass allows expansion); compose and Ansible "
+           "ORNITH_HF_CACHE / ornith_service_hf_cache on a larger disk.")),
+    Alert("OrnithModelCacheDiskFillingUp", CACHE_FILLING, "30m", "critical",
+          "{{ $labels.profile }}: the model cache {{ $labels.path }} will be full within "
+          f"{CACHE_FILL_HOURS} hours",
+          f"Less than {CACHE_FILLING_SHARE:.0%} of the model cache's file system is free and its trend over the last "
+          f"{CACHE_FILL_WINDOW} (predict_linear) reaches zero within {CACHE_FILL_HOURS} hours, for 30 minutes: a "
+          f"download or something else writing there will fill it, and a full cache stops downloads and starts. The "
+          f"free space must still be falling over the last {CACHE_FALLING_WINDOW}: a download that ended leaves a "
+          "step the 6-hour line points down from for hours, with nothing writing any more (that is a ticket, "
+          "OrnithModelCacheDiskNearlyFull, when little is left).",
+          ("What writes there now: a download Job or role (`kubectl get jobs`, the model_weights role), an engine "
+           "downloading at start, another container on Docker's disk.",
+           "The sizes, as in OrnithModelCacheDiskNearlyFull's runbook."),
+          ("Stop the writer that is not meant to run, then free or grow the disk as OrnithModelCacheDiskNearlyFull's "
+           "runbook says.",)),
+    Alert("OrnithModelCacheUnreadable", f"{C.MODEL_CACHE_READABLE.series} == 0", "15m", "warning",
+          "The exporter cannot read the model cache {{ $labels.path }} ({{ $labels.profile }})",
+          "statvfs of the model cache path failed for 15 minutes: the cache is not mounted into the exporter "
+          "(its volume was left out of the exporter's container) or the file system fails, so the disk alerts "
+          "are blind.",
+          ("Compose: `docker compose -p ornith-<profile> -f compose/<profile>.yml exec exporter ls /data/hf` (the "
+           "hf-cache volume or ORNITH_HF_CACHE, read-only); Helm: the exporter container's `model-cache` volume "
+           "mount; Ansible host: the unit's `--volume` of ornith_service_hf_cache.",
+           "The host's kernel log for I/O errors of that disk."),
+          ("Render and deploy again (`ornith-stack render`, `ornith-stack up`, `helm upgrade`, the playbook): every "
+           "path mounts the cache into the exporter read-only.",)),
+    Alert("OrnithGpuLost", GPU_LOST, "2m", "critical",
+          "{{ $labels.profile }}: GPU {{ $labels.gpu }} ({{ $labels.uuid }}) stopped answering NVML",
+          "For 2 minutes NVML has not answered for a GPU it listed, or no longer lists it (fallen off the bus, an "
+          "Xid error, a GPU lost): the engine on it crashes or hangs, and a restart will not help until the GPU is "
+          "back. GPU memory near full is normal (static pools) and pages nobody.",
+          ("`nvidia-smi` on the host (compose, Ansible host) or in the engine pod (`kubectl -n <namespace> exec "
+           "<engine pod> -- nvidia-smi`): a GPU missing, `ERR!`, or 'GPU is lost'.",
+           "The host's kernel log: `journalctl -k | grep -i -e xid -e NVRM` (Xid 79: fallen off the bus).",
+           "The engine's logs: CUDA errors since the GPU went."),
+          ("Drain the host (Helm: `kubectl cordon` the node), reset the GPU (`nvidia-smi -r -i <gpu>`) or reboot, "
+           "then start the engine again; repeated Xid 79 is hardware: call the vendor.",
+           "The exporter keeps reporting a GPU it once listed until it restarts: restart it after a GPU was "
+           "removed on purpose.")),
+    Alert("OrnithNvmlFailing", NVML_FAILING, "2m", "critical",
+          "{{ $labels.profile }}: NVML fails on {{ $labels.instance }}",
+          "For 2 minutes the exporter's NVML calls have failed as a whole: the NVIDIA driver is not loaded or "
+          "answers errors, or the exporter of a GPU profile (`--gpu-metrics required`) finds no NVML at all. The "
+          "engines' GPUs cannot be seen, and a driver that fails takes the engines with it.",
+          ("The exporter's log: NVML's reason (its GPU state changes are logged once each).",
+           "`nvidia-smi` on the host or in the engine pod: does the driver answer?",
+           "No NVML in the exporter's container while the host's driver works: its NVIDIA runtime is missing "
+           "(compose `deploy.resources.reservations.devices` of the exporter service, Ansible the unit's `--gpus`, "
+           "Helm the sidecar's runtimeClassName and NVIDIA_VISIBLE_DEVICES)."),
+          ("A driver that fails: reboot the host, or reinstall the driver (the nvidia_driver role).",
+           "The exporter without the NVIDIA runtime: render and deploy again; where it cannot have the GPUs, "
+           "run it with `--gpu-metrics off` (Helm exporter.gpuMetrics: \"off\").")),
     Alert("OrnithCanaryFailing",
           f"{held(C.CANARY_SUCCESS.series)} == 0 and on ({TARGET_LABELS}) {UP_HELD} == 1", "5m", "critical",
           "Canary requests to {{ $labels.target }} fail",

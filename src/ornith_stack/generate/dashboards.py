@@ -16,7 +16,14 @@ from ornith_stack.deployment import GRAFANA_DATASOURCE_UID as DATASOURCE_UID  # 
 from ornith_stack.deployment import OVERVIEW_DASHBOARD_UID
 from ornith_stack.engines import ADAPTERS
 from ornith_stack.exporter import catalogue as C
-from ornith_stack.generate.alerts import ACCEPTANCE_FRACTION, GATEWAY_HEALTH, MIN_VERIFY_STEPS_PER_S
+from ornith_stack.generate.alerts import (
+    ABORTED_SHARE,
+    ACCEPTANCE_FRACTION,
+    CACHE_FILLING_SHARE,
+    CACHE_NEARLY_FULL_SHARE,
+    GATEWAY_HEALTH,
+    MIN_VERIFY_STEPS_PER_S,
+)
 from ornith_stack.generate.core import GeneratedFile, with_header
 
 DASHBOARD_DIR = "monitoring/grafana/dashboards"
@@ -34,6 +41,9 @@ TOKENS_PER_S = "suffix: tok/s"  # Grafana's custom-suffix unit; "tokens/s" is no
 # target, so they are selected by profile only.
 GATEWAY_OUTCOMES = "smg_worker_cb_outcomes_total"  # requests per worker, by outcome (circuit breaker's count)
 GATEWAY_SELECT = '{profile=~"$profile"}'
+# The host's series (GPUs, the model cache) carry the exporter's profile and no target: selected by profile, and
+# told apart by the exporter's `instance` (a compose host, or a Helm sidecar's pod).
+HOST_SELECT = GATEWAY_SELECT
 
 
 @dataclass(frozen=True)
@@ -208,6 +218,48 @@ def per_replica_row() -> Row:
     return Row("Per replica", totals + by_replica + gateway)
 
 
+def host(metric: C.Metric, extra: str = "") -> str:
+    return f"{metric.series}{{{HOST_SELECT[1:-1]}{', ' + extra if extra else ''}}}"
+
+
+def host_row() -> Row:
+    """What users feel that no engine counter says: the GPUs (NVML through the exporter), the model cache's disk,
+    and clients giving up (aborted requests)."""
+    gpu = "{{instance}} GPU {{gpu}}"
+    free_share = f"{host(C.MODEL_CACHE_FREE)} / {host(C.MODEL_CACHE_SIZE)}"
+    aborted, finished = rate_by(C.REQUESTS_ABORTED.series, "target"), rate_by(C.REQUESTS_FINISHED.series, "target")
+    return Row("GPUs, model cache and aborts", (
+        Panel("GPU memory", (
+            Query(host(C.GPU_MEMORY_USED), f"{gpu} used"),
+            Query(host(C.GPU_MEMORY_TOTAL), f"{gpu} total"),
+        ), unit="bytes", min=0, width=8, engines=(), description=f"{C.GPU_MEMORY_USED.help} No alert reads it: "
+          "a lost GPU pages (OrnithGpuLost), a full one does not."),
+        Panel("GPU utilization", (Query(host(C.GPU_UTILIZATION), gpu),), unit="percentunit", min=0, max=1, width=8,
+              engines=(), description=C.GPU_UTILIZATION.help),
+        Panel("GPUs and NVML answering", (
+            Query(host(C.GPU_UP), gpu),
+            Query(host(C.GPU_NVML_STATE, 'state="error"') + " == 1", "{{instance}} NVML failing"),
+        ), unit="bool", min=0, max=1, width=8, engines=(), description=f"{C.GPU_UP.help} NVML failing as a whole "
+          "(OrnithNvmlFailing) shows as its own line. Empty on a host without NVIDIA GPUs (state no_gpu)."),
+        Panel("Model cache free", (
+            Query(free_share, "{{instance}} {{path}}"),
+            Query(f"vector({CACHE_NEARLY_FULL_SHARE:g})", "ticket below"),
+            Query(f"vector({CACHE_FILLING_SHARE:g})", "page below, if still falling"),
+        ), unit="percentunit", min=0, max=1, width=8, engines=(), description=f"{C.MODEL_CACHE_FREE.help} As a share "
+          "of the file system's size: below the ticket line OrnithModelCacheDiskNearlyFull fires, below the page "
+          "line OrnithModelCacheDiskFillingUp pages when the 6-hour trend runs out within 4 hours."),
+        Panel("Model cache bytes", (
+            Query(host(C.MODEL_CACHE_FREE), "{{instance}} {{path}} free"),
+            Query(host(C.MODEL_CACHE_SIZE), "{{instance}} {{path}} size"),
+        ), unit="bytes", min=0, width=8, engines=(), description=C.MODEL_CACHE_SIZE.help),
+        Panel("Client aborts", (
+            Query(f"{aborted} / ({finished} > 0)", "{{target}} aborted"),
+            Query(f"vector({ABORTED_SHARE:g})", "ticket above (1h, 20+ requests)"),
+        ), unit="percentunit", min=0, max=1, width=8, description=f"{C.REQUESTS_ABORTED.help} Share of the finished "
+          "requests; the ticket (OrnithClientAbortsHigh) reads the profile's last hour."),
+    ))
+
+
 def overview_rows() -> tuple[Row, ...]:
     expected = expected_acceptance()
     draft, accepted = rate_by(C.SPEC_DRAFT_TOKENS.series, "target"), rate_by(C.SPEC_ACCEPTED_TOKENS.series, "target")
@@ -280,6 +332,7 @@ def overview_rows() -> tuple[Row, ...]:
             engine_panel("waiting_by_reason", "Waiting requests by reason", unit="short", min=0, description="Requests waiting, by why: capacity (no room to "
               "schedule them) or deferred (transient constraints such as a KV transfer)."),
         )),
+        host_row(),
         Row("Canary", (
             Panel("Canary answer", (
                 Query(sel(C.CANARY_SUCCESS), "{{target}} completed"),

@@ -43,6 +43,7 @@ def readme() -> str:
         ticket_burns=alerts.burns_text(alerts.TICKET_BURNS), min_slo_events=alerts.MIN_SLO_EVENTS, planned_restart=alerts.PLANNED_RESTART,
         start_budget=alerts.START_BUDGET, acceptance_own=alerts.ACCEPTANCE_OWN_FRACTION,
         acceptance_window=alerts.ACCEPTANCE_OWN_WINDOW, acceptance_floor=alerts.ACCEPTANCE_FLOOR,
+        host=alerts, gpu_states=C.GPU_STATES, max_gpus=C.MAX_GPUS, max_cache_paths=C.MAX_MODEL_CACHE_PATHS,
     )
 
 
