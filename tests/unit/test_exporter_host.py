@@ -13,9 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from ornith_stack import deployment as D
 from ornith_stack.cli import main
 from ornith_stack.engines import ADAPTERS
 from ornith_stack.exporter import catalogue as C
@@ -302,3 +305,63 @@ def test_sglang_counts_abort_calls_from_the_first_one() -> None:
     after = parse((fixtures / "metrics-after.txt").read_text(), keep=adapter.sample_names())
     assert adapter.aborted_requests(before) is None and adapter.aborted_requests(after) == 1.0
     assert adapter.finished_requests(after) == after.total("sglang:num_requests_total") > 1.0
+
+
+# -- every deployment path wires the host collectors -------------------------------------------------
+
+def exporter_service(profile: str) -> dict[str, Any]:
+    return yaml.safe_load((REPO / "compose" / f"{profile}.yml").read_text())["services"]["exporter"]
+
+
+def test_compose_gives_the_exporter_the_model_cache_read_only_and_a_gpu_profile_s_gpus() -> None:
+    for profile in ("gpu96", "cpu-demo"):
+        service = exporter_service(profile)
+        command = service["command"]
+        assert command[command.index("--model-cache") + 1] == D.HF_HOME_IN_CONTAINER
+        assert f"${{ORNITH_HF_CACHE:-hf-cache}}:{D.HF_HOME_IN_CONTAINER}:ro" in service["volumes"]
+    gpu, cpu = exporter_service("gpu96"), exporter_service("cpu-demo")
+    assert gpu["command"][gpu["command"].index("--gpu-metrics") + 1] == D.GPU_METRICS_REQUIRED
+    assert gpu["environment"]["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert gpu["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    # A CPU profile: NVML's state reads no_gpu (the command's default, auto), no devices asked for.
+    assert "--gpu-metrics" not in cpu["command"] and "deploy" not in cpu
+
+
+def test_helm_s_sidecar_reads_the_pod_s_gpus_and_cache_and_a_separate_exporter_neither() -> None:
+    test_helm = pytest.importorskip("test_helm")
+    sidecar = test_helm.container(test_helm.engine_pod_specs(test_helm.rendered("ci/gpu96-data-parallel.yaml"))["single"],
+                                  "exporter")
+    args = sidecar["args"]
+    assert args[args.index("--gpu-metrics") + 1] == "required" and args[args.index("--model-cache") + 1] == "/data/hf"
+    assert {"name": "model-cache", "mountPath": "/data/hf", "readOnly": True} in sidecar["volumeMounts"]
+    assert {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"} in sidecar["env"]
+    separate = next(d for d in test_helm.find(test_helm.rendered("values-gpu96.yaml"), "Deployment")
+                    if d["metadata"]["labels"]["app.kubernetes.io/component"] == "exporter")
+    exporter = separate["spec"]["template"]["spec"]["containers"][0]
+    assert exporter["args"][exporter["args"].index("--gpu-metrics") + 1] == "off"
+    assert "--model-cache" not in exporter["args"] and "volumeMounts" not in exporter  # a ReadWriteOnce claim
+
+
+def test_the_ansible_host_mode_unit_mounts_the_cache_and_asks_for_the_gpus() -> None:
+    template = (REPO / "ansible/roles/monitoring/templates/exporter.service.j2").read_text()
+    defaults = yaml.safe_load((REPO / "ansible/roles/monitoring/defaults/main.yml").read_text())
+    common = {"ansible_managed": "managed", "monitoring_exporter_targets": ["http://127.0.0.1:30000"],
+              "monitoring_exporter_unit_name": "ornith-exporter", "monitoring_exporter_hardening": True,
+              "monitoring_exporter_image": "img", "monitoring_exporter_listen": "127.0.0.1:9400",
+              "monitoring_exporter_profile": "gpu96", "monitoring_exporter_canary": True,
+              "monitoring_exporter_canary_check": "answer", "monitoring_exporter_api_key": ""}
+    env = jinja2.Environment()
+    for gpus, mode in ((1, "required"), (0, "auto")):
+        assert env.from_string(defaults["monitoring_exporter_gpu_metrics"]).render(ornith_gpu_count=gpus) == mode
+    assert env.from_string(defaults["monitoring_exporter_model_cache"]).render(
+        ornith_service_hf_cache="/var/lib/ornith/hf") == "/var/lib/ornith/hf"
+    unit = env.from_string(template).render(**common, monitoring_exporter_gpu_metrics="required",
+                                            monitoring_exporter_model_cache="/var/lib/ornith/hf")
+    assert " --gpus all --env NVIDIA_DRIVER_CAPABILITIES=utility " in unit
+    assert f" --volume /var/lib/ornith/hf:{D.HF_HOME_IN_CONTAINER}:ro " in unit
+    assert f"--gpu-metrics required --model-cache {D.HF_HOME_IN_CONTAINER}" in unit
+    cpu = env.from_string(template).render(**common, monitoring_exporter_gpu_metrics="auto",
+                                           monitoring_exporter_model_cache="")
+    start = next(line for line in cpu.splitlines() if line.startswith("ExecStart="))
+    assert "--gpus" not in start and "--volume" not in start and "--model-cache" not in start
