@@ -87,9 +87,7 @@ def replica_stack(name: str, project: str, made_by: str, folder: Path, kept: Pat
     developer's own compose/.env is set aside in `kept` meanwhile. Afterwards the project is down with its
     volumes, and the compose file and the test's env file are gone."""
     compose_file = REPO / "compose" / f"{name}.yml"
-    with up_environment(f"{project}") as env:
-        if ENV_FILE.exists():
-            shutil.move(ENV_FILE, kept)
+    with up_environment(f"{project}") as env, env_file_set_aside(kept):
         write_replica_profile(folder, name, made_by)
         env["ORNITH_PROFILE_DIR"] = str(folder)
         try:
@@ -99,6 +97,16 @@ def replica_stack(name: str, project: str, made_by: str, folder: Path, kept: Pat
                             "--remove-orphans"], capture_output=True, check=False, timeout=300)
             compose_file.unlink(missing_ok=True)
             state_path(Stack(name, project, compose_file, ENV_FILE)).unlink(missing_ok=True)
-            ENV_FILE.unlink(missing_ok=True)
-            if kept.exists():
-                shutil.move(kept, ENV_FILE)
+
+
+@contextmanager
+def env_file_set_aside(kept: Path) -> Iterator[None]:
+    """A developer's own compose/.env moved to `kept` meanwhile, and put back; the test's own removed."""
+    if ENV_FILE.exists():
+        shutil.move(ENV_FILE, kept)
+    try:
+        yield
+    finally:
+        ENV_FILE.unlink(missing_ok=True)
+        if kept.exists():
+            shutil.move(kept, ENV_FILE)

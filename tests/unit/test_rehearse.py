@@ -7,18 +7,20 @@ The real engine runs in tests/integration/test_rehearse_cpu.py (vLLM on CPU, two
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import yaml
 
 from ornith_stack.cli import main
+from ornith_stack.commands.rehearse import model_cache_mounted
 from ornith_stack.doctor import gpu as gpu_probe
 from ornith_stack.doctor.gpu import GpuInfo
 from ornith_stack.engines import adapter_for, launch_args
 from ornith_stack.profiles import load_profile
 from ornith_stack.rehearse.report import markdown
-from ornith_stack.rehearse.run import Question, Rehearsal, planned, rehearsed_profile, sizing_rows
+from ornith_stack.rehearse.run import ModelPlace, Question, Rehearsal, planned, rehearsed_profile, sizing_rows
 from ornith_stack.sizing.shapes import resolve_config_path
 from ornith_stack.tiny_model import dummy_checkpoint
 
@@ -44,7 +46,8 @@ def _refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     (["rehearse", "spark", "--acceptance", "6.1"], "vLLM 0.24.0 cannot simulate an acceptance length"),
     (["rehearse", "gpu96", "--acceptance", "17"], "from 1 to the block size 16"),
     (["rehearse", "gpu96", "--acceptance", "nan"], "--acceptance nan"),
-    (["rehearse", "gpu96", "--launch", "up"], "--launch 'up': choose local"),
+    (["rehearse", "gpu96", "--launch", "docker"], "--launch 'docker': choose local or up"),
+    (["rehearse", "cpu-demo", "--model-config", "ornith-1.0-35b", "--launch", "up"], "no ornith-stack checkout at"),
     (["rehearse", "cpu-demo"], "names no model shape (model.shape): pass --model-config"),
     (["rehearse", "cpu-demo", "--model-config", "/etc/hostname"], "/etc/hostname"),
     (["rehearse", "cpu-demo", "--model-config", "ornith-1.0-35b", "--draft-config", "qwen3.5-35b-a3b-dflash"],
@@ -91,7 +94,7 @@ def test_the_rehearsed_launch_is_the_profiles_with_dummy_weights_and_the_simulat
     profile = load_profile("gpu96")
     question = Question(profile, resolve_config_path("ornith-1.5-35b-a3b"),
                         resolve_config_path("qwen3.5-35b-a3b-dflash"), 6.1)
-    rehearsed = rehearsed_profile(question, tmp_path)
+    rehearsed = rehearsed_profile(question, ModelPlace.local(tmp_path))
     argv = launch_args(rehearsed, host="127.0.0.1", port=30000)
     assert argv[argv.index("--model-path") + 1] == str(tmp_path / "model")
     assert argv[argv.index("--speculative-draft-model-path") + 1] == str(tmp_path / "draft")
@@ -102,6 +105,25 @@ def test_the_rehearsed_launch_is_the_profiles_with_dummy_weights_and_the_simulat
     for flag in ("--max-running-requests", "--max-total-tokens", "--tp-size", "--speculative-dflash-block-size",
                  "--mem-fraction-static"):
         assert argv[argv.index(flag) + 1] == seed[seed.index(flag) + 1]
+
+
+def test_through_compose_the_model_folders_are_written_to_the_mounted_cache_and_read_where_it_is_mounted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("tokenizers")
+    question = Question(load_profile("gpu96"), resolve_config_path("ornith-1.5-35b-a3b"),
+                        resolve_config_path("qwen3.5-35b-a3b-dflash"), None)
+    place = ModelPlace(tmp_path / "model-cache", "/data/hf")
+    argv = launch_args(rehearsed_profile(question, place), host="127.0.0.1", port=30000)
+    assert argv[argv.index("--model-path") + 1] == "/data/hf/model"
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == "/data/hf/draft"
+    assert (tmp_path / "model-cache/model/config.json").is_file() and (tmp_path / "model-cache/draft").is_dir()
+    # compose mounts that folder read-only where the engine reads it, for the run only.
+    monkeypatch.setenv("ORNITH_HF_CACHE", "/srv/hf")
+    monkeypatch.delenv("ORNITH_HF_CACHE_MOUNT", raising=False)
+    with model_cache_mounted(place):
+        assert os.environ["ORNITH_HF_CACHE"] == str(tmp_path / "model-cache")
+        assert os.environ["ORNITH_HF_CACHE_MOUNT"] == "/data/hf:ro"
+    assert os.environ["ORNITH_HF_CACHE"] == "/srv/hf" and "ORNITH_HF_CACHE_MOUNT" not in os.environ
 
 
 @pytest.mark.parametrize(("run", "profile", "kv", "running", "slots"), [

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from ornith_stack import deployment
 from ornith_stack.commands.bench import output_dir
 from ornith_stack.commands.profiles import SetOption, parse_sets
 from ornith_stack.commands.tune import stop_on_sigterm
@@ -16,12 +20,42 @@ from ornith_stack.engines import adapter_for
 from ornith_stack.errors import UserError
 from ornith_stack.profiles import load_profile
 from ornith_stack.rehearse.report import markdown
-from ornith_stack.rehearse.run import Question, check_host, draft_config_for, model_config_for, rehearse, write_json
-from ornith_stack.tune.measure import check_engine_importable, local_launcher
+from ornith_stack.rehearse.run import (
+    ModelPlace,
+    Question,
+    check_host,
+    draft_config_for,
+    model_config_for,
+    rehearse,
+    write_json,
+)
+from ornith_stack.tune.compose import compose_launcher
+from ornith_stack.tune.measure import Launcher, check_engine_importable, local_launcher
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-LAUNCHES = ("local",)
+LAUNCHES = ("local", "up")
+
+
+@contextlib.contextmanager
+def model_cache_mounted(place: ModelPlace | None) -> Iterator[None]:
+    """compose mounts $ORNITH_HF_CACHE at $ORNITH_HF_CACHE_MOUNT as the engines' model cache (compose/*.yml):
+    for the run, the folder the dummy model folders are written to, read-only where the engine reads them. The
+    process environment wins over compose/.env, which is left as it is."""
+    if place is None:
+        yield
+        return
+    mount = {"ORNITH_HF_CACHE": str(place.host), "ORNITH_HF_CACHE_MOUNT": f"{place.engine}:ro"}
+    saved = {name: os.environ.get(name) for name in mount}
+    os.environ.update(mount)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def register(app: typer.Typer) -> None:
@@ -37,7 +71,9 @@ def register(app: typer.Typer) -> None:
         draft_config: Annotated[str | None, typer.Option(help="The draft's config.json (default: the profile's "
                                                          "draft.shape).")] = None,
         launch: Annotated[str, typer.Option(help="local: the engine process on this machine, as `tune --launch "
-                                            "local` starts it (no Docker).")] = "local",
+                                            "local` starts it (no Docker); up: through compose, as `ornith-stack "
+                                            "up` starts it (the model folders mounted as its model cache).")
+                          ] = "local",
         sets: SetOption = None,
         input_tokens: Annotated[int, typer.Option(min=1, max=1_000_000, help="Prompt tokens per request.")] = 256,
         output_tokens: Annotated[int, typer.Option(min=2, max=1_000_000, help="Output tokens per request.")] = 128,
@@ -67,10 +103,15 @@ def register(app: typer.Typer) -> None:
         question = Question(chosen, model_config_for(chosen, model_config), draft_config_for(chosen, draft_config),
                             acceptance, input_tokens, output_tokens, num_prompts, concurrency, start_timeout)
         check_host(chosen)
-        check_engine_importable(chosen)
-        with output_dir(out_dir), stop_on_sigterm():
-            result = rehearse(question, local_launcher(start_timeout), out_dir,
-                              lambda line: err.print(line, markup=False))
+        launcher: Launcher
+        if launch == "local":
+            check_engine_importable(chosen)
+            launcher, place = local_launcher(start_timeout), ModelPlace.local(out_dir)
+        else:
+            launcher = compose_launcher(start_timeout)  # refuses outside a checkout, before anything is written
+            place = ModelPlace(out_dir.resolve() / "model-cache", deployment.HF_HOME_IN_CONTAINER)
+        with output_dir(out_dir), stop_on_sigterm(), model_cache_mounted(place if launch == "up" else None):
+            result = rehearse(question, launcher, out_dir, lambda line: err.print(line, markup=False), place)
         report = markdown(result)
         (out_dir / "rehearsal.md").write_text(report)
         path = write_json(result, out_dir / "rehearsal.json")

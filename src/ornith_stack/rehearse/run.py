@@ -3,8 +3,10 @@
 The engine reads a model folder that holds the checkpoint's config.json (a shipped shape from sizing/configs/, or
 the one given) and a tokenizer made here (tiny_model.dummy_checkpoint): no weights are downloaded or read, the
 engine initialises random ones of the real shapes (its adapter's `dummy_weights_args`). Where the engine can, its
-verify steps accept a simulated number of tokens (the adapter's `simulated_acceptance_env`). It is started by the
-tuner's local launcher (tune/measure.py, the process `tune --launch local` starts), timed to healthy, loaded by
+verify steps accept a simulated number of tokens (the adapter's `simulated_acceptance_env`). It is started by one
+of the tuner's launchers (`--launch local`: the process `tune --launch local` starts, tune/measure.py; `--launch up`:
+the compose bring-up `up` runs, tune/compose.py, the model folders in a host folder mounted as the engines' model
+cache), timed to healthy, loaded by
 `ornith-stack bench --suite serving` at one stream and at the running-request limit, and its log read for where it
 stopped and what it sized (the adapter's `start_outcome` and `logged_sizing`), beside `plan`'s figures.
 """
@@ -56,6 +58,22 @@ class Question:
     concurrency: int | None = None  # the second level; None: the engine's running-request limit
     start_timeout_s: float = 1800.0
     bench_timeout_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class ModelPlace:
+    """Where the dummy model folders are written (`host`) and the path the engine reads that folder at (`engine`):
+    the same for an engine on this machine; for compose, a folder mounted as the engines' model cache."""
+
+    host: Path
+    engine: str
+
+    @classmethod
+    def local(cls, folder: Path) -> ModelPlace:
+        return cls(folder, str(folder))
+
+    def folder(self, name: str) -> tuple[Path, str]:
+        return self.host / name, f"{self.engine.rstrip('/')}/{name}"
 
 
 @dataclass
@@ -120,19 +138,22 @@ def check_host(profile: Profile) -> list[GpuInfo]:
     return gpus
 
 
-def rehearsed_profile(question: Question, folder: Path) -> Profile:
-    """The profile with its model (and draft) replaced by dummy checkpoints in `folder`, the adapter's dummy-weight
-    flags and, with --acceptance, the environment that simulates it. Everything else as the profile launches it."""
+def rehearsed_profile(question: Question, place: ModelPlace) -> Profile:
+    """The profile with its model (and draft) replaced by dummy checkpoints written at `place`, the adapter's
+    dummy-weight flags and, with --acceptance, the environment that simulates it. Everything else as the profile
+    launches it."""
     profile = question.profile
     adapter = adapter_for(profile)
     env = dict(profile.serve.env)
     if question.acceptance is not None:
         env |= adapter.simulated_acceptance_env(profile, question.acceptance)
-    model = dummy_checkpoint(read_json_object(question.model_config), folder / "model")
-    update: dict[str, Any] = {"model": profile.model.model_copy(update={"repo": str(model), "revision": "main"})}
+    host, engine_path = place.folder("model")
+    dummy_checkpoint(read_json_object(question.model_config), host)
+    update: dict[str, Any] = {"model": profile.model.model_copy(update={"repo": engine_path, "revision": "main"})}
     if question.draft_config is not None and profile.draft is not None:
-        draft = dummy_checkpoint(read_json_object(question.draft_config), folder / "draft")
-        update["draft"] = profile.draft.model_copy(update={"repo": str(draft), "revision": "main"})
+        host, engine_path = place.folder("draft")
+        dummy_checkpoint(read_json_object(question.draft_config), host)
+        update["draft"] = profile.draft.model_copy(update={"repo": engine_path, "revision": "main"})
     args = {**profile.serve.args, **adapter.dummy_weights_args}
     update["serve"] = profile.serve.model_copy(update={"args": args, "env": env})
     return profile.model_copy(update=update)
@@ -173,10 +194,12 @@ def roofline(question: Question) -> tuple[Roofline | None, str]:
     return roofline_from_shape(shape, gpu.memory_bandwidth_gbps * gpu.count, question.model_config.stem), ""
 
 
-def rehearse(question: Question, launcher: Launcher, out: Path, say: Callable[[str], None]) -> Rehearsal:
-    """Start the rehearsed profile, load it, read its log. Refusals (UserError) come before anything starts."""
+def rehearse(question: Question, launcher: Launcher, out: Path, say: Callable[[str], None],
+             place: ModelPlace | None = None) -> Rehearsal:
+    """Start the rehearsed profile, load it, read its log. Refusals (UserError) come before anything starts.
+    `place`: where the dummy model folders go (default: `out`, read there by an engine on this machine)."""
     gpus = check_host(question.profile)
-    profile = rehearsed_profile(question, out)
+    profile = rehearsed_profile(question, place or ModelPlace.local(out))
     adapter = adapter_for(profile)
     result = Rehearsal(question_json(question, profile))
     result.notes.append(weights_note(profile))
@@ -215,6 +238,8 @@ def rehearse(question: Question, launcher: Launcher, out: Path, say: Callable[[s
     except EngineCrash as crash:
         log = _read(engine_dir / "engine.log") or crash.log_tail.replace(" | ", "\n")
         result.notes.append(f"the launcher: {crash.reason}")
+    if log and not (engine_dir / "engine.log").is_file():  # compose's engine logs to Docker: kept beside the report
+        (engine_dir / "engine.log").write_text(log)
     result.outcome = adapter.start_outcome(log, result.started)
     result.logged = adapter.logged_sizing(log)
     return result
@@ -223,7 +248,7 @@ def rehearse(question: Question, launcher: Launcher, out: Path, say: Callable[[s
 def question_json(question: Question, profile: Profile) -> dict[str, Any]:
     adapter = adapter_for(profile)
     return {"profile": question.profile.name, "engine": f"{adapter.display_name} {profile.engine.version}",
-            "model_config": str(question.model_config),
+            "model": profile.model.repo, "model_config": str(question.model_config),
             "draft_config": str(question.draft_config) if question.draft_config else None,
             "acceptance": question.acceptance, "env": {k: v for k, v in profile.serve.env.items()},
             "args": dict(profile.serve.args), "input_tokens": question.input_tokens,
