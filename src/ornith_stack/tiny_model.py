@@ -137,7 +137,7 @@ def make_tiny_model(
         _write_tokenizer(staging, tokenizer, ids)
         _write_generation_config(staging, ids)
         if with_vision:
-            _write_preprocessor_config(staging, config)
+            _write_preprocessor_config(staging, config.vision_config.to_dict())
     return out
 
 
@@ -285,6 +285,9 @@ def dummy_checkpoint(config: dict[str, Any], out: Path) -> Path:
     _write_json(out / "config.json", data)
     _write_tokenizer(out, tokenizer, ids)
     _write_generation_config(out, ids)
+    vision = data.get("vision_config")
+    if isinstance(vision, dict) and all(k in vision for k in ("patch_size", "temporal_patch_size", "spatial_merge_size")):
+        _write_preprocessor_config(out, vision)
     return out
 
 
@@ -500,16 +503,17 @@ def _write_generation_config(out: Path, ids: dict[str, int]) -> None:
     )
 
 
-def _write_preprocessor_config(out: Path, config: Any) -> None:
-    vision = config.vision_config
+def _write_preprocessor_config(out: Path, vision: dict[str, Any]) -> None:
+    """The image processor a vision-language checkpoint ships: SGLang loads it at start (AutoProcessor) and
+    refuses a model folder without it."""
     _write_json(
         out / "preprocessor_config.json",
         {
             "image_processor_type": "Qwen2VLImageProcessorFast",
             "processor_class": "Qwen3VLProcessor",
-            "patch_size": vision.patch_size,
-            "temporal_patch_size": vision.temporal_patch_size,
-            "merge_size": vision.spatial_merge_size,
+            "patch_size": vision["patch_size"],
+            "temporal_patch_size": vision["temporal_patch_size"],
+            "merge_size": vision["spatial_merge_size"],
             "image_mean": [0.5, 0.5, 0.5],
             "image_std": [0.5, 0.5, 0.5],
             "size": {"shortest_edge": 65536, "longest_edge": 1048576},

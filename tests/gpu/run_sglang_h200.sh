@@ -239,11 +239,15 @@ rehearse_gpu() {  # `ornith-stack rehearse` on GPU 0 (issue 40): the profile `pr
     # (REHEARSE_GPU: h200, or h100-sxm on one H100), at the shipped real shapes, acceptance simulated.
     if [ ! -f "$W/site/.sglang-payload" ]; then log "not staged"; exit 1; fi
     export CUDA_VISIBLE_DEVICES=0 ORNITH_PROFILE_DIR=$W/runs/rehearse-profiles
+    mkdir -p "$ORNITH_PROFILE_DIR" "$W/runs/rehearse"
     eval "$(python3 -c "import sys; sys.path.insert(0, '$REPO/tests/gpu'); from fit_run import cache_env; from pathlib import Path
 print(' '.join(f'export {k}={v}' for k, v in cache_env(Path('$W/compile-cache')).items()))")"
-    local gpu=${REHEARSE_GPU:-h200} name=rehearse-${REHEARSE_GPU:-h200}x1
-    python3 -m ornith_stack profiles new "$name" --gpu "$gpu" --count 1 --out "$W/runs/rehearse-rendered" \
-        2>&1 | tee "$W/runs/rehearse-run.txt" || exit 1
+    # REHEARSE_PROFILE: a shipped profile as it is (gpu96 on one H100: where SGLang stops), else the computed one.
+    local gpu=${REHEARSE_GPU:-h200} name=${REHEARSE_PROFILE:-rehearse-${REHEARSE_GPU:-h200}x1}
+    if [ -z "${REHEARSE_PROFILE:-}" ]; then
+        python3 -m ornith_stack profiles new "$name" --gpu "$gpu" --count 1 --out "$W/runs/rehearse-rendered" \
+            2>&1 | tee "$W/runs/rehearse-run.txt" || exit 1
+    fi
     # The same engine overrides as every recording here (sglang_run.py): no FA3 kernels carried.
     log "ornith-stack rehearse $name --acceptance ${REHEARSE_ACCEPTANCE:-6.1}"
     timeout "${REHEARSE_TIMEOUT_S:-570}" python3 -m ornith_stack rehearse "$name" \
@@ -251,9 +255,10 @@ print(' '.join(f'export {k}={v}' for k, v in cache_env(Path('$W/compile-cache'))
         --set serve.args.sampling-backend=pytorch --set serve.args.grammar-backend=none \
         --start-timeout 420 --out "$W/runs/rehearse" 2>&1 | tee -a "$W/runs/rehearse-run.txt"
     local rc=${PIPESTATUS[0]}
+    python3 -m ornith_stack plan "$name" --json > "$W/runs/rehearse/plan-here.json" 2>&1
     cp "$W/machine.txt" "$W/runs/" 2>/dev/null
     cp -r "$ORNITH_PROFILE_DIR" "$W/runs/rehearse/profiles" 2>/dev/null
-    tar -czf "$OUT/results-rehearse.tar.gz" -C "$W/runs" --exclude '*.safetensors' rehearse rehearse-run.txt machine.txt
+    tar -czf "$OUT/results-rehearse-$name.tar.gz" -C "$W/runs" --exclude 'tokenizer.json' rehearse rehearse-run.txt machine.txt
     tail -n 20 "$W/runs/rehearse/engine/engine.log" 2>/dev/null | cut -c1-300
     log "rehearse done: rc=$rc"
     return "$rc"

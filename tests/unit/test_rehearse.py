@@ -74,9 +74,13 @@ def test_the_dummy_checkpoint_holds_the_real_config_and_a_tokenizer_of_its_vocab
     tokenizers = pytest.importorskip("tokenizers")
     config = json.loads(resolve_config_path("ornith-1.5-35b-a3b").read_text())
     folder = dummy_checkpoint(config, tmp_path / "model")
+    # No weights; the vision tower's image processor, which SGLang loads at start (it refused the folder without
+    # one on a real H100: "Can't load image processor").
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "generation_config.json",
-                                                        "special_tokens_map.json", "tokenizer.json",
-                                                        "tokenizer_config.json"]  # no weights
+                                                        "preprocessor_config.json", "special_tokens_map.json",
+                                                        "tokenizer.json", "tokenizer_config.json"]
+    processor = json.loads((folder / "preprocessor_config.json").read_text())
+    assert (processor["patch_size"], processor["merge_size"]) == (16, 2)
     written = json.loads((folder / "config.json").read_text())
     text = written["text_config"]
     for key in ("hidden_size", "num_hidden_layers", "layer_types", "num_experts", "vocab_size"):
@@ -194,3 +198,22 @@ def test_vllms_own_sizing_is_read_from_its_gpu_log(run: str, kv: int, concurrenc
     assert (logged.kv_tokens, logged.max_concurrency, logged.running_requests, logged.weights_gib) == \
         (kv, concurrency, 32, 0.01)
     assert any(line.endswith(f"GPU KV cache size: {kv:,} tokens") for line in logged.lines)
+
+
+def test_gpu96_on_one_h100_the_plan_and_the_engine_both_refuse_and_the_report_says_both() -> None:
+    """tests/fixtures/engines/sglang-0.5.17/rehearse-h100/: `rehearse gpu96` on a real H100 80GB. That run stopped
+    at the model folder (no image processor: fixed since, see the folder's README); the plan on the card's
+    79.65 GiB is the planner's word, shown beside the engine's."""
+    h100 = GpuInfo(0, "NVIDIA H100 80GB HBM3", 79.65, "9.0", "580.159.04", free_gib=79.1)
+    question = Question(load_profile("gpu96"), resolve_config_path("ornith-1.5-35b-a3b"),
+                        resolve_config_path("qwen3.5-35b-a3b-dflash"), 6.1)
+    recorded = SGLANG / "rehearse-h100" / "gpu96-before-fix"
+    result = Rehearsal(json.loads((recorded / "rehearsal.json").read_text())["question"])
+    result.plan, result.plan_note = planned(question, [h100])
+    log = (recorded / "engine.log").read_text()
+    result.outcome = adapter_for(question.profile).start_outcome(log, False)
+    assert result.plan is not None and result.plan.verdict == "does not fit" and result.plan_note == ""
+    text = markdown(result)
+    assert "did NOT start: stopped before weights loaded" in text and "Can't load image processor" in text
+    assert "Plan on this host: does not fit:" in text and f"- {result.plan.problems[0].line()}" in text
+    assert "leave no GPU memory for the KV cache" in result.plan.problems[0].line()

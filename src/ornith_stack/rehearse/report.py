@@ -49,6 +49,10 @@ def markdown(result: Rehearsal) -> str:
         lines.append("The engine logged no sizing figures.")
     if result.plan_note:
         lines += ["", f"Plan: {result.plan_note}"]
+    elif result.plan is not None and result.plan.problems:
+        # The planner's verdict on this host, beside where the engine itself stopped: they should agree.
+        lines += ["", f"Plan on this host: {result.plan.verdict}:", "",
+                  *[f"- {problem.line()}" for problem in result.plan.problems]]
     if result.logged.lines:
         lines += ["", "The engine's lines:", "", "```", *result.logged.lines, "```"]
     lines += ["", "## Load: output tok/s, TTFT and TPOT", ""]
