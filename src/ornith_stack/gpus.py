@@ -34,7 +34,7 @@ class GpuModel:
     key: str
     name: str  # marketing name
     nvml: tuple[str, ...]  # regular expressions over the NVML name without its "NVIDIA " prefix
-    memory_gib: float  # as the card reports it (NVML total); unified parts: the host's MemTotal
+    memory_gib: float  # as the card reports it (NVML total); unified parts: the idle host's MemAvailable
     compute_capability: str
     memory_bandwidth_gbps: float
     interconnect: Interconnect

@@ -507,3 +507,66 @@ def test_sglang_dflash_block_size_is_read_where_the_engine_reads_it(release: str
         shape = load_shape(draft)
         config = json.loads(Path(shape.source).read_text())
     assert shape.block_size == parse(draft_hf_config=config).resolve_block_size(default=None)
+
+
+# -- the MoE runner on sm10x and its padding; what SGLang sizes from on an integrated GPU (issue 41) ----------
+
+QWEN_MOE = {"0.5.17": ("arg_groups/overrides.py", 1291), "0.5.21": ("arg_groups/model_overrides/qwen3_moe.py", 38)}
+
+
+@pytest.mark.parametrize("release", ["0.5.17", "0.5.21"])
+def test_sglang_picks_the_trtllm_moe_runner_where_the_planner_counts_its_padding(release: str) -> None:
+    """`_qwen3_moe_family_overrides` run on the planner's cases: flashinfer_trtllm exactly when the GPU is sm10x,
+    the model unquantized (or fp8 / modelopt_fp4), --moe-a2a-backend none and --moe-runner-backend auto."""
+    root, (rel, line) = SGLANG_RELEASES[release], QWEN_MOE[release]
+    assert line_of(root, rel, "def _qwen3_moe_family_overrides(") == line
+    names = ["_qwen3_moe_family_overrides"] + (["_mixed_precision_moe_quant_algos"] if release == "0.5.21" else [])
+    req = request_for_profile(load_profile("gb300x2" if release == "0.5.21" else "gpu96"))
+    rel_ = sglang.release_for(release)
+    for sm in ("10.0", "10.3", "9.0", "12.0"):
+        for quant in (None, "fp8", "awq"):
+            for a2a in ("none", "deepep"):
+                for runner in ("auto", "triton"):
+                    env = {"is_sm100_supported": lambda sm=sm: sm.startswith("10."),
+                           "get_platform": lambda sm=sm: NS(is_sm100=sm.startswith("10.")),
+                           "resolving_view": lambda args: args, "envs": NS(), "Dict": dict, "Any": Any,
+                           "get_quantization_config": lambda config, quant=quant: quant}
+                    engine = engine_definitions(root, rel, names, env)["_qwen3_moe_family_overrides"]
+                    args = NS(quantization=None, _quantization_explicitly_unset=False, moe_a2a_backend=a2a,
+                              moe_runner_backend=runner)
+                    picked = engine(args, NS(architectures=[req.shape.architecture])).get("moe_runner_backend")
+                    extra = {**req.settings.extra, "moe-a2a-backend": a2a, "moe-runner-backend": runner}
+                    planned = replace(req, compute_capability=sm,
+                                      shape=replace(req.shape, quantization=quant)).with_settings(extra=extra)
+                    ours = sglang.moe_runner(planned, rel_)
+                    assert (picked or (runner if runner != "auto" else None)) == ours, (release, sm, quant, a2a, runner)
+
+
+@pytest.mark.parametrize("release", ["0.5.17", "0.5.21"])
+def test_sglang_pads_the_experts_per_gpu_to_128_with_the_trtllm_runner(release: str) -> None:
+    """layers/moe/fused_moe_triton/layer.py `FusedMoE.__init__` (0.5.17:320, 0.5.21:420): with either trtllm runner
+    `intermediate_size_per_partition` (moe_intermediate_size / moe_tp_size) is rounded up to a multiple of 128."""
+    root = SGLANG_RELEASES[release]
+    rel = "layers/moe/fused_moe_triton/layer.py"
+    start = line_of(root, rel, "# flashinfer_trtllm kernel requires intermediate_size to be a multiple of 128")
+    assert start == {"0.5.17": 320, "0.5.21": 420}[release]
+    block = "\n".join(_source(root, rel).splitlines()[start - 1:start + 8])
+    assert "self.use_flashinfer_trtllm_moe" in block and "self.intermediate_size_per_partition % 128 != 0" in block
+    assert "round_up(\n                self.intermediate_size_per_partition, 128" in block
+    assert sglang.TRTLLM_MOE_ALIGN == 128
+    req = request_for_profile(load_profile("gpu96"), gpu_count=8, setting_overrides={"tp": 8}, compute_capability="10.0")
+    # Ornith-1.5-35B-A3B: 512 / 8 = 64 -> 128 on 40 layers x 256 experts x (gate, up, down) x 2048 x 2 bytes.
+    assert sglang.moe_padding_bytes(req) == 40 * 256 * 3 * 2048 * (128 - 64) * 2 == 8_053_063_680
+    assert sglang.moe_padding_bytes(req.with_settings(tp=4)) == 0  # 128 per GPU
+
+
+@pytest.mark.parametrize("release", ["0.5.17", "0.5.21"])
+def test_sglang_sizes_from_the_hosts_available_memory_on_an_integrated_gpu(release: str) -> None:
+    """utils/common.py `get_available_gpu_memory` (0.5.17:423, 0.5.21:445): on a GPU whose device properties say
+    `is_integrated` (GB10) SGLang reads `psutil.virtual_memory().available` (MemAvailable), not cudaMemGetInfo."""
+    root = SGLANG_RELEASES[release]
+    start = line_of(root, "utils/common.py", "def get_available_gpu_memory(")
+    lines = _source(root, "utils/common.py").splitlines()[start:start + 40]
+    branch = next(i for i, line in enumerate(lines) if line.strip() == "if props.is_integrated:")
+    assert start + branch + 1 == {"0.5.17": 423, "0.5.21": 445}[release]
+    assert lines[branch + 5].strip() == "free_gpu_memory = psutil.virtual_memory().available"

@@ -14,8 +14,12 @@ import pytest
 
 from ornith_stack.cli import main
 from ornith_stack.doctor import GpuInfo, Options, diagnose
+from ornith_stack.doctor import gpu as gpu_probe
 from ornith_stack.doctor.report import Report
+from ornith_stack.engines import ADAPTERS
+from ornith_stack.errors import UserError
 from ornith_stack.gpus import lookup
+from ornith_stack.planner import GIB, plan_request, request_for_profile
 from ornith_stack.planner.layout import DEFAULT_RECIPE, compute_layout, layout_lines, recipe_of
 from ornith_stack.profiles import load_profile
 from ornith_stack.sizing.engine_memory import SLACK_GIB, idle_recording
@@ -282,3 +286,104 @@ def test_eight_rtx_4090_get_the_nccl_setting_and_the_doctor_checks_it(tmp_path: 
     path.write_text(path.read_text().replace("NCCL_P2P_DISABLE: '1'", "OTHER: '1'"))
     (warn,) = [f for f in diagnose(Options(profile="g8"), gpus=geforce).findings if f.topic == "nccl"]
     assert warn.level == "warn" and "serve.env.NCCL_P2P_DISABLE: '1'" in warn.message
+
+
+# -- 6. card-specific: the trtllm MoE runner's padding on sm10x ---------------------------------------------------
+
+
+def _tp8(key: str, **extra: str) -> tuple[object, object]:
+    """Seed 000's tp 2 flags at tp 8 on eight of `key`: the request and the caps a computed profile gets."""
+    card = lookup(key)
+    req = request_for_profile(load_profile("a100x2"), gpu_memory_gib=card.memory_gib, gpu_count=8,
+                              setting_overrides={"tp": 8}, compute_capability=card.compute_capability)
+    req = req.with_settings(extra={**req.settings.extra, **extra})
+    return req, ADAPTERS["sglang"].card_caps(req)
+
+
+@pytest.mark.parametrize(("gpu", "padded", "unpadded"), [("b200", 6_781_305, 7_218_211),
+                                                         ("b300", 11_438_846, 11_875_753)])
+def test_b200_and_b300_at_tp_8_count_the_trtllm_moe_padding(gpu: str, padded: int, unpadded: int) -> None:
+    """Issue 41: B200/B300 at tp 8 pad the MoE weights 64 -> 128 per GPU in SGLang's flashinfer_trtllm runner
+    (+7.5 GiB per GPU); the caps promised a KV pool the engine cannot hold (B200 6.4%, B300 3.8% too large)."""
+    req, caps = _tp8(gpu)
+    plan = plan_request(req.with_settings(max_total_tokens=caps.kv_tokens, max_running_requests=caps.running,
+                                          max_mamba_cache_size=caps.flags["max-mamba-cache-size"]))
+    assert plan.engine_details["moe_runner"] == "flashinfer_trtllm"
+    assert plan.engine_details["moe_padding_bytes"] == 8_053_063_680  # 7.50 GiB: 40 x 256 x 3 x 2048 x 64 x 2
+    assert round(plan.weights_bytes / GIB, 2) == 15.67  # 8.17 GiB of checkpoint + 7.50 of padding per GPU
+    assert any("pads each GPU's expert intermediate size from 64 to 128, 7.50 GiB more" in n for n in plan.notes)
+    assert (caps.running, caps.kv_tokens) == (48, padded) and not plan.problems and not plan.warnings
+    # Without the padding (the runner named triton: SGLang then pads nothing) the caps were those of before.
+    _, before = _tp8(gpu, **{"moe-runner-backend": "triton"})
+    assert before.kv_tokens == unpadded and round(unpadded / padded - 1, 3) == {"b200": 0.064, "b300": 0.038}[gpu]
+    # The old promise on the padded engine: SGLang clamps it to the pool the planner now computes.
+    old = plan_request(req.with_settings(max_total_tokens=unpadded, max_running_requests=48, max_mamba_cache_size=240))
+    assert f"SGLang clamps to {padded:,}" in old.warnings[0]
+
+
+@pytest.mark.parametrize(("gpu", "tp", "recipe_profile", "extra"), [
+    ("b200", 4, "a100x2", {}),  # 512 / 4 = 128: nothing to pad
+    ("b300", 8, "gb300x2", {}),  # the 122B: 1024 / 8 = 128
+    ("h200", 8, "a100x2", {}),  # sm90: SGLang keeps its triton runner
+    ("rtx-pro-6000", 8, "a100x2", {}),  # sm120 is not sm100
+    ("b200", 8, "a100x2", {"moe-a2a-backend": "deepep"}),  # an all-to-all backend: no trtllm override
+])
+def test_no_moe_padding_where_sglang_does_not_pad(gpu: str, tp: int, recipe_profile: str, extra: dict[str, str]) -> None:
+    card = lookup(gpu)
+    req = request_for_profile(load_profile(recipe_profile), gpu_memory_gib=card.memory_gib, gpu_count=8,
+                              setting_overrides={"tp": tp}, compute_capability=card.compute_capability)
+    plan = plan_request(req.with_settings(extra={**req.settings.extra, **extra}))
+    assert plan.engine_details["moe_padding_bytes"] == 0 and not any("pads each GPU" in n for n in plan.notes)
+
+
+# -- 6. card-specific: GB10 (DGX Spark), unified memory -----------------------------------------------------------
+
+# The doctor's reading on an idle Spark: /proc/meminfo MemAvailable 118,566,368 kB, no swap (test_doctor_gpu.py).
+SPARK_AVAILABLE = round(118_566_368 * 1024 / (1 << 30), 2)
+
+
+def _spark(memory: float) -> list[GpuInfo]:
+    return [GpuInfo(0, "NVIDIA GB10", memory, "12.1", "580.173.02", memory_source=gpu_probe.HOST_MEMORY)]
+
+
+def test_the_gb10_sglang_profile_is_sized_on_what_its_doctor_reads(tmp_path: Path) -> None:
+    """Issue 41: the GB10 SGLang profile was sized on the table's 121.69 GiB (MemTotal) and failed its own doctor
+    (113.07 GiB MemAvailable + swap), with "--tp 2" as the fix on a one-GPU box."""
+    assert SPARK_AVAILABLE == 113.07 and lookup("gb10").memory_gib == 113.06
+    layout = compute_layout(DEFAULT_RECIPE, lookup("gb10"), 1, "x")
+    assert (layout.tp, layout.caps.running, layout.caps.kv_tokens) == (1, 14, 283_818)
+    assert layout.profile.hardware.gpu is not None and layout.profile.hardware.gpu.memory_gib == 113.06
+    assert any(line.startswith("Unified memory: sized on the 113.06 GiB an idle host") for line in layout_lines(layout))
+    name = _computed("spark35", "gb10", 1, tmp_path)
+    idle = diagnose(Options(profile=name), gpus=_spark(SPARK_AVAILABLE))
+    assert idle.ready and not idle.problems and idle.plan is not None
+    assert idle.plan.engine_details["max_total_num_tokens"] == 283_818 and not idle.plan.warnings
+    (planned,) = [f.message for f in idle.findings if f.topic == "plan"]
+    assert "planned on the 113.07 GiB the host can still give now: MemAvailable + SwapFree" in planned
+    # 0.57 GiB less than idle, beyond the slack: SGLang starts and clamps a little.
+    busy = diagnose(Options(profile=name), gpus=_spark(112.5))
+    assert busy.ready and _levels(busy, "plan (clamped)") == ["warn"]
+    # Short by more: a failure whose fixes stay on this one-GPU host.
+    short = diagnose(Options(profile=name), gpus=_spark(100.0))
+    assert not short.ready and short.plan is not None and short.plan.problems
+    messages = [f.message for f in short.findings]
+    assert not any("--tp" in m or "more GPUs" in m for m in messages), messages
+    assert short.plan.suggestion is None or "--tp" not in short.plan.suggestion
+
+
+def test_no_tp_suggestion_on_a_one_gpu_host_but_on_others() -> None:
+    """The planner's fix names no more GPUs than one host of the card holds: a DGX Spark one, an A100 host eight."""
+    spark = diagnose(Options(profile="gpu96"), gpus=_spark(SPARK_AVAILABLE - 40))
+    assert spark.plan is not None and spark.plan.problems
+    assert not any("--tp" in f.message for f in spark.findings)
+    a100 = [GpuInfo(0, "NVIDIA A100-SXM4-80GB", 80.0, "8.0", "580.159.04", free_gib=79.4)]
+    assert any("smallest change that fits: --tp 2" in f.message for f in diagnose(Options(profile="gpu96"),
+                                                                                   gpus=a100).findings)
+
+
+def test_a_recipe_refused_on_the_gb10_names_the_ones_that_start_there() -> None:
+    with pytest.raises(UserError) as refused:
+        compute_layout(BIG, lookup("gb10"), 1, "x")
+    message = str(refused.value)
+    assert "113.06 GiB available" in message and "one host holds one" in message
+    assert "--model ornith-1.0-35b-bf16 (Ornith 1.0 35B BF16 in vLLM 0.24.0 (seed 003)) starts here" in message

@@ -30,6 +30,7 @@ from ornith_stack.doctor.gpu import CUDA_ERROR_SYSTEM_NOT_READY, GpuInfo, NoGpu
 from ornith_stack.doctor.report import Report
 from ornith_stack.engines import ServeSettings, adapter_for
 from ornith_stack.errors import UserError
+from ornith_stack.gpus import identify
 from ornith_stack.planner import GIB, load_shape, plan_request, request_for_profile
 from ornith_stack.planner.layout import GEFORCE_NCCL_ENV, recipe_of
 from ornith_stack.profiles.model import Profile
@@ -308,9 +309,15 @@ def _check_draft(report: Report, settings: ServeSettings, opts: Options, ckpt: C
 
 def least_free(gpus: list[GpuInfo]) -> float | None:
     """The least free memory among the GPUs (what the most loaded one leaves an engine); None when a
-    GPU's free memory is not known (unified memory: the planner then takes the total)."""
-    free = [g.free_gib for g in gpus]
+    GPU's free memory is not known (the planner then takes the total). On unified memory the reading is
+    what the host can still give (MemAvailable + SwapFree), the GPU's free memory: SGLang sizes from it."""
+    free = [g.memory_gib if unified(g) else g.free_gib for g in gpus]
     return None if not free or None in free else min(f for f in free if f is not None)
+
+
+def unified(gpu: GpuInfo) -> bool:
+    """The GPU's memory is the host's (the probe read /proc/meminfo: NVML has none for it)."""
+    return gpu.memory_source == gpu_probe.HOST_MEMORY
 
 
 def _check_idle(report: Report, gpus: list[GpuInfo]) -> None:
@@ -347,16 +354,24 @@ def _check_plan(report: Report, profile: Profile | None, settings: ServeSettings
         count = len(gpus) if len(gpus) >= profile.gpus_per_engine else None
         # The real GPU's compute capability: the plan refuses flags it cannot run (engines/capabilities.py).
         capability = gpus[0].compute_capability if gpus and gpus[0].compute_capability != "unknown" else None
+        # On unified memory the reading is what the host can still give (no driver share taken off it).
+        host: dict[str, Any] = {"unified_memory": True} if gpus and unified(gpus[0]) else {}
+        # A fix names no more GPUs than a host of the detected card holds (a DGX Spark one: never "--tp 2").
+        card = identify(gpus[0].name) if gpus else None
+        if card is not None:
+            host["gpus_per_host"] = card.per_host
         plan = plan_request(request_for_profile(profile, gpu_memory_gib=memory, gpu_count=count,
                                                 weights_bytes=weights, free_memory_gib=free,
-                                                compute_capability=capability))
+                                                compute_capability=capability, **host))
     except UserError as exc:
         report.add("problem", "plan", str(exc))
         return
     report.plan = plan
     _check_idle(report, gpus)
     where = f"{len(gpus)}x {memory:g} GiB" if memory else f"the profile's {profile.hardware.gpu.memory_gib:g} GiB"
-    if free is not None:
+    if free is not None and gpus and unified(gpus[0]):
+        where += f" (planned on the {free:g} GiB the host can still give now: MemAvailable + SwapFree)"
+    elif free is not None:
         where += f" (planned on the {free:g} GiB NVML reports free now, the least of the GPUs)"
     elif memory:
         where += " (planned on the total: NVML gave no free memory)"

@@ -285,13 +285,27 @@ def _refusal(chosen: Recipe, gpu: GpuModel, count: int, tried: list[Layout], fix
     have = f"{_WORDS.get(count, count)} {gpu.name}" if count > 1 else f"one {gpu.name}"
     first = next((c for c in tried if c.tp <= count), tried[0])
     why = first.caps.why if first.caps.running <= 0 else "; ".join(p.line() for p in first.plan.problems[:2])
-    head = f"{have} ({gpu.memory_gib:g} GiB each) cannot start {chosen.summary}: at tp {first.tp}, {why}"
+    memory = f"{gpu.memory_gib:g} GiB available" if gpu.unified_memory else f"{gpu.memory_gib:g} GiB each"
+    head = f"{have} ({memory}) cannot start {chosen.summary}: at tp {first.tp}, {why}"
     if fix is None:
         most = _WORDS.get(gpu.per_host, gpu.per_host)
-        return f"{head}; not even {most} of them in one host would: choose a GPU with more memory (--gpu)"
+        others = [r for r in RECIPES.values() if r.key != chosen.key and _starts(r, gpu, count)]
+        instead = "".join(f"; --model {r.key} ({r.summary}) starts here" for r in others)
+        if gpu.per_host == 1:
+            return f"{head}; one host holds one: choose a GPU with more memory (--gpu){instead}"
+        return f"{head}; not even {most} of them in one host would: choose a GPU with more memory (--gpu){instead}"
     serve = next(c for c in tried if c.tp == fix).caps.running
     return (f"{head}; {_WORDS.get(fix, fix)} of them, tp {fix}, would ({serve} running requests per replica; "
             f"--count {fix})")
+
+
+def _starts(chosen: Recipe, gpu: GpuModel, count: int) -> bool:
+    """Whether `chosen` has a layout on `count` x `gpu` (a refusal names the recipes that do)."""
+    try:
+        compute_layout(chosen.key, gpu, count, "x")
+    except UserError:
+        return False
+    return True
 
 
 def profile_document(layout: Layout, command: str) -> str:
@@ -325,6 +339,10 @@ def layout_lines(layout: Layout, command: str | None = None) -> list[str]:
                                              bool(adapter.settings(layout.profile).speculative_method))
     if backend:
         lines.append(f"{backend[0].upper()}{backend[1:]} on this GPU.")
+    if layout.gpu.unified_memory:
+        lines.append(f"Unified memory: sized on the {layout.gpu.memory_gib:g} GiB an idle host gives the GPU (MemAvailable "
+                     "+ SwapFree: what the doctor reads, and what SGLang sizes from on an integrated GPU); what other "
+                     "processes take later comes out of the pools, and the doctor plans on what it reads.")
     if layout.tp > 1 and layout.gpu.geforce:
         lines.append("NCCL_P2P_DISABLE=1 in serve.env: GeForce boards have no peer-to-peer over PCIe and NCCL's "
                      "P2P all-reduce hangs on them; NCCL goes through host shared memory.")

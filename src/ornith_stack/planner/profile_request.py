@@ -50,6 +50,8 @@ def request_for_profile(
             extra["compute_capability"] = gpu.compute_capability
         table = gpu_table()
         extra.setdefault("unified_memory", any(table[m].unified_memory for m in gpu.models if m in table))
+        per_host = [table[m].per_host for m in gpu.models if m in table]
+        extra.setdefault("gpus_per_host", max(per_host) if per_host else None)
     if draft_name and draft is None:
         missing = (
             f"draft shape {draft_name!r} is not shipped in sizing/configs: draft weights and "

@@ -26,6 +26,15 @@ processes hold less than the slack, plans at least the caps; a card short of the
 warning naming what the engine clamps to (the accounting's `clamp` lines), only a large shortfall fails.
 
 Idle memory NVML shows on real cards (no process), as the project has recorded it (IDLE_RECORDINGS).
+
+Unified memory (GB10): the GPU has no memory of its own and the figure is what the host can still give,
+MemAvailable (+ SwapFree) as the doctor reads it (doctor/gpu.py), the table's figure being that reading on
+an idle DGX Spark. MemAvailable already leaves out what the host and its driver hold, so no driver share is
+taken off it; the engine's CUDA context and collective library come out of it as on any card. SGLang sizes
+from the same quantity there: utils/common.py `get_available_gpu_memory` (0.5.17 and 0.5.21) reads
+`psutil.virtual_memory().available` when `torch.cuda.get_device_properties(gpu).is_integrated` ("On these
+devices, which use sysmem as device mem, torch.cuda.mem_get_info() only reports "free" memory ... So we use
+the system available memory metric instead").
 """
 
 from __future__ import annotations
@@ -97,6 +106,7 @@ class EngineMemory:
     collective_gib: float
     collective_measured: bool
     margin_gib: float  # the caps' slack (SLACK_GIB) when sized on the total; 0 on what NVML shows
+    unified: bool = False  # the GPU shares the host's memory: start_gib is what the host can still give
 
     @property
     def free_gib(self) -> float:
@@ -104,13 +114,18 @@ class EngineMemory:
         return max(round(left, 4), 0.0)
 
     def note(self) -> str:
-        start = (f"NVML's free {self.start_gib:g} GiB" if self.observed_free
-                 else f"total {self.start_gib:g} GiB - driver {self.driver_gib:g} (measured on the H200)")
+        if self.unified:
+            start = (f"the host's available {self.start_gib:g} GiB (unified memory: MemAvailable + SwapFree)"
+                     + ("" if self.observed_free else " on an idle host"))
+        elif self.observed_free:
+            start = f"NVML's free {self.start_gib:g} GiB"
+        else:
+            start = f"total {self.start_gib:g} GiB - driver {self.driver_gib:g} (measured on the H200)"
         collective = "measured on the H200" if self.collective_measured else "estimated"
         context = (f" - CUDA context {self.context_gib:g} (measured on the H200)" if self.context_gib
                    else " (CUDA context inside the reserve)")
         slack = (f" - slack {self.margin_gib:g} (kept by the caps, not taken again by the doctor)" if self.margin_gib
-                 else " (no slack taken off: planned on what NVML shows)")
+                 else " (no slack taken off: planned on what was observed)")
         return (f"pools sized from {self.free_gib:.2f} GiB per GPU: {start}{context} - collective start at tp "
                 f"{self.tp} {self.collective_gib:g} ({collective}){slack}")
 
@@ -124,13 +139,16 @@ def collective_gib(tp: int) -> tuple[float, bool]:
     return COLLECTIVE_GIB[max(COLLECTIVE_GIB)]
 
 
-def engine_memory(total_gib: float, tp: int, nvml_free_gib: float | None = None, context: bool = True) -> EngineMemory:
+def engine_memory(total_gib: float, tp: int, nvml_free_gib: float | None = None, context: bool = True,
+                  unified: bool = False) -> EngineMemory:
     """What an engine at `tp` finds free: from NVML's free memory when observed (no slack taken off), else
     from the total less the driver's share and the caps' slack.
-    `context` False: the caller's reserve already holds the CUDA context (vLLM's, from seed 003)."""
+    `context` False: the caller's reserve already holds the CUDA context (vLLM's, from seed 003).
+    `unified`: the figures are what the host can still give (no driver share: MemAvailable leaves it out)."""
     collective, measured = collective_gib(tp)
     observed = nvml_free_gib is not None
     return EngineMemory(start_gib=nvml_free_gib if nvml_free_gib is not None else total_gib,
-                        observed_free=observed, tp=tp, driver_gib=0.0 if observed else DRIVER_RESERVED_GIB,
+                        observed_free=observed, tp=tp,
+                        driver_gib=0.0 if observed or unified else DRIVER_RESERVED_GIB,
                         context_gib=CUDA_CONTEXT_GIB if context else 0.0, collective_gib=collective, collective_measured=measured,
-                        margin_gib=0.0 if observed else SLACK_GIB)
+                        margin_gib=0.0 if observed else SLACK_GIB, unified=unified)

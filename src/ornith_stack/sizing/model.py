@@ -65,7 +65,12 @@ class PlanRequest:
     # as is, without the estimates above (checks against a recording).
     engine_memory_gib: float | None = None
     compute_capability: str | None = None  # the GPU's, as "9.0"; None: not known (flags are not checked)
-    unified_memory: bool = False  # the GPU shares the host's memory (GB10)
+    # The GPU shares the host's memory (GB10): gpu_memory_gib is what the host can still give (the table's
+    # idle MemAvailable, or the doctor's reading), no driver share is taken off it.
+    unified_memory: bool = False
+    # The most GPUs one host of this card holds (the GPU table's per_host; the doctor: the GPUs it sees): a
+    # suggested fix never needs more. None: not known (a fix may name any tp up to 8).
+    gpus_per_host: int | None = None
     # The reserve already holds the engine's CUDA context (its adapter's `reserve_holds_context`).
     reserve_holds_context: bool = False
 
@@ -131,7 +136,7 @@ class PlanRequest:
         if self.engine_memory_gib is not None:
             return None
         return engine_memory(self.gpu_memory_gib, self.settings.tp, self.free_memory_gib,
-                             context=not self.reserve_holds_context)
+                             context=not self.reserve_holds_context, unified=self.unified_memory)
 
     @property
     def memory_before_load_gib(self) -> float:
@@ -155,7 +160,7 @@ class PlanRequest:
 
     def weights_per_gpu(self) -> int:
         loaded_params = self.shape.text_params + self.shape.vision_params
-        total = self.weights_bytes or int(loaded_params * self._weight_bytes_per_param())
+        total = self.weights_bytes or int(loaded_params * self.weight_bytes_per_param())
         return total // self.settings.tp
 
     def draft_weights_per_gpu(self) -> int:
@@ -163,7 +168,8 @@ class PlanRequest:
             return self.draft_weights_bytes // self.settings.tp
         return self.draft.loaded_weight_bytes() // self.settings.tp if self.draft else 0
 
-    def _weight_bytes_per_param(self) -> float:
+    def weight_bytes_per_param(self) -> float:
+        """Bytes per weight as loaded: the checkpoint's (FP8: one), or --dtype's when it is given."""
         if (self.dtype or self.settings.dtype) in (None, "auto"):
             return self.shape.weight_bytes_per_param
         return float(self.model_dtype_bytes)

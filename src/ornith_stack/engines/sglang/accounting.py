@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from packaging.version import InvalidVersion, Version
 
-from ornith_stack.engines.capabilities import attention_backend_line, unrunnable
+from ornith_stack.engines.capabilities import attention_backend_line, parse_sm, unrunnable
 from ornith_stack.errors import UserError
 from ornith_stack.sizing.common import attention_bytes_per_token, mamba_state_bytes, tp_divisibility
 from ornith_stack.sizing.engine_memory import SGLANG_LOAD_UNTRACKED_GIB
@@ -86,6 +86,10 @@ class Release:
     # Flags the release refuses, and flags it accepts but deprecates: flag -> what it does instead.
     removed_flags: dict[str, str]
     deprecated_flags: dict[str, str]
+    # The model quantizations (None: unquantized) for which `_qwen3_moe_family_overrides` picks the
+    # flashinfer_trtllm MoE runner on sm10x (0.5.17 arg_groups/overrides.py; 0.5.21
+    # arg_groups/model_overrides/qwen3_moe.py adds modelopt_mixed).
+    trtllm_moe_quantizations: frozenset[str | None] = frozenset({None, "fp8", "modelopt_fp4"})
 
     @property
     def name(self) -> str:
@@ -102,7 +106,8 @@ RELEASES = (
                            "cuda-graph-max-bs": "use --cuda-graph-max-bs-decode / --cuda-graph-max-bs-prefill "
                            "(argparse calls the old spelling ambiguous)"},
             deprecated_flags={"enable-flashinfer-allreduce-fusion": "SGLang warns and maps it to "
-                              "--flashinfer-allreduce-fusion-backend auto"}),
+                              "--flashinfer-allreduce-fusion-backend auto"},
+            trtllm_moe_quantizations=frozenset({None, "fp8", "modelopt_fp4", "modelopt_mixed"})),
 )  # fmt: skip
 # GPU feature transports (arg_groups/fields/mm.py: unset means cpu on one node).
 GPU_MM_TRANSPORTS = ("cuda_ipc", "cuda_vmm")
@@ -313,6 +318,73 @@ def deepstack_mergers(vision: VisionShape) -> int:
     return len(DEFAULT_DEEPSTACK_VISUAL_INDEXES if listed is None else listed)
 
 
+# -- the MoE runner and what it pads ----------------------------------------------------------------
+
+# arg_groups/overrides.py `_qwen3_moe_family_overrides` (0.5.17; 0.5.21: arg_groups/model_overrides/qwen3_moe.py):
+# the architectures for which SGLang sets moe_runner_backend "flashinfer_trtllm" when the GPU is sm10x
+# (`is_sm100_supported`: compute capability major 10, i.e. B200/GB200 sm100 and B300/GB300 sm103), the
+# quantization is unquantized, fp8 or modelopt_fp4 (Release.trtllm_moe_quantizations), --moe-a2a-backend is
+# "none" and --moe-runner-backend "auto" (both the defaults). SM12x (RTX PRO 6000, GB10) is not sm100.
+TRTLLM_MOE_ARCHS = frozenset({
+    "Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration", "Qwen3NextForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration",
+})
+TRTLLM_MOE_RUNNERS = ("flashinfer_trtllm", "flashinfer_trtllm_routed")
+# layers/moe/fused_moe_triton/layer.py `FusedMoE.__init__` (0.5.17 and 0.5.21): "flashinfer_trtllm kernel
+# requires intermediate_size to be a multiple of 128": with either trtllm runner the per-GPU expert
+# intermediate size (moe_intermediate_size / moe_tp_size) is rounded up to it, and
+# quantization/unquant.py `UnquantizedFusedMoEMethod.create_weights` allocates w13 (2 x that) and w2
+# (that) per local expert at the padded size; the checkpoint fills the leading slice (`use_padded_loading`).
+TRTLLM_MOE_ALIGN = 128
+
+
+def _flag(req: PlanRequest, *names: str) -> str | None:
+    for name in names:
+        value = req.settings.extra.get(name)
+        if value is not None and value is not False:
+            return str(value)
+    return None
+
+
+def moe_runner(req: PlanRequest, rel: Release = RELEASES[0]) -> str | None:
+    """The MoE runner SGLang resolves for the target when it matters to memory: the trtllm runners (named
+    by --moe-runner-backend, or picked on sm10x as `_qwen3_moe_family_overrides` does), else the flag's
+    value or None (auto on another GPU, or an unknown GPU: triton)."""
+    if not req.shape.num_experts:
+        return None
+    named = _flag(req, "moe-runner-backend")
+    if named and named != "auto":
+        return named
+    sm = parse_sm(req.compute_capability)
+    quantization = _flag(req, "quantization") or req.shape.quantization
+    if (sm is not None and sm[0] == 10 and req.shape.architecture in TRTLLM_MOE_ARCHS
+            and quantization in rel.trtllm_moe_quantizations and (_flag(req, "moe-a2a-backend") or "none") == "none"):
+        return "flashinfer_trtllm"
+    return None
+
+
+def expert_parallel(req: PlanRequest) -> int:
+    """--ep-size (aliases --ep, --expert-parallel-size); 1 by default."""
+    value = _flag(req, "ep-size", "ep", "expert-parallel-size")
+    return max(int(value), 1) if value and value.isdigit() else 1
+
+
+def moe_padding_bytes(req: PlanRequest, rel: Release = RELEASES[0]) -> int:
+    """Bytes per GPU the trtllm MoE runner adds to the experts: every MoE layer's local experts x (gate,
+    up, down) x hidden x (intermediate per GPU rounded up to 128 - intermediate per GPU). The 35B (512)
+    at tp 8 (moe_tp_size = tp / ep = 8): 64 -> 128, the experts' memory doubled (+7.50 GiB per GPU in BF16);
+    at tp 1, 2, 4 (512, 256, 128) and the 122B (1024) up to tp 8 nothing is padded."""
+    shape = req.shape
+    if moe_runner(req, rel) not in TRTLLM_MOE_RUNNERS:
+        return 0
+    ep = expert_parallel(req)
+    per_gpu = shape.moe_intermediate_size // max(req.settings.tp // ep, 1)
+    pad = cdiv(per_gpu, TRTLLM_MOE_ALIGN) * TRTLLM_MOE_ALIGN - per_gpu
+    return int(shape.num_layers * (shape.num_experts // ep) * 3 * shape.hidden_size * pad
+               * req.weight_bytes_per_param())
+
+
 @dataclass(frozen=True)
 class LoadExtras:
     """Bytes per GPU SGLang holds when it sizes its pools besides the checkpoint's tensors."""
@@ -321,10 +393,11 @@ class LoadExtras:
     deepstack: int  # deepstack mergers of a vision config without deepstack_visual_indexes
     fused_kv: int  # DFlash's stacked KV weights, or the draft's pre-growth RoPE segment they are carved from
     untracked: int  # the allocator's partly filled segments and CUDA's own (measured, engine_memory.py)
+    moe_padding: int = 0  # the trtllm MoE runner's padded expert weights (`moe_padding_bytes`)
 
     @property
     def total(self) -> int:
-        return self.rope + self.deepstack + self.fused_kv + self.untracked
+        return self.rope + self.deepstack + self.fused_kv + self.untracked + self.moe_padding
 
 
 def load_extras(req: PlanRequest, rel: Release = RELEASES[0]) -> LoadExtras:
@@ -335,7 +408,8 @@ def load_extras(req: PlanRequest, rel: Release = RELEASES[0]) -> LoadExtras:
       (published Qwen3.5 configs list none: only a config without the key, as the recording's, gets them);
     - DFlash's fused KV materialization: the draft's K and V projections stacked into one weight; the
       allocator carves it from the segment the draft's RoPE cache left when it grew, which stays reserved;
-    - the allocator's partly filled segments and CUDA's own, measured (SGLANG_LOAD_UNTRACKED_GIB)."""
+    - the allocator's partly filled segments and CUDA's own, measured (SGLANG_LOAD_UNTRACKED_GIB);
+    - on sm10x, the experts' padding of the flashinfer_trtllm MoE runner (`moe_padding_bytes`)."""
     shape, tp, reserve = req.shape, req.settings.tp, rope_reserve(req)
     rope = deepstack = fused = 0
     if shape.num_full_attention_layers:
@@ -357,7 +431,7 @@ def load_extras(req: PlanRequest, rel: Release = RELEASES[0]) -> LoadExtras:
             grew = rope_rows(draft.max_position_embeddings, reserve) > draft.max_position_embeddings
             # The stack and its transposed copy both fit in the freed segment: the copy keeps it reserved.
             fused = segment_bytes(before) if grew and 2 * stacked <= before else segment_bytes(stacked)
-    return LoadExtras(rope, deepstack, fused, int(SGLANG_LOAD_UNTRACKED_GIB * GIB))
+    return LoadExtras(rope, deepstack, fused, int(SGLANG_LOAD_UNTRACKED_GIB * GIB), moe_padding_bytes(req, rel))
 
 
 # -- the pool split -----------------------------------------------------------------------------------
@@ -542,6 +616,13 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
         notes.append(f"the KV pool ({sp.kv_tokens:,} tokens) is shorter than the context length "
                      f"({req.max_model_len:,}): the longest request is limited by the pool")
     notes += _release_notes(req, sp)
+    if sp.extras.moe_padding:
+        per_gpu = req.shape.moe_intermediate_size // max(s.tp // expert_parallel(req), 1)
+        named = _flag(req, "moe-runner-backend") not in (None, "auto")
+        why = "the profile's --moe-runner-backend" if named else "SGLang's choice on sm10x for this model"
+        notes.append(f"MoE runner {moe_runner(req, sp.release)} ({why}): it pads each GPU's expert intermediate size "
+                     f"from {per_gpu} to {cdiv(per_gpu, TRTLLM_MOE_ALIGN) * TRTLLM_MOE_ALIGN}, "
+                     f"{gib(sp.extras.moe_padding)} more weights per GPU (counted)")
     backend = attention_backend_line(s.extra, req.compute_capability, bool(s.speculative_method))
     if backend:
         notes.append(f"{backend} on sm{req.compute_capability}")
@@ -549,7 +630,9 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
     result = Plan(
         engine="sglang", engine_version=req.engine_version, profile=req.profile, model=shape.name,
         draft=req.draft.name if req.draft else None, tp=s.tp, gpu_memory_gib=req.gpu_memory_gib,
-        max_model_len=req.max_model_len, weights_bytes=req.weights_per_gpu(),
+        # The target's weights as SGLang holds them (its "Load weight end ... mem usage"): the trtllm MoE
+        # runner's padding included.
+        max_model_len=req.max_model_len, weights_bytes=req.weights_per_gpu() + sp.extras.moe_padding,
         draft_weights_bytes=req.draft_weights_per_gpu(), reserve_bytes=reserve_bytes(req),
         kv_bytes_per_token=sp.cell, state_bytes_per_sequence=sp.per_request_state,
         kv_pool_bytes=sp.kv_tokens * sp.cell, block_size=sp.page, page_size_bytes=sp.page * sp.cell,
@@ -564,6 +647,8 @@ def plan(req: PlanRequest, suggest: bool = True) -> Plan:
             # Taken with the weights before the pools are sized: RoPE caches, deepstack mergers SGLang adds,
             # DFlash's fused KV weights, the allocator's share (`load_extras`).
             "load_extras_bytes": sp.extras.total,
+            "moe_runner": moe_runner(req, sp.release),
+            "moe_padding_bytes": sp.extras.moe_padding,
             "mem_fraction_static": sp.mem_fraction_static,
             "headroom_bytes": headroom,
             "static_pool_rest_bytes": max(sp.rest, 0),
@@ -640,7 +725,8 @@ def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
         weights = req.weights_per_gpu() + req.draft_weights_per_gpu() + sp.extras.total
         minimum = math.ceil(weights / (req.memory_before_load_gib * GIB) * 1000) / 1000
         fix = (f"--mem-fraction-static above {minimum:.3f}" if minimum < 1
-               else f"--tp {s.tp * 2} (more GPUs) or a smaller checkpoint")
+               else f"--tp {s.tp * 2} (more GPUs) or a smaller checkpoint" if more_gpus(req)
+               else f"a smaller checkpoint (one host holds {req.gpus_per_host} of these GPUs)")
         return [*problems, Problem("weights", f"SGLang: loaded weights ({gib(weights)} per GPU, target + draft with "
                         "what loading adds) leave no "
                         f"GPU memory for the KV cache under --mem-fraction-static={sp.mem_fraction_static:g}",
@@ -650,22 +736,26 @@ def _check(req: PlanRequest, sp: Split, headroom: int) -> list[Problem]:
             "mamba state cache", f"SGLang: not enough GPU memory for the hybrid state cache "
             f"(max_mamba_cache_size {sp.mamba.slots}, {sp.per_request_state / MIB:.1f} MiB per request"
             + (f", DFlash verify buffers for {sp.draft_tokens} draft tokens" if sp.draft_tokens else "") + ")",
-            "raise --mem-fraction-static, lower --max-running-requests, or more GPUs (--tp)"))
+            "raise --mem-fraction-static" + (", lower --max-running-requests, or more GPUs (--tp)" if more_gpus(req)
+                                             else " or lower --max-running-requests")))
     elif req.shape.is_hybrid and sp.running <= 0:
         problems.append(Problem(
             "mamba state cache", f"SGLang: the hybrid state cache is too small to serve any request "
-            f"({sp.mamba.slots} slots, {sp.ratio} per request)", "raise --mem-fraction-static or --tp"))
+            f"({sp.mamba.slots} slots, {sp.ratio} per request)",
+            "raise --mem-fraction-static" + (" or --tp" if more_gpus(req) else "")))
     if s.max_total_tokens and sp.kv_tokens_profiled < s.max_total_tokens and not small_shortfall(req, sp):
         problems.append(Problem(
             "KV pool", f"{sp.kv_tokens_profiled:,} tokens fit, fewer than --max-total-tokens {s.max_total_tokens:,}"
             + _shortfall_limit(req, sp),
-            "raise --mem-fraction-static, lower --max-total-tokens, or more GPUs (--tp)"))
+            "raise --mem-fraction-static" + (", lower --max-total-tokens, or more GPUs (--tp)" if more_gpus(req)
+                                             else " or lower --max-total-tokens")))
     elif sp.kv_tokens <= 0:
-        problems.append(Problem("KV pool", "no room for any KV token", "raise --mem-fraction-static or --tp"))
+        problems.append(Problem("KV pool", "no room for any KV token",
+                                "raise --mem-fraction-static" + (" or --tp" if more_gpus(req) else "")))
     if reserve_bytes(req) > headroom:
         problems.append(Problem(
             "CUDA graphs + activations", f"{gib(reserve_bytes(req))} exceed the {gib(headroom)} headroom "
-            "outside the static pool", "lower --mem-fraction-static or add GPUs (--tp)"))
+            "outside the static pool", "lower --mem-fraction-static" + (" or add GPUs (--tp)" if more_gpus(req) else "")))
     return problems
 
 
@@ -706,13 +796,18 @@ def clamp_warnings(req: PlanRequest, sp: Split) -> list[str]:
             f"unchanged (free the memory other processes hold to get the full pool)"]
 
 
+def more_gpus(req: PlanRequest) -> bool:
+    """Whether twice the GPUs fit one host of this card (unknown: yes); a DGX Spark holds one."""
+    return req.gpus_per_host is None or req.gpus_per_host >= 2 * req.settings.tp
+
+
 def _suggest(req: PlanRequest) -> str | None:
     """The smallest change that fits: --mem-fraction-static alone, else more GPUs (with the fraction
-    nearest the current one that then fits)."""
+    nearest the current one that then fits), never more than one host of this card holds."""
     frac = resolve_mem_fraction_static(req)
     candidates = sorted({round(f / 100, 2) for f in range(30, 96)}, key=lambda f: (abs(f - frac), -f))
     tp = req.settings.tp
-    while tp <= 8:
+    while tp <= min(8, req.gpus_per_host or 8):
         bigger = replace(req, gpu_count=max(req.gpu_count, tp)).with_settings(tp=tp)
         for candidate in candidates if not tp_divisibility(req.shape, tp) else ():
             if not plan(bigger.with_settings(mem_fraction_static=candidate), suggest=False).problems:

@@ -47,4 +47,6 @@ FLAGS: dict[str, FlagType] = {
     "language-model-only": unchecked(bool), "mm-feature-transport": TEXT,
     "enable-flashinfer-allreduce-fusion": unchecked(bool),
     "flashinfer-allreduce-fusion-backend": TEXT, "reasoning-parser": TEXT,
+    # The MoE runner and what decides it (the planner counts the trtllm runner's padding on sm10x).
+    "moe-runner-backend": TEXT, "moe-a2a-backend": TEXT, "ep-size": POSITIVE_INT, "quantization": TEXT,
 }  # fmt: skip
