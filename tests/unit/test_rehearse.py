@@ -81,6 +81,9 @@ def test_the_dummy_checkpoint_holds_the_real_config_and_a_tokenizer_of_its_vocab
                                                         "tokenizer.json", "tokenizer_config.json"]
     processor = json.loads((folder / "preprocessor_config.json").read_text())
     assert (processor["patch_size"], processor["merge_size"]) == (16, 2)
+    # SGLang's Qwen3.5 layers read rope_theta at start (the second H100 run stopped at KeyError: 'rope_theta').
+    written_rope = json.loads((folder / "config.json").read_text())["text_config"]["rope_parameters"]
+    assert written_rope["rope_theta"] == 10_000_000 and sum(written_rope["mrope_section"]) * 2 == 256 * 0.25
     written = json.loads((folder / "config.json").read_text())
     text = written["text_config"]
     for key in ("hidden_size", "num_hidden_layers", "layer_types", "num_experts", "vocab_size"):
@@ -217,3 +220,7 @@ def test_gpu96_on_one_h100_the_plan_and_the_engine_both_refuse_and_the_report_sa
     assert "did NOT start: stopped before weights loaded" in text and "Can't load image processor" in text
     assert "Plan on this host: does not fit:" in text and f"- {result.plan.problems[0].line()}" in text
     assert "leave no GPU memory for the KV cache" in result.plan.problems[0].line()
+    # The second run, with the image processor written, stopped at the next missing key: rope_theta (now shipped).
+    second = adapter_for(question.profile).start_outcome(
+        (SGLANG / "rehearse-h100" / "gpu96-after-processor-fix" / "engine.log").read_text(), False)
+    assert (second.stopped_at, second.line) == ("weights loaded", "KeyError: 'rope_theta'")
