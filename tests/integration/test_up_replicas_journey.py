@@ -169,6 +169,12 @@ def start_load(env: dict[str, str], gateway: str, key: str, requests: int, out: 
     return load
 
 
+def ctrl_c_reaches_it() -> None:
+    """SIGINT's default action in the child, as in a terminal: a shell's background job (a CI runner's may be one)
+    starts with SIGINT ignored, the ignoring is inherited, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def up_interrupted(env: dict[str, str], marker: str, out: Path) -> tuple[int, str]:
     """`up` until a progress note contains `marker`, then Ctrl-C (SIGINT to `up` alone, as a terminal's would
     reach it); its exit status and what it wrote to stderr."""
@@ -183,7 +189,7 @@ def up_interrupted(env: dict[str, str], marker: str, out: Path) -> tuple[int, st
     with (out / "up-stdout.txt").open("w") as stdout:
         up = subprocess.Popen([sys.executable, "-m", "ornith_stack.cli", "up", NAME, "--project", PROJECT,
                                "--start-timeout", "1500"], cwd=REPO, env=env, stdout=stdout,
-                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+                              stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)  # fmt: skip
         assert up.stderr is not None
         reader = threading.Thread(target=read, args=(up.stderr,), daemon=True)
         reader.start()
