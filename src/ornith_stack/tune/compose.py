@@ -2,7 +2,8 @@
 
 The candidate is written as an operator profile (ORNITH_PROFILE_DIR) with its compose file in the checkout,
 `up` starts it under a project of its own without an API key (loopback only), and `down` removes it and
-the files again, so the next candidate starts from nothing.
+the files again (the profile, the compose file, the start time `up` records), so the next candidate starts from
+nothing and the checkout is left as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ornith_stack.stack import shell
 from ornith_stack.stack.bringup import UpOptions, up
 from ornith_stack.stack.compose import find_checkout, layout_for, stack_for
 from ornith_stack.stack.health import engine_log, log_tail
+from ornith_stack.stack.rolling import state_path
 from ornith_stack.tune.measure import Engine, EngineCrash, Launcher
 
 
@@ -77,5 +79,6 @@ def compose_launcher(start_timeout_s: float) -> Launcher:
             for item in written:
                 (root / item.path).unlink(missing_ok=True)
             profile_file.unlink(missing_ok=True)
+            state_path(stack).unlink(missing_ok=True)  # `up` records the engine's start time beside compose/.env
 
     return launch
