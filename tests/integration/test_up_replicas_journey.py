@@ -3,7 +3,8 @@ real Model Gateway (docker/gateway.Dockerfile, sglang-router 0.3.2), through com
 journey: `up`, the printed curl (200 with the key, 401 without), `status` per replica and for the gateway,
 `logs engine-1`, a flag change rolled through the replicas by `up` under `ornith-stack load` with 0 failed requests
 (issue 43: each replica out of the gateway's rotation, drained, recreated, proved and put back, one after the
-other; the gateway not restarted), `down`; and after `up` the checkout's `git status` is as it was (the key file
+other; the gateway not restarted; the roll interrupted by Ctrl-C once engine-1 is recreated, `status` showing it out of
+rotation, and the next `up` putting it back), `down`; and after `up` the checkout's `git status` is as it was (the key file
 compose/.env is ignored). The change is one engine flag (max-num-seqs, which the gateway's argv does not carry for
 vLLM): one more boot per replica, on the stack the journey started.
 
